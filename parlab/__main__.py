@@ -1,0 +1,5 @@
+import sys
+
+from parlab.cli import main
+
+sys.exit(main())

@@ -1,0 +1,205 @@
+"""Traced collectives: `torch.distributed`, plus a record of every call.
+
+Every scheme in parlab communicates through these functions, never through `torch.distributed` directly, so
+that each byte it moves is counted from the tensors it actually passes and every call lands on the timeline.
+Each function has the name and arguments of its `torch.distributed` twin, plus an optional `label` that shows
+on the timeline ("bucket 2", "mb 3").
+
+    from parlab import comm
+    comm.all_reduce(grad, label="bucket 0")       # like dist.all_reduce(grad), and recorded
+    with comm.span("F mb3", kind="forward"):      # a compute span on the timeline
+        y = stage(x)
+
+What `bytes` means, per call (the payload this rank hands to torch.distributed):
+    all_reduce, broadcast, reduce, all_to_all: the tensor(s) passed in
+    all_gather: this rank's input (its contribution); reduce_scatter: the whole input this rank reduces
+    send: the tensor sent; recv: the tensor received
+What goes over the wire depends on the algorithm the backend picks: for a ring all-reduce of N bytes each rank
+sends 2(P-1)/P x N, which is why lessons print that theory beside the measured payload.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from parlab.trace import Event
+
+ReduceOp = dist.ReduceOp
+
+_events: list[Event] = []
+
+# torch 2.13 renamed the single-tensor collectives; older releases (>= 2.4) have only the old names.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def reset_trace() -> None:
+    """Forget this rank's events (parlab.launch does this before running the rank function)."""
+    _events.clear()
+
+
+def trace_events() -> list[Event]:
+    """This rank's events so far."""
+    return list(_events)
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _nbytes(tensors: torch.Tensor | Sequence[torch.Tensor]) -> int:
+    if isinstance(tensors, torch.Tensor):
+        return tensors.numel() * tensors.element_size()
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _group_ranks(group) -> tuple[int, ...] | None:
+    return None if group is None else tuple(dist.get_process_group_ranks(group))
+
+
+def _sync(tensor: torch.Tensor) -> None:
+    # GPU work is asynchronous: wait for it so that the recorded end time is when the data really arrived.
+    if tensor.is_cuda:
+        torch.cuda.synchronize(tensor.device)
+
+
+class _TracedWork:
+    """Wraps the handle of an asynchronous operation: its event ends when someone waits for it."""
+
+    def __init__(self, work, event: Event, tensor: torch.Tensor):
+        self.work, self.event, self.tensor = work, event, tensor
+
+    def wait(self) -> bool:
+        result = self.work.wait()
+        _sync(self.tensor)
+        if self.event.end is None:
+            self.event.end = time.perf_counter()
+        return result
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
+
+def _run(kind, call, tensor, nbytes, async_op, label="", peer=None, group=None):
+    """Issue one torch.distributed call and record it."""
+    event = Event(_rank(), kind, time.perf_counter(), bytes=nbytes, label=label, peer=peer, group=_group_ranks(group))
+    _events.append(event)
+    work = call()
+    if async_op:
+        return _TracedWork(work, event, tensor)
+    _sync(tensor)
+    event.end = time.perf_counter()
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ collectives
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, label=""):
+    """Every rank ends with the reduction (sum by default) of all ranks' `tensor`, in place."""
+    call = lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op)  # noqa: E731
+    return _run("all_reduce", call, tensor, _nbytes(tensor), async_op, label, group=group)
+
+
+def broadcast(tensor, src, group=None, async_op=False, label=""):
+    """Every rank ends with rank `src`'s `tensor`, in place."""
+    call = lambda: dist.broadcast(tensor, src=src, group=group, async_op=async_op)  # noqa: E731
+    return _run("broadcast", call, tensor, _nbytes(tensor), async_op, label, peer=src, group=group)
+
+
+def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, label=""):
+    """Rank `dst` ends with the reduction of all ranks' `tensor`."""
+    call = lambda: dist.reduce(tensor, dst=dst, op=op, group=group, async_op=async_op)  # noqa: E731
+    return _run("reduce", call, tensor, _nbytes(tensor), async_op, label, peer=dst, group=group)
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False, label=""):
+    """tensor_list[r] <- rank r's `tensor`, on every rank."""
+    call = lambda: dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)  # noqa: E731
+    return _run("all_gather", call, tensor, _nbytes(tensor), async_op, label, group=group)
+
+
+def all_gather_into_tensor(output, tensor, group=None, async_op=False, label=""):
+    """output = concatenation of every rank's `tensor` along dim 0, on every rank."""
+    call = lambda: _all_gather_single(output, tensor, group=group, async_op=async_op)  # noqa: E731
+    return _run("all_gather", call, output, _nbytes(tensor), async_op, label, group=group)
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, label=""):
+    """Rank r's `output` <- the reduction over ranks of their input_list[r]."""
+    call = lambda: dist.reduce_scatter(output, input_list, op=op, group=group, async_op=async_op)  # noqa: E731
+    return _run("reduce_scatter", call, output, _nbytes(input_list), async_op, label, group=group)
+
+
+def reduce_scatter_tensor(output, tensor, op=ReduceOp.SUM, group=None, async_op=False, label=""):
+    """Rank r's `output` <- the reduction over ranks of chunk r (along dim 0) of their `tensor`."""
+    call = lambda: _reduce_scatter_single(output, tensor, op=op, group=group, async_op=async_op)  # noqa: E731
+    return _run("reduce_scatter", call, output, _nbytes(tensor), async_op, label, group=group)
+
+
+def all_to_all(output_list, input_list, group=None, async_op=False, label=""):
+    """output_list[s] on rank r <- input_list[r] of rank s: every rank sends one chunk to every rank."""
+    call = lambda: dist.all_to_all(output_list, input_list, group=group, async_op=async_op)  # noqa: E731
+    return _run("all_to_all", call, output_list[0], _nbytes(input_list), async_op, label, group=group)
+
+
+def all_to_all_single(output, tensor, group=None, async_op=False, label=""):
+    """Like all_to_all with the chunks taken along dim 0 of one tensor."""
+    call = lambda: dist.all_to_all_single(output, tensor, group=group, async_op=async_op)  # noqa: E731
+    return _run("all_to_all", call, output, _nbytes(tensor), async_op, label, group=group)
+
+
+def barrier(group=None, label=""):
+    """Wait until every rank of the group gets here (no payload)."""
+    marker = torch.zeros(0)
+    return _run("barrier", lambda: dist.barrier(group=group), marker, 0, False, label, group=group)
+
+
+# --------------------------------------------------------------------------------------------- point to point
+
+
+def send(tensor, dst, group=None, label=""):
+    """Send `tensor` to rank `dst`; returns once the data has left this rank."""
+    return _run("send", lambda: dist.send(tensor, dst=dst, group=group), tensor, _nbytes(tensor), False, label, dst)
+
+
+def recv(tensor, src, group=None, label=""):
+    """Receive into `tensor` from rank `src`."""
+    return _run("recv", lambda: dist.recv(tensor, src=src, group=group), tensor, _nbytes(tensor), False, label, src)
+
+
+def isend(tensor, dst, group=None, label=""):
+    """Start sending `tensor` to rank `dst`; call .wait() on the result before reusing `tensor`."""
+    call = lambda: dist.isend(tensor, dst=dst, group=group)  # noqa: E731
+    return _run("send", call, tensor, _nbytes(tensor), True, label, dst)
+
+
+def irecv(tensor, src, group=None, label=""):
+    """Start receiving into `tensor` from rank `src`; call .wait() before reading it."""
+    call = lambda: dist.irecv(tensor, src=src, group=group)  # noqa: E731
+    return _run("recv", call, tensor, _nbytes(tensor), True, label, src)
+
+
+def wait_all(works) -> None:
+    """Wait for every handle returned by the asynchronous calls above."""
+    for work in works:
+        work.wait()
+
+
+# ------------------------------------------------------------------------------------------------ compute spans
+
+
+@contextmanager
+def span(label: str, kind: str = "compute", **extra) -> Iterator[Event]:
+    """Record the code inside the `with` block as a compute span ("F mb3", kind="forward") on the timeline."""
+    event = Event(_rank(), kind, time.perf_counter(), label=label, extra=extra)
+    _events.append(event)
+    try:
+        yield event
+    finally:
+        event.end = time.perf_counter()

@@ -1,0 +1,280 @@
+"""Run one function on N ranks, from a notebook cell, a script or a test.
+
+    results = parlab.launch(fn, 4, x, steps=3)   # fn(x, steps=3) runs on ranks 0..3, torch.distributed ready
+    results[2]                                    # what rank 2 returned (tensors come back as CPU tensors)
+    results.trace                                 # every traced collective and compute span, from all ranks
+
+Each rank is a real process with its own `torch.distributed` process group (gloo on CPU, NCCL when there is one
+GPU per rank). The processes are forked by a rank server that imported torch once (see `_rankserver.py`), so a
+warm launch costs a fraction of a second, and `fn` travels by value, so a function written in a notebook cell
+runs on the ranks.
+
+Beyond one machine, the same rank code runs under `torchrun` instead: `parlab.init_from_env()` sets up the process
+group from torchrun's environment (see `python -m parlab run --help`). parlab never launches multi-node jobs itself.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from parlab.trace import Trace
+
+DEFAULT_TIMEOUT = 120.0  # seconds; long enough for any lesson at world size 8 on 2 CPU cores
+
+
+class RankError(RuntimeError):
+    """A rank raised (or died). `rank` is the first rank that failed; `remote_traceback` is its traceback."""
+
+    def __init__(self, rank: int, remote_traceback: str, stdout: str = ""):
+        self.rank, self.remote_traceback, self.stdout = rank, remote_traceback, stdout
+        text = f"rank {rank} failed; the other ranks were stopped.\n\n--- traceback on rank {rank} ---\n"
+        text += remote_traceback.rstrip()
+        if stdout.strip():
+            text += f"\n--- rank {rank} printed ---\n{stdout.rstrip()}"
+        super().__init__(text)
+
+
+class LaunchTimeout(TimeoutError):
+    """Some ranks had not finished when the timeout expired (a hang: e.g. mismatched collectives)."""
+
+    def __init__(self, timeout: float, unfinished: list[int], world_size: int):
+        self.unfinished = unfinished
+        finished = sorted(set(range(world_size)) - set(unfinished))
+        super().__init__(
+            f"ranks {unfinished} had not finished after {timeout:g} s and were stopped "
+            f"(finished: {finished or 'none'}). A hang like this usually means the ranks called "
+            "different collectives, or a send without its matching recv."
+        )
+
+
+class Results(list):
+    """What each rank returned, in rank order, plus the merged `trace` and each rank's printed `stdout`."""
+
+    def __init__(self, values: list, trace: Trace, stdout: list[str], seconds: float):
+        super().__init__(values)
+        self.trace, self.stdout, self.seconds = trace, stdout, seconds
+
+
+# ---------------------------------------------------------------------------------------------- the rank server
+
+
+class _RankServer:
+    """Handle on the rank-server process (one per parent process, started at the first launch)."""
+
+    def __init__(self):
+        from multiprocessing.connection import Connection
+
+        ours, theirs = socket.socketpair()
+        script = Path(__file__).with_name("_rankserver.py")
+        self.process = subprocess.Popen(
+            [sys.executable, str(script), str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        self.conn = Connection(ours.detach())
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def close(self) -> None:
+        self.conn.close()  # the server sees EOF and exits; its ranks die with it
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+_server: _RankServer | None = None
+_lock = threading.Lock()  # one launch at a time per parent process
+
+
+def _get_server() -> _RankServer:
+    global _server
+    if _server is None or not _server.alive():
+        if _server is not None:
+            _server.close()
+        _server = _RankServer()
+    return _server
+
+
+def shutdown() -> None:
+    """Stop the rank server (it restarts at the next launch). Called automatically at exit."""
+    global _server
+    if _server is not None:
+        _server.close()
+        _server = None
+
+
+atexit.register(shutdown)
+
+
+def rank_server_pid() -> int | None:
+    """The rank server's process id (tests use it to check that no rank outlives its launch)."""
+    return _server.process.pid if _server is not None and _server.alive() else None
+
+
+# --------------------------------------------------------------------------------------------------- launching
+
+
+def default_backend(world_size: int) -> str:
+    """NCCL when there is one GPU per rank, gloo otherwise."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+        return "nccl"
+    return "gloo"
+
+
+def check_launch_args(fn: Any, world_size: Any, backend: str | None, timeout: float) -> str:
+    """Reject bad arguments before any process starts; return the backend to use."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int, got {world_size!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    backend = backend or default_backend(world_size)
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl":
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if world_size > gpus:
+            raise ValueError(f"backend='nccl' needs one GPU per rank: world_size={world_size} but {gpus} GPUs")
+    return backend
+
+
+def _free_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    threads: int | None = None,
+    echo: bool = True,
+    **kwargs: Any,
+) -> Results:
+    """Run `fn(*args, **kwargs)` on `world_size` ranks and return what each rank returned, in rank order.
+
+    Inside `fn`, `torch.distributed` is initialised: `dist.get_rank()`, `dist.get_world_size()` and every
+    collective work, and `parlab.comm` records what the rank communicates.
+
+    backend: "gloo" (CPU) or "nccl" (one GPU per rank); default: NCCL when there are enough GPUs, else gloo.
+    timeout: seconds before unfinished ranks are stopped and `LaunchTimeout` names them.
+    threads: torch threads per rank (default: the CPU cores shared out among the ranks, at least 1).
+    echo: print what the ranks printed, grouped by rank in rank order, once they are done.
+
+    Raises `RankError` (the failing rank and its traceback) if any rank raises; the other ranks are stopped.
+    """
+    backend = check_launch_args(fn, world_size, backend, timeout)
+    threads = threads or max(1, (os.cpu_count() or 1) // world_size)
+    job = {
+        "fn": cloudpickle.dumps((fn, args, kwargs)),
+        "world_size": world_size,
+        "backend": backend,
+        "port": _free_loopback_port(),
+        "threads": threads,
+        "sys_path": list(sys.path),
+        "cwd": os.getcwd(),
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("PARLAB_", "PYTHON", "OMP_", "TORCH_"))},
+    }
+    with _lock:
+        server = _get_server()
+        started = time.perf_counter()
+        server.conn.send_bytes(pickle.dumps({"job": job}))
+        report = _wait_for_report(server, timeout)
+        seconds = time.perf_counter() - started
+    return _results_from(report, world_size, timeout, seconds, echo)
+
+
+def _wait_for_report(server: _RankServer, timeout: float) -> dict:
+    """Wait for the server's report; on timeout or Ctrl-C ask it to stop the ranks first."""
+    try:
+        if server.conn.poll(timeout):
+            return pickle.loads(server.conn.recv_bytes())
+        server.conn.send_bytes(pickle.dumps("cancel"))
+        report = pickle.loads(server.conn.recv_bytes())
+        report["timed_out"] = True
+        return report
+    except KeyboardInterrupt:
+        server.conn.send_bytes(pickle.dumps("cancel"))
+        server.conn.recv_bytes()  # the ranks are gone once the report arrives
+        raise
+    except (EOFError, OSError) as exc:
+        shutdown()
+        raise RuntimeError("the parlab rank server died; it will restart at the next launch") from exc
+
+
+def _results_from(report: dict, world_size: int, timeout: float, seconds: float, echo: bool) -> Results:
+    messages = report["messages"]
+    stdout = [messages.get(r, {}).get("stdout", "") for r in range(world_size)]
+    if report.get("timed_out") and report["first_failure"] is None:
+        unfinished = [r for r in range(world_size) if not messages.get(r, {}).get("ok")]
+        raise LaunchTimeout(timeout, unfinished, world_size)
+    failed = report["first_failure"]
+    if failed is not None:
+        message = messages.get(failed)
+        if message is None:  # the process died without a word (killed, segfault, os._exit)
+            code = report["exit_codes"].get(failed)
+            raise RankError(failed, f"the process exited with code {code} before returning a result")
+        raise RankError(failed, message["traceback"], message.get("stdout", ""))
+    if echo:
+        for rank, text in enumerate(stdout):
+            for line in text.splitlines():
+                print(f"[rank {rank}] {line}")
+    trace = Trace([event for r in range(world_size) for event in messages[r]["events"]], world_size)
+    return Results([messages[r]["value"] for r in range(world_size)], trace, stdout, seconds)
+
+
+# ----------------------------------------------------------------------------------------- rank-side helpers
+
+
+def init_from_env(backend: str | None = None) -> None:
+    """Initialise torch.distributed from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
+
+    This is how the same rank code runs beyond one machine:
+        torchrun --standalone --nproc-per-node 4 -m parlab run collectives
+    """
+    if dist.is_initialized():
+        return
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if backend is None:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        backend = "nccl" if gpus >= int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend, init_method="env://")
+
+
+def under_torchrun() -> bool:
+    """True in a process started by torchrun (and not by parlab.launch)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "PARLAB_LAUNCHED" not in os.environ)
+
+
+def device() -> torch.device:
+    """The device this rank computes on: its own GPU under NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -1,0 +1,172 @@
+"""Every figure parlab draws, and the one palette they share.
+
+The same rank has the same colour in every lesson (RANK_COLORS), and so does each kind of action in every
+timeline (KIND_COLORS): forward blue, backward orange, communication green-grey, idle light grey.
+`style(fig, ...)` applies the package's figure defaults: a title, axis titles with units, fonts readable at
+presentation size.
+
+Imports plotly, so rank code never imports this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+
+from parlab.trace import Trace
+
+# One colour per rank (up to 8; ranks beyond wrap around). Colour-blind-friendly (Okabe-Ito order).
+RANK_COLORS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"]
+
+KIND_COLORS = {
+    # compute
+    "forward": "#4C78A8",
+    "backward": "#F58518",
+    "backward_input": "#F58518",
+    "backward_weight": "#E45756",
+    "optimizer": "#B279A2",
+    "compute": "#72B7B2",
+    # communication
+    "all_reduce": "#54A24B",
+    "reduce_scatter": "#88D27A",
+    "all_gather": "#2E7D32",
+    "all_to_all": "#9D755D",
+    "broadcast": "#BAB0AC",
+    "reduce": "#8CD17D",
+    "send": "#17BECF",
+    "recv": "#9EDAE5",
+    "barrier": "#666666",
+    # nothing
+    "idle": "#E5E5E5",
+}
+REDUCED_COLOR = "#7F7F7F"  # a chunk that is a sum over several ranks
+EMPTY_COLOR = "#FFFFFF"
+
+FONT_SIZE = 16
+TITLE_SIZE = 20
+
+
+def rank_color(rank: int) -> str:
+    return RANK_COLORS[rank % len(RANK_COLORS)]
+
+
+def kind_color(kind: str) -> str:
+    return KIND_COLORS.get(kind, "#AAAAAA")
+
+
+def style(fig: go.Figure, title: str, xaxis: str | None = None, yaxis: str | None = None, height=None):
+    """The package's figure defaults: a title, axis titles, presentation-size fonts, a white background."""
+    fig.update_layout(
+        title={"text": title, "font": {"size": TITLE_SIZE}},
+        font={"size": FONT_SIZE},
+        template="plotly_white",
+        margin={"l": 80, "r": 30, "t": 70, "b": 60},
+        legend={"font": {"size": FONT_SIZE - 2}},
+    )
+    if height is not None:
+        fig.update_layout(height=height)
+    if xaxis is not None:
+        fig.update_xaxes(title_text=xaxis)
+    if yaxis is not None:
+        fig.update_yaxes(title_text=yaxis)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------- timelines
+
+
+def timeline(
+    trace: Trace,
+    title: str = "What each rank did",
+    kinds: Sequence[str] | None = None,
+    unit: str = "ms",
+    show_labels: bool = True,
+) -> go.Figure:
+    """A Gantt chart of a launch: ranks as rows (rank 0 on top), one bar per event, coloured by kind.
+
+    Times are measured in the ranks, relative to the first event. Hover shows the exact start, duration,
+    payload bytes and peer. `kinds` limits the events drawn (default: all).
+    """
+    scale = {"ms": 1e3, "s": 1.0, "us": 1e6}[unit]
+    t0 = trace.t0
+    fig = go.Figure()
+    events = [e for e in trace.events if kinds is None or e.kind in kinds]
+    for kind in dict.fromkeys(e.kind for e in events):  # first-seen order keeps the legend stable
+        mine = [e for e in events if e.kind == kind]
+        fig.add_trace(
+            go.Bar(
+                name=kind,
+                orientation="h",
+                y=[f"rank {e.rank}" for e in mine],
+                base=[(e.start - t0) * scale for e in mine],
+                x=[max(e.duration * scale, 1e-3) for e in mine],
+                marker={"color": kind_color(kind), "line": {"color": "white", "width": 0.5}},
+                text=[e.label for e in mine] if show_labels else None,
+                textposition="inside",
+                insidetextanchor="middle",
+                hovertemplate=[
+                    f"rank {e.rank} · {e.kind} {e.label}<br>start %{{base:.3f}} {unit}<br>"
+                    f"duration %{{x:.3f}} {unit}<br>{e.bytes} bytes"
+                    + (f"<br>peer rank {e.peer}" if e.peer is not None else "")
+                    + "<extra></extra>"
+                    for e in mine
+                ],
+            )
+        )
+    ranks = [f"rank {r}" for r in range(trace.world_size)]
+    fig.update_layout(barmode="overlay", bargap=0.25)
+    fig.update_yaxes(categoryorder="array", categoryarray=ranks[::-1])
+    return style(fig, title, f"time since the first event ({unit})", None, height=120 + 60 * trace.world_size)
+
+
+# ------------------------------------------------------------------------------------------- shard diagrams
+
+
+def chunk_grid(
+    values: Sequence[Sequence[float]],
+    owners: Sequence[Sequence[int]],
+    title: str,
+    x_title: str = "chunk",
+    y_title: str = "",
+    row_names: Sequence[str] | None = None,
+    fmt: str = "{:g}",
+) -> go.Figure:
+    """A grid of cells, one row per rank and one column per chunk, each coloured by where its data came from.
+
+    values[r][c]: the number shown in the cell (NaN: the rank holds nothing there, drawn blank).
+    owners[r][c]: the rank the data came from, or -1 for a sum over several ranks (grey).
+    """
+    rows, cols = len(values), len(values[0])
+    row_names = list(row_names or [f"rank {r}" for r in range(rows)])
+    fig = go.Figure()
+    shapes, annotations = [], []
+    for r in range(rows):
+        for c in range(cols):
+            value, owner = values[r][c], owners[r][c]
+            empty = value != value  # NaN
+            color = EMPTY_COLOR if empty else (REDUCED_COLOR if owner < 0 else rank_color(owner))
+            y = rows - 1 - r
+            shapes.append(
+                dict(type="rect", x0=c, x1=c + 0.95, y0=y, y1=y + 0.9, fillcolor=color, line={"color": "#444"})
+            )
+            if not empty:
+                annotations.append(
+                    dict(x=c + 0.475, y=y + 0.45, text=fmt.format(value), showarrow=False, font={"color": "white"})
+                )
+    # Invisible points carry the hover text and one legend entry per colour meaning.
+    legend_owners = sorted({o for row in owners for o in row})
+    for owner in legend_owners:
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                marker={"size": 14, "symbol": "square", "color": REDUCED_COLOR if owner < 0 else rank_color(owner)},
+                name="sum over ranks" if owner < 0 else f"from rank {owner}",
+            )
+        )
+    fig.update_layout(shapes=shapes, annotations=annotations, showlegend=True)
+    fig.update_xaxes(range=[-0.1, cols], tickvals=[c + 0.475 for c in range(cols)], ticktext=list(range(cols)))
+    fig.update_yaxes(range=[-0.1, rows], tickvals=[rows - 1 - r + 0.45 for r in range(rows)], ticktext=row_names)
+    return style(fig, title, x_title, y_title, height=140 + 55 * rows)
