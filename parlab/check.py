@@ -84,7 +84,7 @@ def max_abs_error(parallel: Any, reference: Any) -> tuple[float, str]:
     if len(ours) != len(theirs):
         return math.inf, f"{len(ours)} values vs {len(theirs)} in the reference"
     worst = 0.0
-    for a, b in zip(ours, theirs):
+    for a, b in zip(ours, theirs, strict=True):
         if a is None:
             return math.inf, "a value is None"
         a, b = _as_tensor(a), _as_tensor(b)
