@@ -1,0 +1,186 @@
+"""parlab.launch: results in rank order, errors with the rank's traceback, hangs end, nothing left behind."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import parlab
+from parlab import comm
+from parlab.launch import rank_server_pid
+
+
+def _children_of(pid: int) -> list[int]:
+    """Process ids whose parent is `pid` (read from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def _rank_processes() -> list[int]:
+    pid = rank_server_pid()
+    return [] if pid is None else _children_of(pid)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_results_come_back_in_rank_order_as_tensors():
+    def fn(scale, offset=0.0):
+        t = torch.full((3,), float(dist.get_rank()))
+        comm.all_reduce(t)
+        return {"rank": dist.get_rank(), "world": dist.get_world_size(), "t": t * scale + offset}
+
+    results = parlab.launch(fn, 4, 2.0, offset=1.0)
+    assert [r["rank"] for r in results] == [0, 1, 2, 3]
+    assert all(r["world"] == 4 for r in results)
+    for r in results:
+        assert isinstance(r["t"], torch.Tensor)
+        assert torch.equal(r["t"], torch.full((3,), (0 + 1 + 2 + 3) * 2.0 + 1.0))
+
+
+def test_closures_and_locals_travel_by_value():
+    secret = torch.arange(5.0)
+
+    def fn():
+        return secret * (dist.get_rank() + 1)
+
+    results = parlab.launch(fn, 2)
+    assert torch.equal(results[1], secret * 2)
+
+
+def test_trace_records_bytes_from_the_tensors_passed():
+    def fn():
+        comm.all_reduce(torch.ones(10, dtype=torch.float64))
+        if dist.get_rank() == 0:
+            comm.send(torch.ones(3, dtype=torch.float32), dst=1)
+        elif dist.get_rank() == 1:
+            comm.recv(torch.empty(3, dtype=torch.float32), src=0)
+        with comm.span("work", kind="forward"):
+            torch.ones(100).sum()
+
+    results = parlab.launch(fn, 3)
+    table = results.trace.bytes_per_rank()
+    assert table["all_reduce"] == [80, 80, 80]
+    assert table["send"] == [12, 0, 0]
+    assert table["recv"] == [0, 12, 0]
+    spans = results.trace.select(kind="forward")
+    assert len(spans) == 3 and all(e.end >= e.start for e in spans)
+
+
+def test_rank_prints_come_back_in_rank_order(capsys):
+    def fn():
+        print(f"hello from {dist.get_rank()}")
+
+    results = parlab.launch(fn, 3)
+    assert results.stdout == ["hello from 0\n", "hello from 1\n", "hello from 2\n"]
+    assert capsys.readouterr().out == "[rank 0] hello from 0\n[rank 1] hello from 1\n[rank 2] hello from 2\n"
+
+
+def test_a_failing_rank_raises_with_its_rank_and_traceback_and_stops_the_others():
+    def fn():
+        if dist.get_rank() == 2:
+            raise ValueError("rank two is unhappy")
+        time.sleep(60)  # the others would wait for a long time: they must be stopped instead
+
+    started = time.perf_counter()
+    with pytest.raises(parlab.RankError) as info:
+        parlab.launch(fn, 4, timeout=30)
+    assert time.perf_counter() - started < 10
+    assert info.value.rank == 2
+    assert "ValueError: rank two is unhappy" in str(info.value)
+    assert "rank 2 failed" in str(info.value)
+    assert _rank_processes() == []
+
+
+def test_a_rank_that_dies_without_a_word_is_reported():
+    def fn():
+        if dist.get_rank() == 1:
+            os._exit(3)
+        time.sleep(60)
+
+    with pytest.raises(parlab.RankError, match="exited with code 3") as info:
+        parlab.launch(fn, 2, timeout=30)
+    assert info.value.rank == 1
+
+
+def test_a_hang_ends_at_the_timeout_naming_the_unfinished_ranks():
+    def fn():
+        if dist.get_rank() in (1, 3):  # only two ranks join the all_reduce: a hang
+            comm.all_reduce(torch.ones(2))
+
+    started = time.perf_counter()
+    with pytest.raises(parlab.LaunchTimeout) as info:
+        parlab.launch(fn, 4, timeout=2)
+    assert time.perf_counter() - started < 8
+    assert info.value.unfinished == [1, 3]
+    assert "ranks [1, 3] had not finished after 2 s" in str(info.value)
+    assert _rank_processes() == []
+
+
+def test_interrupt_stops_the_ranks():
+    def fn():
+        time.sleep(60)
+
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        parlab.launch(fn, 2, timeout=30)
+    assert _rank_processes() == []
+    assert parlab.launch(lambda: dist.get_rank(), 2) == [0, 1]  # and the next launch works
+
+
+@pytest.mark.parametrize(
+    "fn, world_size, kwargs, error, message",
+    [
+        (lambda: 0, 0, {}, ValueError, "world_size must be >= 1, got 0"),
+        (lambda: 0, 2.0, {}, TypeError, "world_size must be an int, got 2.0"),
+        (lambda: 0, True, {}, TypeError, "world_size must be an int"),
+        ("not a function", 2, {}, TypeError, "fn must be callable, got str"),
+        (lambda: 0, 2, {"backend": "mpi"}, ValueError, "backend must be 'gloo' or 'nccl'"),
+        (lambda: 0, 2, {"timeout": 0}, ValueError, "timeout must be > 0"),
+    ],
+)
+def test_bad_arguments_are_rejected_before_any_process_starts(fn, world_size, kwargs, error, message):
+    before = _rank_processes()
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parlab.launch(fn, world_size, **kwargs)
+    assert _rank_processes() == before
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 64, reason="needs fewer GPUs than ranks")
+def test_more_gpu_ranks_than_gpus_is_rejected():
+    with pytest.raises(ValueError, match="needs one GPU per rank: world_size=64"):
+        parlab.launch(lambda: 0, 64, backend="nccl")
+
+
+def test_no_processes_or_file_descriptors_leak_over_50_launches():
+    def fn():
+        t = torch.ones(4)
+        comm.all_reduce(t)
+        return t.sum()
+
+    parlab.launch(fn, 4)  # warm up: the rank server exists from here on
+    fds_before, server = _open_fds(), rank_server_pid()
+    for i in range(50):
+        if i % 10 == 5:  # failures and timeouts in between must not leak either
+            with pytest.raises(parlab.RankError):
+                parlab.launch(lambda: 1 / 0, 2)
+        else:
+            assert parlab.launch(fn, 4)[3] == 16.0
+    assert rank_server_pid() == server  # the same server served every launch
+    assert _rank_processes() == []
+    assert _open_fds() == fds_before
