@@ -11,3 +11,7 @@ def pytest_collectstart(collector):
             "application/javascript",
             "stderr",
         )
+
+
+# Deliberately wrong lab solutions live in tests/; the lab tests grade them explicitly, nbval must not collect them.
+collect_ignore_glob = ["tests/wrong_solutions/*"]

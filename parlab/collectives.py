@@ -210,3 +210,77 @@ SCHEMES = [
         defaults={"numel": 1024},
     )
 ]
+
+
+# ------------------------------------------------------------------------------------------------- pictures
+# (plotly is imported inside these functions: rank code imports this module and must stay light)
+
+
+def _owner_of(value: float, kind: str) -> int:
+    from parlab.plots import FULL_SUM
+
+    return FULL_SUM if kind in ("all_reduce", "reduce_scatter") else int(value // 100)
+
+
+def draw_collective(kind: str, results: Results):
+    """Before/after shard diagram of `show_collective(kind)`: which rank holds which chunk, coloured by origin."""
+    from parlab import plots
+
+    P = len(results)
+
+    def panel(name, which, kind_for_owner):
+        rows = [results[r][which].tolist() for r in range(P)]
+        texts = [[None if v != v else f"{v:g}" for v in row] for row in rows]
+        owners = [[0 if v != v else _owner_of(v, kind_for_owner) for v in row] for row in rows]
+        return name, texts, owners
+
+    title = f"{kind.replace('_', '-')} on {P} ranks (chunk value 100 x origin rank + chunk index)"
+    return plots.chunk_grid([panel("before", "before", "none"), panel("after", "after", kind)], title)
+
+
+def ring_demo_rank_fn() -> list:
+    """Rank code for the picture: rank r contributes 2^r in every chunk, so a sum's bits name its contributors."""
+    P, r = dist.get_world_size(), dist.get_rank()
+    history: list = []
+    ring_all_reduce(torch.full((P,), 2.0**r, dtype=torch.float64), history)
+    return [torch.cat(snapshot) for snapshot in history]  # 2(P-1) + 1 snapshots, each [P] (one value a chunk)
+
+
+def ring_step_sends(world_size: int, step: int) -> list[tuple[int, int, int]]:
+    """The chunks in flight during `step` (1-based; 0 is the start): (from_rank, chunk, to_rank)."""
+    P = world_size
+    if step == 0:
+        return []
+    s = step - 1
+    if s < P - 1:
+        return [(r, (r - s) % P, (r + 1) % P) for r in range(P)]
+    s -= P - 1
+    return [(r, (r + 1 - s) % P, (r + 1) % P) for r in range(P)]
+
+
+def draw_ring_step(histories: list, step: int):
+    """The ring all-reduce after `step` of its 2(P-1) steps: each cell names the ranks summed into it."""
+    from parlab import plots
+
+    P = len(histories)
+    texts, owners = [], []
+    for r in range(P):
+        row_text, row_owner = [], []
+        for value in histories[r][step].tolist():
+            contributors = [q for q in range(P) if int(value) >> q & 1]
+            row_text.append("+".join(map(str, contributors)))
+            if len(contributors) == 1:
+                row_owner.append(contributors[0])
+            else:
+                row_owner.append(plots.FULL_SUM if len(contributors) == P else plots.PARTIAL_SUM)
+        texts.append(row_text)
+        owners.append(row_owner)
+    if step == 0:
+        phase = "start: rank r holds only its own data"
+    elif step <= P - 1:
+        phase = f"reduce-scatter step {step} of {P - 1}"
+    else:
+        phase = f"all-gather step {step - (P - 1)} of {P - 1}"
+    arrows = ring_step_sends(P, step)
+    subtitle = "arrows: the chunk each rank sent to its right neighbour" if arrows else "each cell: ranks summed in it"
+    return plots.chunk_grid([(subtitle, texts, owners)], f"Ring all-reduce on {P} ranks: {phase}", arrows)

@@ -124,49 +124,92 @@ def timeline(
 
 
 def chunk_grid(
-    values: Sequence[Sequence[float]],
-    owners: Sequence[Sequence[int]],
+    panels: Sequence[tuple[str, Sequence[Sequence[str | None]], Sequence[Sequence[int]]]],
     title: str,
-    x_title: str = "chunk",
-    y_title: str = "",
+    arrows: Sequence[tuple[int, int, int]] = (),
     row_names: Sequence[str] | None = None,
-    fmt: str = "{:g}",
 ) -> go.Figure:
-    """A grid of cells, one row per rank and one column per chunk, each coloured by where its data came from.
+    """Shard diagrams side by side: one row per rank, one cell per chunk, coloured by where its data came from.
 
-    values[r][c]: the number shown in the cell (NaN: the rank holds nothing there, drawn blank).
-    owners[r][c]: the rank the data came from, or -1 for a sum over several ranks (grey).
+    panels: (subtitle, texts, owners) each; texts[r][c] is the label of rank r's chunk c (None: holds nothing);
+            owners[r][c] is the rank the data came from, FULL_SUM for a sum over all ranks, PARTIAL_SUM for a
+            sum over some of them.
+    arrows: (from_rank, chunk, to_rank) in the last panel: a chunk in flight from one rank to another.
     """
-    rows, cols = len(values), len(values[0])
+    rows, cols = len(panels[0][1]), len(panels[0][1][0])
     row_names = list(row_names or [f"rank {r}" for r in range(rows)])
-    fig = go.Figure()
-    shapes, annotations = [], []
-    for r in range(rows):
-        for c in range(cols):
-            value, owner = values[r][c], owners[r][c]
-            empty = value != value  # NaN
-            color = EMPTY_COLOR if empty else (REDUCED_COLOR if owner < 0 else rank_color(owner))
-            y = rows - 1 - r
-            shapes.append(
-                dict(type="rect", x0=c, x1=c + 0.95, y0=y, y1=y + 0.9, fillcolor=color, line={"color": "#444"})
-            )
-            if not empty:
-                annotations.append(
-                    dict(x=c + 0.475, y=y + 0.45, text=fmt.format(value), showarrow=False, font={"color": "white"})
+    shapes, annotations, tick_x, tick_text, seen = [], [], [], [], set()
+    for k, (subtitle, texts, owners) in enumerate(panels):
+        x_offset = k * (cols + 1)
+        annotations.append(dict(x=x_offset + cols / 2, y=rows + 0.15, text=f"<b>{subtitle}</b>", showarrow=False))
+        for r in range(rows):
+            for c in range(cols):
+                text, owner = texts[r][c], owners[r][c]
+                y = rows - 1 - r
+                color = EMPTY_COLOR if text is None else owner_color(owner)
+                shapes.append(
+                    dict(
+                        type="rect",
+                        x0=x_offset + c,
+                        x1=x_offset + c + 0.95,
+                        y0=y,
+                        y1=y + 0.9,
+                        fillcolor=color,
+                        line={"color": "#444"},
+                    )
                 )
-    # Invisible points carry the hover text and one legend entry per colour meaning.
-    legend_owners = sorted({o for row in owners for o in row})
-    for owner in legend_owners:
+                if text is not None:
+                    seen.add(owner)
+                    font = {"color": "black" if owner == PARTIAL_SUM else "white"}
+                    annotations.append(dict(x=x_offset + c + 0.475, y=y + 0.45, text=text, showarrow=False, font=font))
+        tick_x += [x_offset + c + 0.475 for c in range(cols)]
+        tick_text += [f"c{c}" for c in range(cols)]
+    last = (len(panels) - 1) * (cols + 1)
+    for from_rank, chunk, to_rank in arrows:
+        annotations.append(
+            dict(
+                x=last + chunk + 0.7,
+                y=rows - 1 - to_rank + 0.45,
+                ax=last + chunk + 0.7,
+                ay=rows - 1 - from_rank + 0.45,
+                xref="x",
+                yref="y",
+                axref="x",
+                ayref="y",
+                showarrow=True,
+                arrowhead=3,
+                arrowsize=1.5,
+                arrowwidth=2.5,
+                arrowcolor="#D62728",
+                text="",
+            )
+        )
+    fig = go.Figure()
+    for owner in sorted(seen, key=lambda o: (o < 0, abs(o))):  # legend: one entry per colour meaning
         fig.add_trace(
             go.Scatter(
                 x=[None],
                 y=[None],
                 mode="markers",
-                marker={"size": 14, "symbol": "square", "color": REDUCED_COLOR if owner < 0 else rank_color(owner)},
-                name="sum over ranks" if owner < 0 else f"from rank {owner}",
+                marker={"size": 14, "symbol": "square", "color": owner_color(owner)},
+                name=OWNER_NAMES.get(owner, f"from rank {owner}"),
             )
         )
     fig.update_layout(shapes=shapes, annotations=annotations, showlegend=True)
-    fig.update_xaxes(range=[-0.1, cols], tickvals=[c + 0.475 for c in range(cols)], ticktext=list(range(cols)))
-    fig.update_yaxes(range=[-0.1, rows], tickvals=[rows - 1 - r + 0.45 for r in range(rows)], ticktext=row_names)
-    return style(fig, title, x_title, y_title, height=140 + 55 * rows)
+    fig.update_xaxes(range=[-0.2, len(panels) * (cols + 1) - 0.8], tickvals=tick_x, ticktext=tick_text, showgrid=False)
+    fig.update_yaxes(range=[-0.2, rows + 0.4], tickvals=[rows - 1 - r + 0.45 for r in range(rows)], ticktext=row_names)
+    fig.update_yaxes(showgrid=False, zeroline=False)
+    return style(fig, title, "chunk of the tensor each rank holds", None, height=170 + 60 * rows)
+
+
+FULL_SUM, PARTIAL_SUM = -1, -2
+PARTIAL_COLOR = "#C7C7C7"
+OWNER_NAMES = {FULL_SUM: "sum over all ranks", PARTIAL_SUM: "partial sum"}
+
+
+def owner_color(owner: int) -> str:
+    if owner == FULL_SUM:
+        return REDUCED_COLOR
+    if owner == PARTIAL_SUM:
+        return PARTIAL_COLOR
+    return rank_color(owner)

@@ -1,0 +1,73 @@
+"""How long does it take to start ranks? parlab.launch (warm rank server) vs torch.multiprocessing.spawn.
+
+Both run the same job, side by side in one run: 4 ranks, each initialises torch.distributed (gloo) and does one
+all_reduce. Prints the median times and their ratio.
+
+    python benchmarks/bench_launch.py [--world 4] [--repeats 7]
+
+Run as a script, `spawn` starts fresh interpreters that import torch (and this file) in each rank; parlab's rank
+server imported torch once and forks the ranks.
+"""
+
+import argparse
+import os
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import parlab
+
+
+def one_all_reduce() -> float:
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item()
+
+
+def _spawned_rank(rank: int, world_size: int, port: int) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    one_all_reduce()
+    dist.destroy_process_group()
+
+
+def time_spawn(world_size: int) -> float:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.perf_counter()
+    mp.spawn(_spawned_rank, args=(world_size, port), nprocs=world_size)
+    return time.perf_counter() - started
+
+
+def time_parlab(world_size: int) -> float:
+    started = time.perf_counter()
+    assert parlab.launch(one_all_reduce, world_size) == [float(world_size)] * world_size
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    cold = time_parlab(args.world)  # the first launch starts the rank server
+    parlab_times, spawn_times = [], []
+    for _ in range(args.repeats):  # interleaved, so both see the same machine load
+        parlab_times.append(time_parlab(args.world))
+        spawn_times.append(time_spawn(args.world))
+    p, s = statistics.median(parlab_times), statistics.median(spawn_times)
+    print(f"world size {args.world}, {args.repeats} runs each, one all_reduce per rank, {os.cpu_count()} CPU cores")
+    print(f"parlab.launch, first (starts the rank server): {cold:.3f} s")
+    spread = lambda times: f"(min {min(times):.3f}, max {max(times):.3f})"  # noqa: E731
+    print(f"parlab.launch, warm, median:                   {p:.3f} s  {spread(parlab_times)}")
+    print(f"torch.multiprocessing.spawn, median:           {s:.3f} s  {spread(spawn_times)}")
+    print(f"spawn / parlab.launch: {s / p:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
