@@ -12,7 +12,7 @@ the shared machinery is here:
 
 from parlab import comm
 from parlab.check import CountCheck, Verdict, check_equal, compare
-from parlab.launch import LaunchTimeout, RankError, Results, device, init_from_env, launch
+from parlab.launch import LaunchTimeout, RankError, Results, device, init_from_env, launch, progress
 from parlab.trace import Event, Trace
 
 __version__ = "0.1.0"
@@ -31,4 +31,5 @@ __all__ = [
     "device",
     "init_from_env",
     "launch",
+    "progress",
 ]

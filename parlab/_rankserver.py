@@ -11,7 +11,8 @@ the parlab package, so that every forked rank imports parlab fresh from disk and
 Protocol (one job at a time, over the socket inherited as file descriptor FD, messages pickled by plain pickle):
     parent -> server   {"job": ...}            start world_size ranks
     parent -> server   "cancel"                 stop the ranks of the current job now
-    server -> parent   {"report": ...}          every rank's outcome, sent once the ranks are all gone
+    server -> parent   {"progress": ...}        a rank started, or reported progress (parlab.progress)
+    server -> parent   {"messages": ...}        the report: every rank's outcome, sent once the ranks are all gone
 """
 
 import ctypes
@@ -74,8 +75,13 @@ def _run_rank(job: dict, rank: int, out: Connection) -> None:
     captured = io.StringIO()  # the rank's prints go back to the parent, which shows them in rank order
     sys.stdout = sys.stderr = captured
     try:
+        import importlib
+
         from parlab import comm
 
+        # parlab.progress() in rank code reports through the same pipe. (importlib: the package attribute
+        # parlab.launch is the launch function, the module is parlab.launch in sys.modules.)
+        importlib.import_module("parlab.launch")._progress_channel = out
         fn, args, kwargs = pickle.loads(job["fn"])
         if job["backend"] == "nccl":
             torch.cuda.set_device(rank)
@@ -85,6 +91,7 @@ def _run_rank(job: dict, rank: int, out: Connection) -> None:
             rank=rank,
             world_size=world_size,
         )
+        out.send_bytes(pickle.dumps({"progress": {"rank": rank, "started": True}}))
         comm.reset_trace()
         value = fn(*args, **kwargs)
         message = {"rank": rank, "ok": True, "value": _to_cpu(value), "events": comm.trace_events()}
@@ -143,6 +150,9 @@ def _run_job(job: dict, parent: Connection) -> dict:
                 continue
             try:
                 message = pickle.loads(pipe.recv_bytes())
+                if "progress" in message:  # not the rank's result: pass it on to the parent as it comes
+                    parent.send_bytes(pickle.dumps(message))
+                    continue
                 messages[rank] = message
                 failed = not message["ok"]
             except EOFError:  # the rank's process is gone

@@ -203,27 +203,44 @@ def launch(
         server = _get_server()
         started = time.perf_counter()
         server.conn.send_bytes(pickle.dumps({"job": job}))
-        report = _wait_for_report(server, timeout)
+        report = _wait_for_report(server, timeout, world_size)
         seconds = time.perf_counter() - started
     return _results_from(report, world_size, timeout, seconds, echo)
 
 
-def _wait_for_report(server: _RankServer, timeout: float) -> dict:
-    """Wait for the server's report; on timeout or Ctrl-C ask it to stop the ranks first."""
+def _wait_for_report(server: _RankServer, timeout: float, world_size: int) -> dict:
+    """Wait for the server's report, showing the ranks' progress; on timeout or Ctrl-C stop the ranks first."""
+    progress = _ProgressLine(world_size)
+    deadline = time.perf_counter() + timeout
     try:
-        if server.conn.poll(timeout):
-            return pickle.loads(server.conn.recv_bytes())
+        while (remaining := deadline - time.perf_counter()) > 0:
+            if server.conn.poll(min(remaining, 0.5)):
+                message = pickle.loads(server.conn.recv_bytes())
+                if "progress" not in message:
+                    progress.close()
+                    return message
+                progress.update(message["progress"])
+            progress.show()
+        progress.close()
         server.conn.send_bytes(pickle.dumps("cancel"))
-        report = pickle.loads(server.conn.recv_bytes())
+        report = _skip_progress(server)
         report["timed_out"] = True
         return report
     except KeyboardInterrupt:
+        progress.close()
         server.conn.send_bytes(pickle.dumps("cancel"))
-        server.conn.recv_bytes()  # the ranks are gone once the report arrives
+        _skip_progress(server)  # the ranks are gone once the report arrives
         raise
     except (EOFError, OSError) as exc:
         shutdown()
         raise RuntimeError("the parlab rank server died; it will restart at the next launch") from exc
+
+
+def _skip_progress(server: _RankServer) -> dict:
+    """The next report from the server, skipping progress messages still in the pipe."""
+    while "progress" in (message := pickle.loads(server.conn.recv_bytes())):
+        pass
+    return message
 
 
 def _results_from(report: dict, world_size: int, timeout: float, seconds: float, echo: bool) -> Results:
@@ -245,6 +262,62 @@ def _results_from(report: dict, world_size: int, timeout: float, seconds: float,
                 print(f"[rank {rank}] {line}")
     trace = Trace([event for r in range(world_size) for event in messages[r]["events"]], world_size)
     return Results([messages[r]["value"] for r in range(world_size)], trace, stdout, seconds)
+
+
+# ------------------------------------------------------------------------------------------------- progress
+
+_progress_channel = None  # in a launched rank: the pipe to the rank server (set by _rankserver)
+
+
+def progress(done: int, total: int, what: str = "step") -> None:
+    """Rank code: say how far this rank is; while the ranks run, the cell shows the slowest rank's progress.
+
+    A no-op outside parlab.launch (e.g. under torchrun).
+    """
+    if _progress_channel is not None:
+        update = {"rank": dist.get_rank(), "done": done, "total": total, "what": what}
+        _progress_channel.send_bytes(pickle.dumps({"progress": update}))
+
+
+class _ProgressLine:
+    """One line on stderr, rewritten in place ("4/4 ranks started, step 3/10"), for launches longer than 1 s.
+
+    stderr, because nbval does not compare it (conftest.py) and the figures there depend on timing. Shown only
+    where someone watches: in a Jupyter kernel or a terminal.
+    """
+
+    DELAY = 1.0  # seconds before the line appears: quick launches stay silent
+    FORCE: bool | None = None  # tests set True (show even without a watcher) or False
+
+    def __init__(self, world_size: int):
+        self.world_size, self.started, self.steps = world_size, set(), {}
+        self.began, self.last = time.perf_counter(), None
+        watched = "ipykernel" in sys.modules or sys.stderr.isatty()
+        self.enabled = watched if self.FORCE is None else self.FORCE
+
+    def update(self, update: dict) -> None:
+        if update.get("started"):
+            self.started.add(update["rank"])
+        else:
+            self.steps[update["rank"]] = update
+
+    def text(self) -> str:
+        text = f"{len(self.started)}/{self.world_size} ranks started"
+        if self.steps:
+            slowest = min(self.steps.values(), key=lambda u: u["done"])
+            text += f", {slowest['what']} {slowest['done']}/{slowest['total']}"
+        return text + f" after {time.perf_counter() - self.began:.0f} s"
+
+    def show(self) -> None:
+        if self.enabled and time.perf_counter() - self.began > self.DELAY and self.text() != self.last:
+            self.last = self.text()
+            sys.stderr.write("\r" + self.last)
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.last is not None:
+            sys.stderr.write("\r" + self.text() + "\n")
+            sys.stderr.flush()
 
 
 # ----------------------------------------------------------------------------------------- rank-side helpers

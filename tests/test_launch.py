@@ -184,3 +184,21 @@ def test_no_processes_or_file_descriptors_leak_over_50_launches():
     assert rank_server_pid() == server  # the same server served every launch
     assert _rank_processes() == []
     assert _open_fds() == fds_before
+
+
+def test_progress_from_the_ranks_reaches_the_parent(monkeypatch, capsys):
+    from parlab.launch import _ProgressLine
+
+    monkeypatch.setattr(_ProgressLine, "FORCE", True)
+    monkeypatch.setattr(_ProgressLine, "DELAY", 0.0)
+
+    def fn():
+        for step in range(3):
+            time.sleep(0.3 * (dist.get_rank() + 1))  # rank 1 is the slowest
+            parlab.progress(step + 1, 3, "step")
+        return dist.get_rank()
+
+    assert parlab.launch(fn, 2) == [0, 1]
+    err = capsys.readouterr().err
+    assert "2/2 ranks started" in err
+    assert "step 3/3" in err.splitlines()[-1]  # the last line: the slowest rank is done too
