@@ -9,6 +9,7 @@ It runs as a plain script (`python _rankserver.py FD`), not as `parlab._rankserv
 the parlab package, so that every forked rank imports parlab fresh from disk and never runs stale code.
 
 Protocol (one job at a time, over the socket inherited as file descriptor FD, messages pickled by plain pickle):
+    server -> parent   {"ready": pid}           once, when torch is imported
     parent -> server   {"job": ...}            start world_size ranks
     parent -> server   "cancel"                 stop the ranks of the current job now
     server -> parent   {"progress": ...}        a rank started, or reported progress (parlab.progress)
@@ -27,6 +28,7 @@ from multiprocessing.connection import Connection, wait
 
 import cloudpickle  # noqa: F401  (preloaded: the ranks unpickle the shipped function with it)
 import torch
+import torch._dynamo  # noqa: F401  (preloaded: the first torch.optim optimizer imports it, ~3 s per rank)
 import torch.distributed as dist
 
 PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
@@ -151,7 +153,7 @@ def _run_job(job: dict, parent: Connection) -> dict:
             try:
                 message = pickle.loads(pipe.recv_bytes())
                 if "progress" in message:  # not the rank's result: pass it on to the parent as it comes
-                    parent.send_bytes(pickle.dumps(message))
+                    parent.send_bytes(pickle.dumps({**message, "job_id": job["id"]}))
                     continue
                 messages[rank] = message
                 failed = not message["ok"]
@@ -179,12 +181,14 @@ def main(fd: int) -> None:
     parent = Connection(fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the kernel is handled by the parent, not here
     try:
+        parent.send_bytes(pickle.dumps({"ready": os.getpid()}))  # torch is imported: launches are fast from now
         while True:
             request = pickle.loads(parent.recv_bytes())
             if request == "cancel":  # arrived just after its job had ended: nothing left to stop
                 continue
             started = time.perf_counter()
             report = _run_job(request["job"], parent)
+            report["job_id"] = request["job"]["id"]
             report["server_seconds"] = time.perf_counter() - started
             parent.send_bytes(pickle.dumps(report))
     except (EOFError, OSError, KeyboardInterrupt):

@@ -16,6 +16,7 @@ group from torchrun's environment (see `python -m parlab run --help`). parlab ne
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import pickle
 import socket
@@ -34,6 +35,7 @@ import torch.distributed as dist
 from parlab.trace import Trace
 
 DEFAULT_TIMEOUT = 120.0  # seconds; long enough for any lesson at world size 8 on 2 CPU cores
+SERVER_START_TIMEOUT = 300.0  # seconds for the rank server to import torch (slow disks, busy machines)
 
 
 class RankError(RuntimeError):
@@ -87,6 +89,11 @@ class _RankServer:
         )
         theirs.close()
         self.conn = Connection(ours.detach())
+        # Wait until the server has imported torch, so that this start-up is not counted in a launch's timeout.
+        if not self.conn.poll(SERVER_START_TIMEOUT):
+            self.close()
+            raise RuntimeError(f"the parlab rank server did not start within {SERVER_START_TIMEOUT} s")
+        pickle.loads(self.conn.recv_bytes())  # {"ready": pid}
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -102,6 +109,7 @@ class _RankServer:
 
 _server: _RankServer | None = None
 _lock = threading.Lock()  # one launch at a time per parent process
+_job_ids = itertools.count()  # a report names its job: one left over from an interrupted launch is ignored
 
 
 def _get_server() -> _RankServer:
@@ -190,6 +198,7 @@ def launch(
     backend = check_launch_args(fn, world_size, backend, timeout)
     threads = threads or max(1, (os.cpu_count() or 1) // world_size)
     job = {
+        "id": next(_job_ids),
         "fn": cloudpickle.dumps((fn, args, kwargs)),
         "world_size": world_size,
         "backend": backend,
@@ -203,12 +212,12 @@ def launch(
         server = _get_server()
         started = time.perf_counter()
         server.conn.send_bytes(pickle.dumps({"job": job}))
-        report = _wait_for_report(server, timeout, world_size)
+        report = _wait_for_report(server, job["id"], timeout, world_size)
         seconds = time.perf_counter() - started
     return _results_from(report, world_size, timeout, seconds, echo)
 
 
-def _wait_for_report(server: _RankServer, timeout: float, world_size: int) -> dict:
+def _wait_for_report(server: _RankServer, job_id: int, timeout: float, world_size: int) -> dict:
     """Wait for the server's report, showing the ranks' progress; on timeout or Ctrl-C stop the ranks first."""
     progress = _ProgressLine(world_size)
     deadline = time.perf_counter() + timeout
@@ -216,6 +225,8 @@ def _wait_for_report(server: _RankServer, timeout: float, world_size: int) -> di
         while (remaining := deadline - time.perf_counter()) > 0:
             if server.conn.poll(min(remaining, 0.5)):
                 message = pickle.loads(server.conn.recv_bytes())
+                if message.get("job_id") != job_id:
+                    continue  # left over from an interrupted launch
                 if "progress" not in message:
                     progress.close()
                     return message
@@ -223,24 +234,25 @@ def _wait_for_report(server: _RankServer, timeout: float, world_size: int) -> di
             progress.show()
         progress.close()
         server.conn.send_bytes(pickle.dumps("cancel"))
-        report = _skip_progress(server)
+        report = _next_report(server, job_id)
         report["timed_out"] = True
         return report
     except KeyboardInterrupt:
         progress.close()
         server.conn.send_bytes(pickle.dumps("cancel"))
-        _skip_progress(server)  # the ranks are gone once the report arrives
+        _next_report(server, job_id)  # the ranks are gone once the report arrives
         raise
     except (EOFError, OSError) as exc:
         shutdown()
         raise RuntimeError("the parlab rank server died; it will restart at the next launch") from exc
 
 
-def _skip_progress(server: _RankServer) -> dict:
-    """The next report from the server, skipping progress messages still in the pipe."""
-    while "progress" in (message := pickle.loads(server.conn.recv_bytes())):
-        pass
-    return message
+def _next_report(server: _RankServer, job_id: int) -> dict:
+    """The report of job `job_id`, skipping progress messages still in the pipe."""
+    while True:
+        message = pickle.loads(server.conn.recv_bytes())
+        if message.get("job_id") == job_id and "progress" not in message:
+            return message
 
 
 def _results_from(report: dict, world_size: int, timeout: float, seconds: float, echo: bool) -> Results:
