@@ -5,6 +5,8 @@ all_reduce. Prints the median times and their ratio.
 
     python benchmarks/bench_launch.py [--world 4] [--repeats 7]
 
+It also times parlab.launch from inside a Jupyter kernel (where students call it), unless --no-kernel.
+
 Run as a script, `spawn` starts fresh interpreters that import torch (and this file) in each rank; parlab's rank
 server imported torch once and forks the ranks.
 """
@@ -49,10 +51,45 @@ def time_parlab(world_size: int) -> float:
     return time.perf_counter() - started
 
 
+KERNEL_CODE = """
+import statistics, time, torch, torch.distributed as dist, parlab
+def one_all_reduce():
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item()
+parlab.launch(one_all_reduce, {world})  # the first launch in this kernel starts the rank server
+times = []
+for _ in range({repeats}):
+    started = time.perf_counter()
+    parlab.launch(one_all_reduce, {world})
+    times.append(time.perf_counter() - started)
+print(f"{{statistics.median(times):.3f}} {{min(times):.3f}} {{max(times):.3f}}")
+"""
+
+
+def time_in_kernel(world_size: int, repeats: int) -> list[float]:
+    """Median, min and max of warm launches timed inside a fresh Jupyter kernel."""
+    from jupyter_client.manager import start_new_kernel
+
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        out = []
+        client.execute_interactive(
+            KERNEL_CODE.format(world=world_size, repeats=repeats),
+            timeout=600,
+            output_hook=lambda msg: out.append(msg["content"].get("text", "")) if msg["msg_type"] == "stream" else None,
+        )
+        return [float(x) for x in "".join(out).split()[-3:]]
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--no-kernel", action="store_true", help="skip the measurement inside a Jupyter kernel")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     cold = time_parlab(args.world)  # the first launch starts the rank server
@@ -67,6 +104,10 @@ def main() -> None:
     print(f"parlab.launch, warm, median:                   {p:.3f} s  {spread(parlab_times)}")
     print(f"torch.multiprocessing.spawn, median:           {s:.3f} s  {spread(spawn_times)}")
     print(f"spawn / parlab.launch: {s / p:.1f}x")
+    if not args.no_kernel:
+        k, k_min, k_max = time_in_kernel(args.world, args.repeats)
+        print(f"parlab.launch in a Jupyter kernel, warm, median: {k:.3f} s  (min {k_min:.3f}, max {k_max:.3f})")
+        print(f"spawn (script) / parlab.launch (kernel): {s / k:.1f}x")
 
 
 if __name__ == "__main__":
