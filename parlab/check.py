@@ -37,6 +37,7 @@ class Verdict:
     tol: float
     dtype: str
     note: str = ""
+    against: str = "single device"  # what the reference is: "single device", "torch DDP", ...
 
     @property
     def passed(self) -> bool:
@@ -45,9 +46,9 @@ class Verdict:
     @property
     def line(self) -> str:
         if self.passed:
-            relation, sign, status = "matches single device", "<=", "PASS"
+            relation, sign, status = f"matches {self.against}", "<=", "PASS"
         else:
-            relation, sign, status = "DIFFERS from single device", ">", "FAIL"
+            relation, sign, status = f"DIFFERS from {self.against}", ">", "FAIL"
         text = f"{self.what}: {relation}: max |err| {self.max_abs_err:.1e} {sign} tol {self.tol:.0e} ({self.dtype})"
         if self.note:
             text += f" [{self.note}]"
@@ -113,16 +114,18 @@ def compare(
     *,
     show: bool = True,
     raise_on_fail: bool = False,
+    against: str = "single device",
 ) -> Verdict:
     """Compare `parallel` with the single-device `reference` (tensors, numbers, or lists/dicts of them).
 
     tol: the largest acceptable max |err|; by default TOLERANCE for the reference's dtype.
+    against: what the reference is, for the verdict line (another implementation, e.g. "torch DDP").
     show: print the verdict line. raise_on_fail: raise CheckFailed if the verdict is FAIL.
     """
     dtype = _dtype_of(reference)
     tol = TOLERANCE.get(dtype, 1e-5) if tol is None else tol
     err, note = max_abs_error(parallel, reference)
-    verdict = Verdict(what, err, tol, str(dtype).removeprefix("torch."), note)
+    verdict = Verdict(what, err, tol, str(dtype).removeprefix("torch."), note, against)
     if show:
         print(verdict.line)
     if raise_on_fail and not verdict.passed:
