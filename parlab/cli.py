@@ -3,6 +3,7 @@
     python -m parlab list                              the schemes that exist
     python -m parlab run SCHEME --world N [--json]     run one scheme, print its verdict lines (or one JSON object)
     python -m parlab tour                              every scheme at world size 4, one verdict line each
+    python -m parlab grade NOTEBOOK... [--json]        re-execute lab notebooks, print a score table
 
 The same `run` works as one rank of a torchrun job, on one machine or many:
     torchrun --standalone --nproc-per-node 4 -m parlab run collectives
@@ -15,6 +16,7 @@ import json
 import math
 import sys
 
+from parlab import grade
 from parlab.models import DTYPES
 from parlab.schemes import COMMON_DEFAULTS, all_schemes, run_scheme, summary_line
 
@@ -35,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("list", help="list the schemes")
     tour = commands.add_parser("tour", help="run every scheme at world size 4, one verdict line each")
     tour.add_argument("--world", type=int, default=4)
+    grade.build_parser(commands.add_parser("grade", help="re-execute lab notebooks and score their checks"))
     run = commands.add_parser("run", help="run one scheme and check it against a single device")
     schemes = run.add_subparsers(dest="scheme", required=True, metavar="SCHEME")
     for name, scheme in all_schemes().items():
@@ -55,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, scheme in all_schemes().items():
             print(f"{name:14s} {scheme.help}")
         return 0
+    if args.command == "grade":
+        return grade.run(args)
     if args.command == "tour":
         ok = True
         for name in all_schemes():
