@@ -202,4 +202,7 @@ def span(label: str, kind: str = "compute", **extra) -> Iterator[Event]:
     try:
         yield event
     finally:
+        # GPU kernels run asynchronously: wait for them, or the span would end when they were queued.
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
         event.end = time.perf_counter()
