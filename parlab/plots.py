@@ -105,6 +105,7 @@ def timeline(
                 text=[e.label for e in mine] if show_labels else None,
                 textposition="inside",
                 insidetextanchor="middle",
+                textangle=0,  # never rotate a label to squeeze it into a thin bar
                 hovertemplate=[
                     f"rank {e.rank} · {e.kind} {e.label}<br>start %{{base:.3f}} {unit}<br>"
                     f"duration %{{x:.3f}} {unit}<br>{e.bytes} bytes"
@@ -115,7 +116,8 @@ def timeline(
             )
         )
     ranks = [f"rank {r}" for r in range(trace.world_size)]
-    fig.update_layout(barmode="overlay", bargap=0.25)
+    # Labels too small to read at presentation size are hidden (hover still shows them), not shrunk to specks.
+    fig.update_layout(barmode="overlay", bargap=0.25, uniformtext={"minsize": FONT_SIZE - 4, "mode": "hide"})
     fig.update_yaxes(categoryorder="array", categoryarray=ranks[::-1])
     return style(fig, title, f"time since the first event ({unit})", None, height=120 + 60 * trace.world_size)
 
