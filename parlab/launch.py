@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from html import escape as html_escape
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,30 @@ def check_launch_args(fn: Any, world_size: Any, backend: str | None, timeout: fl
     return backend
 
 
+def available_cpus() -> int:
+    """The CPU cores this process may use: its affinity mask, capped by a container's CPU quota.
+
+    On Binder os.cpu_count() reports the host's cores while the pod gets 1-2: ranks would oversubscribe."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_cpu_quota()
+    return cpus if quota is None else min(cpus, quota)
+
+
+def _cgroup_cpu_quota() -> int | None:
+    """Whole CPUs allowed by the container's CPU quota (cgroup v2, else v1), or None where there is none."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()  # "max 100000" or "150000 100000"
+    except (OSError, ValueError):
+        try:
+            quota = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text().strip()  # "-1" when unlimited
+            period = Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    if quota in ("max", "-1"):
+        return None
+    return max(1, int(quota) // int(period))
+
+
 def _free_loopback_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -196,7 +221,7 @@ def launch(
     Raises `RankError` (the failing rank and its traceback) if any rank raises; the other ranks are stopped.
     """
     backend = check_launch_args(fn, world_size, backend, timeout)
-    threads = threads or max(1, (os.cpu_count() or 1) // world_size)
+    threads = threads or max(1, available_cpus() // world_size)
     job = {
         "id": next(_job_ids),
         "fn": cloudpickle.dumps((fn, args, kwargs)),
@@ -292,19 +317,21 @@ def progress(done: int, total: int, what: str = "step") -> None:
 
 
 class _ProgressLine:
-    """One line on stderr, rewritten in place ("4/4 ranks started, step 3/10"), for launches longer than 1 s.
+    """Progress of a launch longer than 1 s ("4/4 ranks started, step 3/10 after 5 s"), where someone watches.
 
-    stderr, because nbval does not compare it (conftest.py) and the figures there depend on timing. Shown only
-    where someone watches: in a Jupyter kernel or a terminal.
+    In a notebook: an HTML progress bar under the cell, updated in place. It is HTML only, which nbval does not
+    compare (conftest.py), because its figures depend on timing; under pytest it is not shown at all. In a
+    terminal: one line on stderr, rewritten in place.
     """
 
-    DELAY = 1.0  # seconds before the line appears: quick launches stay silent
-    FORCE: bool | None = None  # tests set True (show even without a watcher) or False
+    DELAY = 1.0  # seconds before the progress appears: quick launches stay silent
+    FORCE: bool | None = None  # tests set True (show on stderr even without a terminal) or False
 
     def __init__(self, world_size: int):
         self.world_size, self.started, self.steps = world_size, set(), {}
-        self.began, self.last = time.perf_counter(), None
-        watched = "ipykernel" in sys.modules or sys.stderr.isatty()
+        self.began, self.last, self.handle = time.perf_counter(), None, None
+        self.notebook = _in_notebook() and "PYTEST_CURRENT_TEST" not in os.environ
+        watched = self.notebook or sys.stderr.isatty()
         self.enabled = watched if self.FORCE is None else self.FORCE
 
     def update(self, update: dict) -> None:
@@ -313,23 +340,50 @@ class _ProgressLine:
         else:
             self.steps[update["rank"]] = update
 
-    def text(self) -> str:
+    def _state(self) -> tuple[str, int, int]:
+        """(text, done, total) for the slowest rank."""
         text = f"{len(self.started)}/{self.world_size} ranks started"
+        done, total = len(self.started), self.world_size
         if self.steps:
             slowest = min(self.steps.values(), key=lambda u: u["done"])
             text += f", {slowest['what']} {slowest['done']}/{slowest['total']}"
-        return text + f" after {time.perf_counter() - self.began:.0f} s"
+            done, total = slowest["done"], slowest["total"]
+        return text + f" after {time.perf_counter() - self.began:.0f} s", done, total
 
-    def show(self) -> None:
-        if self.enabled and time.perf_counter() - self.began > self.DELAY and self.text() != self.last:
-            self.last = self.text()
-            sys.stderr.write("\r" + self.last)
+    def show(self, final: bool = False) -> None:
+        if not self.enabled or (time.perf_counter() - self.began < self.DELAY and not final):
+            return
+        text, done, total = self._state()
+        if text == self.last and not final:
+            return
+        self.last = text
+        if self.notebook and self.FORCE is None:
+            self._show_html(text, done, total)
+        else:
+            sys.stderr.write("\r" + text + ("\n" if final else ""))
             sys.stderr.flush()
+
+    def _show_html(self, text: str, done: int, total: int) -> None:
+        from IPython.display import display
+
+        html = {
+            "text/html": f'<div style="font: 13px monospace; color: #555"><progress value="{done}" max="{total}" '
+            f'style="width: 12em; vertical-align: middle"></progress> {html_escape(text)}</div>'
+        }
+        if self.handle is None:
+            self.handle = display(html, raw=True, display_id=True)
+        else:
+            self.handle.update(html, raw=True)
 
     def close(self) -> None:
-        if self.last is not None:
-            sys.stderr.write("\r" + self.text() + "\n")
-            sys.stderr.flush()
+        if self.last is not None:  # it was shown: leave the final state
+            self.show(final=True)
+
+
+def _in_notebook() -> bool:
+    """True inside a Jupyter kernel (where HTML output is displayed)."""
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 # ----------------------------------------------------------------------------------------- rank-side helpers
