@@ -474,11 +474,12 @@ def draw_loss_curves(report: dict):
     P = report["world_size"]
     fig = go.Figure()
     curves = [
-        ("one device, full batch", report["loss_single"], "#000000", "solid", 6),
-        (f"our DP, {P} ranks", report["loss_parallel"], plots.kind_color("all_reduce"), "dash", 3),
+        ("one device, full batch", report["loss_single"], plots.SERIES_COLORS["single device"], "solid", 6),
+        (f"our DP, {P} ranks", report["loss_parallel"], plots.SERIES_COLORS["parlab"], "dash", 3),
     ]
     if report.get("loss_ddp"):
-        curves.append((f"torch DDP, {P} ranks", report["loss_ddp"], plots.kind_color("backward"), "dot", 3))
+        color = plots.SERIES_COLORS["other library"]
+        curves.append((f"torch DDP, {P} ranks", report["loss_ddp"], color, "dot", 3))
     for name, losses, color, dash, width in curves:
         fig.add_trace(
             go.Scatter(
@@ -496,64 +497,12 @@ def draw_loss_curves(report: dict):
 
 
 def draw_step(trace: Trace, step: int, title: str):
-    """Plotly timeline of one training step, every rank: compute spans (forward, backward, optimizer) in the upper
-    half of the rank's row, all-reduces below them. All-reduces in flight at the same time (buckets started while
-    earlier ones are still running) get stacked lanes, so each one stays visible. Times measured in the ranks."""
-    import plotly.graph_objects as go
-
+    """Plotly timeline of one training step, every rank (parlab.plots.timeline): compute spans (forward,
+    backward, optimizer) in the upper half of each rank's row, all-reduces below them, buckets in flight at the
+    same time in stacked lanes. Times measured in the ranks."""
     from parlab import plots
 
-    one = step_trace(trace, step)
-    t0, ms = one.t0, 1e3
-    place = {}  # event -> (offset, width) inside its rank's row, in row units (the row spans -0.5 .. 0.5)
-    for rank in range(one.world_size):
-        comms = [e for e in one.select(rank=rank) if not e.is_compute]
-        lanes: list[float] = []  # end time of the last event in each lane
-        lane_of = {}
-        for e in comms:  # greedy: the first lane that is free when the event starts
-            free = [k for k, last in enumerate(lanes) if last <= e.start]
-            if free:
-                lanes[free[0]] = e.start + e.duration
-            else:
-                lanes.append(e.start + e.duration)
-            lane_of[id(e)] = free[0] if free else len(lanes) - 1
-        height = 0.42 / max(len(lanes), 1)
-        for e in one.select(rank=rank):
-            if e.is_compute:
-                place[id(e)] = (0.02, 0.4)
-            else:
-                place[id(e)] = (-0.02 - (lane_of[id(e)] + 1) * height, height)
-
-    fig = go.Figure()
-    for kind in dict.fromkeys(e.kind for e in one.events):
-        mine = [e for e in one.events if e.kind == kind]
-        fig.add_trace(
-            go.Bar(
-                name=kind,
-                orientation="h",
-                y=[f"rank {e.rank}" for e in mine],
-                base=[(e.start - t0) * ms for e in mine],
-                x=[max(e.duration * ms, 1e-3) for e in mine],
-                offset=[place[id(e)][0] for e in mine],
-                width=[place[id(e)][1] for e in mine],
-                marker={"color": plots.kind_color(kind), "line": {"color": "white", "width": 0.5}},
-                text=[e.label for e in mine]
-                if all(e.is_compute for e in mine) or len(mine) <= 8 * one.world_size
-                else None,
-                textposition="inside",
-                insidetextanchor="middle",
-                hovertemplate=[
-                    f"rank {e.rank} · {e.kind} {e.label}<br>start %{{base:.3f}} ms<br>duration %{{x:.3f}} ms"
-                    f"<br>{e.bytes} bytes<extra></extra>"
-                    for e in mine
-                ],
-            )
-        )
-    ranks = [f"rank {r}" for r in range(one.world_size)]
-    fig.update_layout(barmode="overlay", uniformtext={"minsize": 10, "mode": "hide"})
-    fig.update_yaxes(categoryorder="array", categoryarray=ranks[::-1])
-    height = 160 + 90 * one.world_size
-    return plots.style(fig, title, "time since the step began (ms)", "compute above, all-reduces below", height)
+    return plots.timeline(step_trace(trace, step), title)
 
 
 # ---------------------------------------------------------------------------------------------- the schemes

@@ -40,6 +40,27 @@ KIND_COLORS = {
     # nothing
     "idle": "#E5E5E5",
 }
+# Legend names: what a student reads, for the kinds parlab.comm and comm.span record.
+KIND_LABELS = {
+    "forward": "forward",
+    "backward": "backward",
+    "backward_input": "backward (input grads)",
+    "backward_weight": "backward (weight grads)",
+    "optimizer": "optimizer step",
+    "compute": "compute",
+    "all_reduce": "all-reduce",
+    "reduce_scatter": "reduce-scatter",
+    "all_gather": "all-gather",
+    "all_to_all": "all-to-all",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "send": "send",
+    "recv": "recv",
+    "barrier": "barrier",
+    "idle": "idle",
+}
+# Curves that compare implementations: the reference, parlab's parallel run, another library's run.
+SERIES_COLORS = {"single device": "#000000", "parlab": "#7B3294", "other library": "#1B9E77"}
 REDUCED_COLOR = "#7F7F7F"  # a chunk that is a sum over several ranks
 EMPTY_COLOR = "#FFFFFF"
 
@@ -53,6 +74,10 @@ def rank_color(rank: int) -> str:
 
 def kind_color(kind: str) -> str:
     return KIND_COLORS.get(kind, "#AAAAAA")
+
+
+def kind_label(kind: str) -> str:
+    return KIND_LABELS.get(kind, kind.replace("_", " "))
 
 
 def style(fig: go.Figure, title: str, xaxis: str | None = None, yaxis: str | None = None, height=None):
@@ -76,6 +101,28 @@ def style(fig: go.Figure, title: str, xaxis: str | None = None, yaxis: str | Non
 # ------------------------------------------------------------------------------------------------- timelines
 
 
+def _lanes(events: list) -> dict[int, tuple[float, float]]:
+    """Where each event of one rank sits in its row (offset, width; the row spans -0.5 .. 0.5).
+
+    Compute spans take the upper half. Communication takes the lower half, in as many lanes as there are
+    operations in flight at once (greedy: an operation goes to the first lane free when it starts), so an
+    asynchronous all-reduce or a send overlapping its recv never hides another.
+    """
+    lanes: list[float] = []  # when the last operation in each lane ends
+    lane_of = {}
+    for e in events:
+        if e.is_compute:
+            continue
+        free = [k for k, busy_until in enumerate(lanes) if busy_until <= e.start]
+        if free:
+            lanes[free[0]] = e.start + e.duration
+        else:
+            lanes.append(e.start + e.duration)
+        lane_of[id(e)] = free[0] if free else len(lanes) - 1
+    height = 0.42 / max(len(lanes), 1)
+    return {id(e): (0.02, 0.4) if e.is_compute else (-0.02 - (lane_of[id(e)] + 1) * height, height) for e in events}
+
+
 def timeline(
     trace: Trace,
     title: str = "What each rank did",
@@ -85,29 +132,35 @@ def timeline(
 ) -> go.Figure:
     """A Gantt chart of a launch: ranks as rows (rank 0 on top), one bar per event, coloured by kind.
 
-    Times are measured in the ranks, relative to the first event. Hover shows the exact start, duration,
-    payload bytes and peer. `kinds` limits the events drawn (default: all).
+    In each rank's row, compute spans are drawn above and communication below (in lanes when several operations
+    are in flight at once). Times are measured in the ranks, relative to the first event. Hover shows the exact
+    start, duration, payload bytes and peer. `kinds` limits the events drawn (default: all).
     """
     scale = {"ms": 1e3, "s": 1.0, "us": 1e6}[unit]
     t0 = trace.t0
-    fig = go.Figure()
     events = [e for e in trace.events if kinds is None or e.kind in kinds]
+    place = {}
+    for rank in range(trace.world_size):
+        place.update(_lanes([e for e in events if e.rank == rank]))
+    fig = go.Figure()
     for kind in dict.fromkeys(e.kind for e in events):  # first-seen order keeps the legend stable
         mine = [e for e in events if e.kind == kind]
         fig.add_trace(
             go.Bar(
-                name=kind,
+                name=kind_label(kind),
                 orientation="h",
                 y=[f"rank {e.rank}" for e in mine],
                 base=[(e.start - t0) * scale for e in mine],
                 x=[max(e.duration * scale, 1e-3) for e in mine],
+                offset=[place[id(e)][0] for e in mine],
+                width=[place[id(e)][1] for e in mine],
                 marker={"color": kind_color(kind), "line": {"color": "white", "width": 0.5}},
                 text=[e.label for e in mine] if show_labels else None,
                 textposition="inside",
                 insidetextanchor="middle",
                 textangle=0,  # never rotate a label to squeeze it into a thin bar
                 hovertemplate=[
-                    f"rank {e.rank} · {e.kind} {e.label}<br>start %{{base:.3f}} {unit}<br>"
+                    f"rank {e.rank} · {kind_label(e.kind)} {e.label}<br>start %{{base:.3f}} {unit}<br>"
                     f"duration %{{x:.3f}} {unit}<br>{e.bytes} bytes"
                     + (f"<br>peer rank {e.peer}" if e.peer is not None else "")
                     + "<extra></extra>"
@@ -117,9 +170,10 @@ def timeline(
         )
     ranks = [f"rank {r}" for r in range(trace.world_size)]
     # Labels too small to read at presentation size are hidden (hover still shows them), not shrunk to specks.
-    fig.update_layout(barmode="overlay", bargap=0.25, uniformtext={"minsize": FONT_SIZE - 4, "mode": "hide"})
+    fig.update_layout(barmode="overlay", uniformtext={"minsize": FONT_SIZE - 4, "mode": "hide"})
     fig.update_yaxes(categoryorder="array", categoryarray=ranks[::-1])
-    return style(fig, title, f"time since the first event ({unit})", None, height=120 + 60 * trace.world_size)
+    height = 140 + 80 * trace.world_size
+    return style(fig, title, f"time since the first event ({unit})", "compute above, communication below", height)
 
 
 # ------------------------------------------------------------------------------------------- shard diagrams
