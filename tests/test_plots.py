@@ -1,0 +1,65 @@
+"""Figure data (nbval does not compare plotly output, so the figures are checked here)."""
+
+import torch
+
+from parlab import plots
+from parlab.collectives import draw_collective, draw_ring_step, ring_step_sends, show_collective
+from parlab.trace import Event, Trace
+
+
+def _trace():
+    events = [
+        Event(0, "forward", 0.0, 1.0, label="F0"),
+        Event(0, "all_reduce", 0.5, 2.0, bytes=80, label="bucket 0"),
+        Event(0, "all_reduce", 1.0, 3.0, bytes=80, label="bucket 1"),  # in flight with bucket 0
+        Event(0, "all_reduce", 2.5, 3.5, bytes=80, label="bucket 2"),  # bucket 0 is done: reuses its lane
+        Event(1, "send", 0.0, 1.0, bytes=8, peer=0),
+    ]
+    return Trace(events, 2)
+
+
+def test_timeline_has_one_trace_per_kind_with_every_event_and_readable_names():
+    fig = plots.timeline(_trace(), title="t")
+    names = [bar.name for bar in fig.data]
+    assert names == ["forward", "send", "all-reduce"]  # in order of first appearance
+    assert sum(len(bar.x) for bar in fig.data) == 5
+    assert fig.layout.title.text == "t" and fig.layout.xaxis.title.text == "time since the first event (ms)"
+    forward = fig.data[0]
+    assert list(forward.base) == [0.0] and list(forward.x) == [1000.0]  # ms from the first event
+
+
+def test_timeline_puts_overlapping_communication_in_separate_lanes():
+    fig = plots.timeline(_trace())
+    reduce = next(bar for bar in fig.data if bar.name == "all-reduce")
+    offsets = list(reduce.offset)
+    assert offsets[0] != offsets[1]  # buckets 0 and 1 overlap in time: two lanes
+    assert offsets[2] == offsets[0]  # bucket 2 starts after bucket 0 ended: back in its lane
+    assert all(o < 0 for o in offsets)  # communication below the compute spans
+    assert next(bar for bar in fig.data if bar.name == "forward").offset[0] > 0
+
+
+def test_kind_and_rank_colours_are_fixed():
+    assert plots.kind_color("forward") == plots.KIND_COLORS["forward"]
+    assert plots.rank_color(1) == plots.RANK_COLORS[1] == plots.rank_color(1 + len(plots.RANK_COLORS))
+    assert plots.kind_label("backward_input") == "backward (input grads)"
+
+
+def test_collective_diagram_colours_cells_by_origin():
+    results = show_collective("all_gather", 4)
+    fig = draw_collective("all_gather", results)
+    assert len(fig.layout.shapes) == 2 * 4 * 4  # before and after panels, 4 ranks x 4 chunks
+    after = fig.layout.shapes[16:]
+    for rank in range(4):  # after an all-gather chunk c of every rank came from rank c
+        for chunk in range(4):
+            assert after[rank * 4 + chunk].fillcolor == plots.rank_color(chunk)
+    assert fig.layout.title.text.startswith("all-gather on 4 ranks")
+
+
+def test_ring_step_arrows_follow_the_ring():
+    assert ring_step_sends(4, 0) == []
+    assert ring_step_sends(4, 1) == [(0, 0, 1), (1, 1, 2), (2, 2, 3), (3, 3, 0)]
+    histories = [[torch.full((4,), 2.0**r) for _ in range(7)] for r in range(4)]
+    fig = draw_ring_step(histories, 1)
+    arrows = [a for a in fig.layout.annotations if a.showarrow]
+    assert len(arrows) == 4
+    assert "reduce-scatter step 1 of 3" in fig.layout.title.text
