@@ -221,25 +221,22 @@ def chunk_grid(
         tick_x += [x_offset + c + 0.475 for c in range(cols)]
         tick_text += [f"c{c}" for c in range(cols)]
     last = (len(panels) - 1) * (cols + 1)
+
+    def arrow(x, y_from, y_to, text=""):
+        return dict(
+            x=x, y=y_to, ax=x, ay=y_from, xref="x", yref="y", axref="x", ayref="y", text=text,
+            showarrow=True, arrowhead=3, arrowsize=1.5, arrowwidth=2.5, arrowcolor="#D62728",
+            font={"color": "#D62728"},
+        )  # fmt: skip
+
+    row_middle = lambda r: rows - 1 - r + 0.45  # noqa: E731
     for from_rank, chunk, to_rank in arrows:
-        annotations.append(
-            dict(
-                x=last + chunk + 0.7,
-                y=rows - 1 - to_rank + 0.45,
-                ax=last + chunk + 0.7,
-                ay=rows - 1 - from_rank + 0.45,
-                xref="x",
-                yref="y",
-                axref="x",
-                ayref="y",
-                showarrow=True,
-                arrowhead=3,
-                arrowsize=1.5,
-                arrowwidth=2.5,
-                arrowcolor="#D62728",
-                text="",
-            )
-        )
+        x = last + chunk + 0.88  # at the cell's right edge, clear of its label
+        if to_rank > from_rank:  # down the grid, to the next row
+            annotations.append(arrow(x, row_middle(from_rank) - 0.2, row_middle(to_rank) + 0.2))
+        else:  # the ring wraps around: out at the bottom, back in at the top
+            annotations.append(arrow(x, row_middle(from_rank) - 0.2, -0.15))
+            annotations.append(arrow(x, rows + 0.05, row_middle(to_rank) + 0.2))
     fig = go.Figure()
     for owner in sorted(seen, key=lambda o: (o < 0, abs(o))):  # legend: one entry per colour meaning
         fig.add_trace(
