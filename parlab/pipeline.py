@@ -16,7 +16,8 @@ stage's rank; a backward sends the activation's gradient [B/m, T, H] to the prev
 A schedule is plain data: for each rank, the ordered list of actions it runs (`Action("F", mb, chunk)`). The same
 list is (1) printed, (2) simulated with unit costs to draw the ideal timeline and compute its bubble exactly
 (`simulate`, with fractions), and (3) executed by one small executor (`run_step`) on real ranks, which receives
-what each action needs, computes it inside a `comm.span`, and sends what it produced.
+what each action needs, computes it inside a `comm.span`, and sends what it produced. The lesson's figures and
+tables (timelines, the schedules side by side) are drawn from these in parlab/lessons/pipeline.py.
 
 Bubble: the fraction of a step a rank sits idle, averaged over ranks. With F and B costs t_f, t_b:
     GPipe, 1F1B        (p-1) / (m + p - 1)           each rank idles (p-1)(t_f + t_b) out of (m + p - 1)(t_f + t_b)
@@ -28,7 +29,7 @@ Bubble: the fraction of a step a rank sits idle, averaged over ranks. With F and
 from __future__ import annotations
 
 import argparse
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,11 +44,17 @@ from parlab.check import check_equal, compare
 from parlab.launch import Results, device
 from parlab.models import GPT, GPTConfig, build_model, lm_loss, make_batches, make_optimizer, train_single_device
 from parlab.schemes import Scheme
+from parlab.trace import Event, Trace
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
 FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT = "F", "B", "BI", "BW"
 SPAN_KIND = {"F": "forward", "B": "backward", "BI": "backward_input", "BW": "backward_weight"}
 DEFAULT_COSTS = {"F": 1, "B": 2, "BI": 1, "BW": 1}  # unit costs of the ideal timeline: B = BI + BW = 2 F
+
+
+def exact_costs(costs: dict | None = None) -> dict[str, Fraction]:
+    """The cost of each op as an exact fraction: DEFAULT_COSTS, with `costs` (e.g. {"BW": 2}) overriding them."""
+    return {op: Fraction(c) for op, c in {**DEFAULT_COSTS, **(costs or {})}.items()}
 
 
 # ------------------------------------------------------------------------------------ partitioning the model
@@ -173,15 +180,16 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     below it before the first gradient can come back. The last rank (w = 0) runs F0 B0 F1 B1 ... straight away.
     A rank then holds at most w_r + 1 <= p micro-batches of activations, instead of GPipe's m.
     """
-    actions = []
-    for r in range(p):
-        w = min(p - 1 - r, m)
-        acts = [Action("F", i) for i in range(w)]  # warm-up
-        for i in range(m - w):  # steady state: F of micro-batch w + i, then B of micro-batch i
-            acts += [Action("F", w + i), Action("B", i)]
-        acts += [Action("B", i) for i in range(m - w, m)]  # cool-down
-        actions.append(acts)
-    return Schedule("1f1b", p, m, 1, actions)
+    forwards, backwards = [Action("F", i) for i in range(m)], [Action("B", i) for i in range(m)]
+    return Schedule("1f1b", p, m, 1, [warmup_steady_cooldown(forwards, backwards, p - 1 - r) for r in range(p)])
+
+
+def warmup_steady_cooldown(forwards: list[Action], backwards: list[Action], w: int) -> list[Action]:
+    """The 1F1B order of one rank: its first w forwards (warm-up), then pairs of its next forward and its oldest
+    backward (steady state), then the backwards still owed (cool-down)."""
+    w = min(w, len(forwards))
+    steady = [a for pair in zip(forwards[w:], backwards, strict=False) for a in pair]
+    return forwards[:w] + steady + backwards[len(forwards) - w :]
 
 
 def interleaved_order(j: int, p: int, v: int, backward: bool) -> tuple[int, int]:
@@ -201,9 +209,17 @@ def interleaved_warmup(p: int, m: int, v: int, rank: int, megatron: bool = False
     (v - 1) p: micro-batches travel in groups of p, so the first p micro-batches go through chunks 0..v-2 of this
     rank before micro-batch 0 comes back to its last chunk at all;
     + (p - 1 - r): then, as in 1F1B, the forwards still needed below this rank before the first gradient returns.
-    Megatron-LM warms up with 2 (p - 1 - r) instead: its executor pairs each step's sends and receives in one
-    blocking exchange, so every hop costs an extra step. Our sends are asynchronous, and the ideal timeline shows
-    the smaller count reaches the same bubble with fewer activations held (megatron=True gives Megatron's count).
+
+    Megatron-LM warms up with 2 (p - 1 - r) + (v - 1) N instead (megatron/core/pipeline_parallel/schedules.py, the
+    count forward_backward_pipelining_with_interleaving uses; N is its micro-batch group size, a setting between p
+    and m, p by default; capped at m v). Its comment explains the (v - 1) N term and says earlier ranks run more
+    forwards, not why twice p - 1 - r. Our reading, from its executor: a steady iteration runs one F and one B and
+    only then swaps, in one exchange, what they produced for what the next iteration needs. So a gradient on its way
+    back waits at every hop for the end of the iteration that made it: one more iteration per hop than in Megatron's
+    plain 1F1B, which exchanges after the F and again after the B (and warms up with p - 1 - r). Our executor sends
+    asynchronously and starts each action as soon as its input is there; the ideal timelines show the smaller count
+    reaches the same bubble with fewer activations held.
+    megatron=True gives Megatron's count with N = p.
     """
     extra = 2 * (p - 1 - rank) if megatron else p - 1 - rank
     return min((v - 1) * p + extra, m * v)
@@ -214,17 +230,11 @@ def interleaved_1f1b(p: int, m: int, v: int, megatron_warmup: bool = False) -> S
 
     Requires m to be a multiple of p (micro-batches travel in groups of p).
     """
-    total = m * v
-    actions = []
-    for r in range(p):
-        w = interleaved_warmup(p, m, v, r, megatron_warmup)
-        fwd = [Action("F", *interleaved_order(j, p, v, backward=False)) for j in range(total)]
-        bwd = [Action("B", *interleaved_order(j, p, v, backward=True)) for j in range(total)]
-        acts = fwd[:w]  # warm-up
-        for i in range(total - w):  # steady state
-            acts += [fwd[w + i], bwd[i]]
-        acts += bwd[total - w :]  # cool-down
-        actions.append(acts)
+    forwards = [Action("F", *interleaved_order(j, p, v, backward=False)) for j in range(m * v)]
+    backwards = [Action("B", *interleaved_order(j, p, v, backward=True)) for j in range(m * v)]
+    actions = [
+        warmup_steady_cooldown(forwards, backwards, interleaved_warmup(p, m, v, r, megatron_warmup)) for r in range(p)
+    ]
     return Schedule("interleaved", p, m, v, actions)
 
 
@@ -237,48 +247,41 @@ def zero_bubble_h1(p: int, m: int, costs: dict | None = None) -> Schedule:
     BW instead of idling. Where those gaps fall depends on the costs, so the order is found by placing the
     actions in time with the unit costs (default F = BI = BW = 1); the result is a plain action list like the others.
     """
-    cost = {op: Fraction(c) for op, c in {**DEFAULT_COSTS, **(costs or {})}.items()}
-    order = [[Action("BI" if a.op == "B" else "F", a.mb) for a in acts] for acts in one_f_one_b(p, m).actions]
-    actions: list[list[Action]] = [[] for _ in range(p)]
-    end: dict[tuple[str, int, int], Fraction] = {}  # (op, mb, stage) -> when it finished
-    free, position = [Fraction(0)] * p, [0] * p
+    cost = exact_costs(costs)
+    todo = [deque(Action("BI" if a.op == "B" else "F", a.mb) for a in acts) for acts in one_f_one_b(p, m).actions]
+    schedule = Schedule("zb", p, m, 1, [[] for _ in range(p)])
+    end: dict[tuple[str, int, int], Fraction] = {}  # (op, mb, stage) -> when it finished ("G": when BI did)
+    free = [Fraction(0)] * p  # when each rank is free again
     pending: list[deque[int]] = [deque() for _ in range(p)]  # micro-batches whose BW is postponed
     inflight = [0] * p  # micro-batches whose F has run and whose BW has not
-    blocked: set[int] = set()
-    schedule = Schedule("zb", p, m, 1, actions)
+    blocked: set[int] = set()  # ranks that wait for an action of another rank that is not placed yet
 
     def run(r: int, a: Action, start: Fraction) -> None:
-        actions[r].append(a)
-        free[r] = start + cost[a.op]
-        end[(a.op, a.mb, r)] = free[r]
-        inflight[r] += 1 if a.op == "F" else -1 if a.op == "BW" else 0
+        schedule.actions[r].append(a)
+        free[r] = end[(a.op, a.mb, r)] = start + cost[a.op]
         if a.op == "BI":
+            end[("G", a.mb, r)] = free[r]
             pending[r].append(a.mb)
+        inflight[r] += 1 if a.op == "F" else -1 if a.op == "BW" else 0
         blocked.clear()  # something new has happened: every rank may look again
 
-    while any(position[r] < len(order[r]) or pending[r] for r in range(p)):
-        candidates = [r for r in range(p) if r not in blocked and (position[r] < len(order[r]) or pending[r])]
+    while any(todo[r] or pending[r] for r in range(p)):
+        candidates = [r for r in range(p) if r not in blocked and (todo[r] or pending[r])]
         if not candidates:
             raise ScheduleError("zero-bubble placement deadlocked")
         r = min(candidates, key=lambda q: (free[q], q))  # the rank that is free earliest decides next
-        t = free[r]
-        if position[r] < len(order[r]):
-            a = order[r][position[r]]
-            deps = [("BI" if d[0] == "G" else d[0], d[1], d[2]) for d in dependencies(schedule, r, a)]
-            ready = max((end[d] for d in deps), default=Fraction(0)) if all(d in end for d in deps) else None
-            room = a.op != "F" or inflight[r] < p
-            if ready is not None and ready <= t and room:
-                position[r] += 1
-                run(r, a, t)
-                continue
-        if pending[r]:  # the next F/BI would wait (or exceed p in flight): fill the gap with a postponed BW
-            run(r, Action("BW", pending[r].popleft()), t)
-            continue
-        if position[r] < len(order[r]) and ready is not None and room:
-            position[r] += 1
-            run(r, a, ready)  # nothing to fill the gap with: wait for the input
+        a = todo[r][0] if todo[r] else None  # its next F or BI
+        deps = dependencies(schedule, r, a) if a is not None else []
+        ready = max((end[d] for d in deps), default=Fraction(0)) if a and all(d in end for d in deps) else None
+        room = a is not None and (a.op != "F" or inflight[r] < p)  # an F must not make it hold more than p
+        if ready is not None and room and ready <= free[r]:  # the next F or BI can start now
+            run(r, todo[r].popleft(), free[r])
+        elif pending[r]:  # the next F/BI would wait (or exceed p in flight): fill the gap with a postponed BW
+            run(r, Action("BW", pending[r].popleft()), free[r])
+        elif ready is not None and room:  # nothing to fill the gap with: wait for the input
+            run(r, todo[r].popleft(), ready)
         else:
-            blocked.add(r)  # waits for an action of another rank that is not placed yet
+            blocked.add(r)
     return schedule
 
 
@@ -379,8 +382,7 @@ def simulate(schedule: Schedule, costs: dict | None = None) -> list[Timed]:
 
     Raises ScheduleError if some rank waits for something that never happens (a deadlock).
     """
-    costs = {**DEFAULT_COSTS, **(costs or {})}
-    costs = {op: Fraction(c) for op, c in costs.items()}
+    costs = exact_costs(costs)
     done: dict[tuple[str, int, int], Fraction] = {}
     position, free = [0] * schedule.p, [Fraction(0)] * schedule.p
     timeline: list[Timed] = []
@@ -460,7 +462,7 @@ def bubble(timeline: Sequence[Timed], p: int) -> Fraction:
 
 def bubble_formula(name: str, p: int, m: int, v: int = 1, costs: dict | None = None) -> tuple[Fraction, str]:
     """The textbook bubble fraction of a schedule, exactly, and the formula as text."""
-    c = {k: Fraction(x) for k, x in {**DEFAULT_COSTS, **(costs or {})}.items()}
+    c = exact_costs(costs)
     if name in ("gpipe", "1f1b"):
         return Fraction(p - 1, m + p - 1), "(p-1)/(m+p-1)"
     if name == "interleaved":
@@ -485,15 +487,8 @@ def phases(schedule: Schedule) -> list[dict[str, dict[str, int]]]:
             "steady": acts[first_b - 1 : last_f + 2],
             "cooldown": acts[last_f + 2 :],
         }
-        rows.append({name: _count_ops(part) for name, part in parts.items()})
+        rows.append({name: dict(Counter(a.op for a in part)) for name, part in parts.items()})
     return rows
-
-
-def _count_ops(actions: Sequence[Action]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for a in actions:
-        counts[a.op] = counts.get(a.op, 0) + 1
-    return counts
 
 
 def phase_lines(schedule: Schedule) -> list[str]:
@@ -743,26 +738,27 @@ def theory_send_bytes(schedule: Schedule, opts: dict) -> list[int]:
     cfg = model_config(opts)
     b = opts["batch"] // schedule.m
     message = b * cfg.seq_len * cfg.hidden * torch.empty(0, dtype=cfg.torch_dtype).element_size()
-    out = []
-    for r, acts in enumerate(schedule.actions):
-        n = 0
-        for a in acts:
-            s = schedule.stage(r, a.chunk)
-            n += (a.op == "F" and s < schedule.num_stages - 1) + (a.op in ("B", "BI") and s > 0)
-        out.append(n * message * opts["steps"])
-    return out
+    sends = [0] * schedule.p
+    for (src, _dst, _kind), (sent, _received) in messages(schedule).items():
+        sends[src] += len(sent)
+    return [n * message * opts["steps"] for n in sends]
 
 
-def measured_bubble(trace, step: int | None = None) -> tuple[float, list[float]]:
-    """Idle fraction of the ranks' compute, from their recorded spans (F, B, BI, BW; not the optimizer).
-
-    For one step (default: the last): T = from the first span's start to the last span's end over all ranks;
-    rank r's bubble = (T - its busy time) / T; returns the mean over ranks and the per-rank list.
-    """
+def step_spans(trace: Trace, step: int | None = None) -> list[Event]:
+    """The compute spans (F, B, BI, BW; not the optimizer) the ranks recorded in one step (default: the last)."""
     spans = [e for e in trace.events if e.kind in SPAN_KIND.values()]
     if step is None:
         step = max(e.extra.get("step", 0) for e in spans)
-    spans = [e for e in spans if e.extra.get("step") == step]
+    return [e for e in spans if e.extra.get("step") == step]
+
+
+def measured_bubble(trace: Trace, step: int | None = None) -> tuple[float, list[float]]:
+    """Idle fraction of the ranks' compute in one step (default: the last), from their recorded spans.
+
+    T = from the step's first span's start to its last span's end over all ranks; rank r's bubble = (T - its busy
+    time) / T; returns the mean over ranks and the per-rank list.
+    """
+    spans = step_spans(trace, step)
     t0, t1 = min(e.start for e in spans), max(e.end for e in spans)
     per_rank = [1 - sum(e.duration for e in spans if e.rank == r) / (t1 - t0) for r in range(trace.world_size)]
     return sum(per_rank) / len(per_rank), per_rank
@@ -885,167 +881,3 @@ SCHEMES = [
         defaults=DEFAULTS,
     )
 ]
-
-
-# ------------------------------------------------------------------------------------------------ pictures
-
-CHUNK_PATTERNS = ["", "/", "x", ".", "\\", "+"]  # chunk 0 plain, chunk 1 hatched, ...: same colours throughout
-
-
-def _bars(fig, rows: list[dict], row: int, legend: set[str]) -> None:
-    """Add one horizontal bar per dict (rank, kind, start, length, text, chunk, hover) to subplot `row`."""
-    import plotly.graph_objects as go
-
-    from parlab import plots
-
-    for kind in dict.fromkeys(r["kind"] for r in rows):
-        mine = [r for r in rows if r["kind"] == kind]
-        name = "recv (waiting for data)" if kind == "recv" else kind
-        fig.add_trace(
-            go.Bar(
-                name=name,
-                legendgroup=kind,
-                width=0.25 if kind == "recv" else None,  # waits drawn thin: the compute stands out
-                showlegend=kind not in legend,
-                orientation="h",
-                y=[f"rank {r['rank']}" for r in mine],
-                base=[r["start"] for r in mine],
-                x=[r["length"] for r in mine],
-                text=[r["text"] for r in mine],
-                textposition="inside",
-                insidetextanchor="middle",
-                textangle=0,
-                marker={
-                    "color": plots.kind_color(kind),
-                    "line": {"color": "white", "width": 1},
-                    "pattern": {"shape": [CHUNK_PATTERNS[r["chunk"] % len(CHUNK_PATTERNS)] for r in mine]},
-                },
-                hovertemplate=[r["hover"] + "<extra></extra>" for r in mine],
-            ),
-            row=row,
-            col=1,
-        )
-        legend.add(kind)
-
-
-def ideal_rows(schedule: Schedule, costs: dict | None = None) -> list[dict]:
-    """The ideal timeline (simulate) as bars: one per action, in cost units."""
-    return [
-        {
-            "rank": t.rank,
-            "kind": SPAN_KIND[t.action.op],
-            "start": float(t.start),
-            "length": float(t.end - t.start),
-            "text": str(t.action.mb),  # the micro-batch; colour says F/B, hatching the chunk (as in the papers)
-            "chunk": t.action.chunk,
-            "hover": f"rank {t.rank} · {t.action.label(schedule.v)} (micro-batch {t.action.mb}, chunk "
-            f"{t.action.chunk}, stage {schedule.stage(t.rank, t.action.chunk)})<br>start {t.start}, end {t.end}",
-        }
-        for t in simulate(schedule, costs)
-    ]
-
-
-def measured_rows(trace, step: int | None = None) -> list[dict]:
-    """One step's recorded spans (F, B, BI, BW) and receive waits as bars, in ms since the step's first event."""
-    spans = [e for e in trace.events if e.kind in SPAN_KIND.values()]
-    if step is None:
-        step = max(e.extra.get("step", 0) for e in spans)
-    spans = [e for e in spans if e.extra.get("step") == step]
-    t0, t1 = min(e.start for e in spans), max(e.end for e in spans)
-    waits = [e for e in trace.select(kind="recv") if e.end is not None and t0 <= e.start and e.end <= t1]
-    rows = []
-    for e in sorted(waits + spans, key=lambda e: e.start):
-        rows.append(
-            {
-                "rank": e.rank,
-                "kind": e.kind,
-                "start": (e.start - t0) * 1e3,
-                "length": max(e.duration * 1e3, 1e-3),
-                "text": "" if e.kind == "recv" else str(e.extra.get("mb", "")),
-                "chunk": e.extra.get("chunk", 0),
-                "hover": f"rank {e.rank} · {e.kind} {e.label}<br>start {(e.start - t0) * 1e3:.3f} ms<br>"
-                f"duration {e.duration * 1e3:.3f} ms" + (f"<br>{e.bytes} bytes from rank {e.peer}" if e.bytes else ""),
-            }
-        )
-    return rows
-
-
-def timelines(schedule: Schedule, trace=None, costs: dict | None = None, title: str | None = None, step=None):
-    """The ideal timeline of `schedule` (unit costs), and below it, if a trace is given, the measured one.
-
-    Bars: blue forward, orange backward (BI orange, BW red for zero bubble), light blue the time a rank waits in
-    a recv (drawn thin); the number on a bar is its micro-batch; hatched bars are a rank's chunks 1..v-1.
-    Hover shows the exact action ("F3c1": forward of micro-batch 3 on chunk 1), start and end.
-    """
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    from parlab import plots
-
-    costs_used = {**DEFAULT_COSTS, **(costs or {})}
-    ideal = bubble(simulate(schedule, costs), schedule.p)
-    ops = [op for op in SPAN_KIND if any(a.op == op for a in schedule.actions[0])]
-    cost_text = ", ".join(f"{op}={costs_used[op]}" for op in ops)
-    titles = [f"ideal ({cost_text}): bubble {ideal} = {float(ideal):.1%}"]
-    if trace is not None:
-        measured, _ = measured_bubble(trace, step)
-        titles.append(f"measured on {schedule.p} ranks (one step): bubble {measured:.1%}")
-    fig = make_subplots(rows=len(titles), cols=1, subplot_titles=titles, vertical_spacing=0.16)
-    legend: set[str] = set()
-    _bars(fig, ideal_rows(schedule, costs), 1, legend)
-    fig.update_xaxes(title_text="time (cost units: one forward = 1)", row=1, col=1)
-    if schedule.v > 1:  # a legend entry for the hatching of chunks 1..v-1
-        for k in range(1, schedule.v):
-            pattern = {"shape": CHUNK_PATTERNS[k % len(CHUNK_PATTERNS)], "fgcolor": "#444"}
-            fig.add_trace(
-                go.Bar(x=[None], y=[None], name=f"hatched: chunk {k}", marker={"color": "white", "pattern": pattern})
-            )
-    if trace is not None:
-        _bars(fig, measured_rows(trace, step), 2, legend)
-        fig.update_xaxes(title_text="time since the step's first span (ms)", row=2, col=1)
-    ranks = [f"rank {r}" for r in range(schedule.p)][::-1]
-    fig.update_yaxes(categoryorder="array", categoryarray=ranks)
-    fig.update_layout(barmode="overlay", bargap=0.2, uniformtext={"minsize": 10, "mode": "hide"})
-    name = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B", "zb": "zero bubble (ZB-H1)"}
-    title = title or f"{name[schedule.name]}: p={schedule.p}, m={schedule.m}" + (
-        f", v={schedule.v}" if schedule.v > 1 else ""
-    )
-    height = len(titles) * (110 + 45 * schedule.p) + 80
-    return plots.style(fig, title, height=height)
-
-
-def bubble_table(p: int, m: int, v: int = 2) -> list[str]:
-    """The four schedules side by side, from their ideal timelines (pure Python, instant): bubble (exact), its
-    formula, and the most activations a rank holds (in (micro-batch, chunk) units and in whole-stage units)."""
-    lines = [
-        f"p={p}, m={m}, v={v} (interleaved)",
-        f"{'schedule':12s} {'ideal bubble':>20s} {'formula':>10s}  peak held",
-    ]
-    for name in SCHEDULES:
-        vv = v if name == "interleaved" else 1
-        try:
-            schedule = make_schedule(name, p, m, vv)
-        except ValueError as exc:
-            lines.append(f"{name:12s} {exc}")
-            continue
-        ideal = bubble(simulate(schedule), p)
-        formula, _ = bubble_formula(name, p, m, vv)
-        peak = max(peak_inflight(schedule))
-        held = f"{peak} (= {Fraction(peak, vv)} stages of activations)" if vv > 1 else f"{peak}"
-        lines.append(f"{name:12s} {str(ideal) + f' = {float(ideal):.3f}':>20s} {str(formula):>10s}  {held}")
-    return lines
-
-
-def print_report(report: dict, measured: bool = False) -> None:
-    """Print a run's report: the deterministic lines (checks, ideal bubble, phases, memory held), or with
-    measured=True the timing-dependent ones (measured bubble per rank), which vary from run to run."""
-    if measured:
-        per_rank = ", ".join(f"{b:.0%}" for b in report["bubble_measured_per_rank"])
-        print(f"bubble measured: {report['bubble_measured']:.1%} (per rank: {per_rank})")
-        print(f"bubble ideal:    {report['bubble_ideal']:.1%} = {report['bubble_ideal_fraction']}")
-        return
-    for line in report["verdicts"]:
-        if not line.startswith("bubble measured"):
-            print(line)
-    kib = ", ".join(f"{b / 1024:.0f}" for b in report["peak_activation_bytes_per_rank"])
-    print(f"peak activation memory held per rank (KiB, measured from the saved tensors): {kib}")

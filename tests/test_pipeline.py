@@ -8,6 +8,7 @@ from fractions import Fraction
 import pytest
 
 from parlab import pipeline as pp
+from parlab.lessons import pipeline as lesson
 from parlab.pipeline import Action, Schedule, ScheduleError
 
 # --------------------------------------------------------------------------------------------- partitioning
@@ -206,7 +207,7 @@ def test_gpipe_holds_more_activation_bytes_than_1f1b(runs):
 
 def test_timeline_figure_has_both_panels_and_microbatch_labels():
     results, report = pp.run_pipeline("1f1b", 2, 2, steps=1, batch=4, layers=2)
-    fig = pp.timelines(pp.make_schedule("1f1b", 2, 2), results.trace)
+    fig = lesson.timelines(pp.make_schedule("1f1b", 2, 2), results.trace)
     names = {t.name for t in fig.data}
     assert {"forward", "backward"} <= names
     for panel in ("y", "y2"):  # every span of both panels carries its micro-batch number
@@ -216,6 +217,20 @@ def test_timeline_figure_has_both_panels_and_microbatch_labels():
     axes = {t.yaxis for t in fig.data}
     assert axes == {"y", "y2"}  # ideal on top, measured below
     assert "bubble 1/3" in fig.layout.annotations[0].text
+
+
+def test_bubble_table_lists_every_schedule_from_its_ideal_timeline():
+    lines = lesson.bubble_table(4, 8, v=2)
+    rows = {line.split()[0]: line for line in lines[2:]}
+    assert list(rows) == list(pp.SCHEDULES)
+    assert "3/11" in rows["gpipe"] and "3/19" in rows["interleaved"] and "1/9" in rows["zb"]
+    assert rows["interleaved"].endswith("8 (= 4 stages of activations)")  # 8 (micro-batch, chunk) units, v = 2
+    assert "needs microbatches >= stages" in lesson.bubble_table(4, 2)[3]  # 1F1B refuses m < p, with the reason
+
+
+def test_the_scheme_module_does_not_import_plotly():
+    code = "import sys, parlab.pipeline; assert not [m for m in sys.modules if m.startswith('plotly')]"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
