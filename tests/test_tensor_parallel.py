@@ -15,6 +15,7 @@ import torch.distributed as dist
 import parlab
 from parlab import tensor_parallel as tp
 from parlab.check import compare
+from parlab.lessons import tensor_parallel as lesson
 from parlab.models import GPTConfig, build_model, param_bytes
 from parlab.schemes import run_scheme
 
@@ -26,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("world_size, dtype", [(4, "float64"), (2, "float32")])
 def test_each_layer_matches_its_unsharded_counterpart(world_size, dtype):
-    out = tp.check_layers(world_size, dtype)
-    assert [v.what.split(":")[0] for v in out["verdicts"]] == list(tp.LAYERS)  # every layer really ran
+    out = lesson.check_layers(world_size, dtype)
+    assert [v.what.split(":")[0] for v in out["verdicts"]] == list(lesson.LAYERS)  # every layer really ran
     for verdict in out["verdicts"]:
         assert verdict.passed, verdict.line
         assert verdict.max_abs_err <= (1e-10 if dtype == "float64" else 1e-5)
@@ -42,7 +43,7 @@ def _column_without_f(cfg: GPTConfig, seed: int) -> torch.Tensor:
     """Rank code: a column-parallel fc with f left out; returns this rank's dL/dx."""
     rank, P = dist.get_rank(), dist.get_world_size()
     full = build_model(cfg, seed)
-    inputs = tp.layer_inputs(cfg, 2, seed)
+    inputs = lesson.layer_inputs(cfg, 2, seed)
     layer = tp.ColumnParallelLinear.from_linear(full.blocks[0].mlp.fc, rank, P, copy_input=False)
     x = inputs["x"].clone().requires_grad_()
     (layer(x) * inputs["dy_F"].chunk(P, dim=-1)[rank]).sum().backward()
@@ -50,9 +51,9 @@ def _column_without_f(cfg: GPTConfig, seed: int) -> torch.Tensor:
 
 
 def test_leaving_out_f_gives_a_partial_gradient_that_the_check_catches():
-    cfg = tp.layer_config()
+    cfg = lesson.layer_config()
     partial = parlab.launch(_column_without_f, 4, cfg, 0, echo=False)
-    full, inputs = build_model(cfg, 0), tp.layer_inputs(cfg, 2, 0)
+    full, inputs = build_model(cfg, 0), lesson.layer_inputs(cfg, 2, 0)
     x = inputs["x"].clone().requires_grad_()
     (full.blocks[0].mlp.fc(x) * inputs["dy_F"]).sum().backward()
     assert not compare("without f", partial[0], x.grad, show=False).passed  # one rank's share is not dL/dx
@@ -62,11 +63,11 @@ def test_leaving_out_f_gives_a_partial_gradient_that_the_check_catches():
 # ------------------------------------------------------------------------------------------------ the GEMM split
 
 
-@pytest.mark.parametrize("split", tp.SPLITS)
+@pytest.mark.parametrize("split", lesson.SPLITS)
 def test_gemm_split(split):
     M, K, N, P = 4, 8, 8, 4
-    results = tp.show_gemm_split(split, P, M, K, N)
-    A, B = tp.gemm_inputs(M, K, N)
+    results = lesson.show_gemm_split(split, P, M, K, N)
+    A, B = lesson.gemm_inputs(M, K, N)
     for r, held in enumerate(results):
         assert compare(f"C on rank {r}", held["C"], A @ B, show=False).passed
     bytes_ = results.trace.bytes_per_rank()
@@ -103,8 +104,8 @@ def test_param_bytes_theory_at_one_rank_is_the_single_device_model(tied):
 
 
 def test_param_bytes_measured_per_world_size():
-    cfg = tp.layer_config()
-    measured = tp.measure_param_bytes(cfg, (1, 2, 8))
+    cfg = lesson.layer_config()
+    measured = lesson.measure_param_bytes(cfg, (1, 2, 8))
     assert measured[1] == [param_bytes(build_model(cfg))]
     for P, per_rank in measured.items():
         assert per_rank == [tp.param_bytes_theory(cfg, P)] * P
@@ -131,6 +132,19 @@ def test_bad_sizes_are_refused_before_launch(monkeypatch, changes, message):
     monkeypatch.setattr("parlab.schemes.launch", no_launch)
     with pytest.raises(ValueError, match=message):
         run_scheme("tp", **{"world": 4, **changes})
+
+
+def test_lesson_demos_refuse_bad_sizes_before_launch(monkeypatch):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(lesson, "launch", no_launch)
+    with pytest.raises(ValueError, match="heads=8 is not divisible by world_size=3"):
+        lesson.check_layers(3)
+    with pytest.raises(ValueError, match="heads=8 is not divisible by world_size=3"):
+        lesson.measure_param_bytes(lesson.layer_config(), (2, 3))  # every size checked before the first launch
+    with pytest.raises(ValueError, match="ffn=18 is not divisible by world_size=4"):
+        lesson.megatron_figure("mlp", 4, hidden=8, ffn=18)
 
 
 # ---------------------------------------------------------------------------------------------------- the CLI
