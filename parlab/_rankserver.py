@@ -22,6 +22,7 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
@@ -65,8 +66,6 @@ def _run_rank(job: dict, rank: int, out: Connection) -> None:
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size),
         LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(job["port"]),
         GLOO_SOCKET_IFNAME="lo",  # gloo's own sockets on loopback too, not on the machine's network
         NCCL_SOCKET_IFNAME="lo",
         PARLAB_LAUNCHED="1",
@@ -89,7 +88,7 @@ def _run_rank(job: dict, rank: int, out: Connection) -> None:
             torch.cuda.set_device(rank)
         dist.init_process_group(
             job["backend"],
-            init_method=f"tcp://127.0.0.1:{job['port']}",
+            init_method=f"file://{job['rendezvous']}",
             rank=rank,
             world_size=world_size,
         )
@@ -115,6 +114,13 @@ def _run_rank(job: dict, rank: int, out: Connection) -> None:
     os._exit(0)
 
 
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
 def _kill(pids: dict) -> None:
     for pid in pids.values():
         try:
@@ -125,6 +131,10 @@ def _kill(pids: dict) -> None:
 
 def _run_job(job: dict, parent: Connection) -> dict:
     """Fork the ranks, wait for each one's message and exit, stop them all at the first failure or cancel."""
+    # Rendezvous through a file that only this job knows: no TCP port to pick, so two launches at the same
+    # time (two notebooks, parallel tests) can never meet each other's ranks. Gloo itself binds to loopback.
+    job["rendezvous"] = os.path.join(tempfile.gettempdir(), f"parlab-rendezvous-{os.getpid()}-{job['id']}")
+    _remove(job["rendezvous"])
     pids, pipes = {}, {}
     for rank in range(job["world_size"]):
         reader, writer = os.pipe()
@@ -169,6 +179,7 @@ def _run_job(job: dict, parent: Connection) -> dict:
     for rank, pid in pids.items():
         _, status = os.waitpid(pid, 0)
         exit_codes[rank] = os.waitstatus_to_exitcode(status)
+    _remove(job["rendezvous"])  # ranks that were killed could not remove it themselves
     return {
         "messages": messages,
         "first_failure": first_failure,

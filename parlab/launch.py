@@ -192,12 +192,6 @@ def _cgroup_cpu_quota() -> int | None:
     return max(1, int(quota) // int(period))
 
 
-def _free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(
     fn: Callable[..., Any],
     world_size: int,
@@ -227,7 +221,6 @@ def launch(
         "fn": cloudpickle.dumps((fn, args, kwargs)),
         "world_size": world_size,
         "backend": backend,
-        "port": _free_loopback_port(),
         "threads": threads,
         "sys_path": list(sys.path),
         "cwd": os.getcwd(),
