@@ -23,7 +23,7 @@ import torch.distributed as dist
 from parlab import comm
 from parlab.check import check_equal, compare
 from parlab.launch import Results
-from parlab.schemes import Scheme
+from parlab.schemes import Scheme, launch_scheme
 
 COLLECTIVES = ("broadcast", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
 
@@ -146,10 +146,9 @@ def _launch(fn, world_size, *args, **kwargs) -> Results:
 
 def run_ring(world_size: int = 4, numel: int = 1024, dtype: str = "float64", seed: int = 0, keep_history=False):
     """Run the ring all-reduce on live ranks; returns (results, report) like `python -m parlab run collectives`."""
-    opts = {"world": world_size, "numel": numel, "dtype": dtype, "seed": seed, "keep_history": keep_history}
-    _check(opts)
-    results = _launch(_scheme_rank_fn, world_size, opts)
-    return results, _report(opts, results)
+    return launch_scheme(
+        "collectives", world=world_size, numel=numel, dtype=dtype, seed=seed, keep_history=keep_history
+    )
 
 
 # ------------------------------------------------------------------------------------------------ the scheme

@@ -33,7 +33,6 @@ a ring all-reduce of N bytes puts 2(P-1)/P x N bytes on each rank's wire (theory
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -44,9 +43,9 @@ import torch.nn as nn
 
 from parlab import comm
 from parlab.check import check_equal, compare
-from parlab.launch import Results, launch, progress
+from parlab.launch import Results, progress
 from parlab.models import GPTConfig, build_model, lm_loss, make_batches, make_optimizer, train_single_device
-from parlab.schemes import Scheme
+from parlab.schemes import Scheme, launch_scheme
 from parlab.trace import Trace
 
 DEFAULT_BUCKET_BYTES = 64 * 1024  # the reference GPT's gradients are 240,640 bytes in float64: 4 buckets
@@ -458,10 +457,7 @@ def run_dp(world_size: int = 4, mode: str = "dp", **opts) -> tuple[Results, dict
 
     opts: steps, batch, microbatches, bucket_bytes, lr, layers, hidden, dtype, seed, ddp (compare with torch DDP).
     """
-    opts = {**_COMMON, **DEFAULTS, **opts, "world": world_size, "mode": mode}
-    check_options(opts)
-    results = launch(dp_rank, world_size, opts, echo=False)
-    return results, dp_report(opts, results)
+    return launch_scheme(mode, world=world_size, **opts)
 
 
 def draw_loss_curves(report: dict):
@@ -507,7 +503,6 @@ def draw_step(trace: Trace, step: int, title: str):
 
 # ---------------------------------------------------------------------------------------------- the schemes
 
-_COMMON = {"dtype": "float64", "steps": 3, "seed": 0}
 DEFAULTS = {
     "batch": 8,
     "microbatches": 1,
@@ -530,20 +525,16 @@ def _add_arguments(parser) -> None:
 
 
 def _scheme(mode: str, help_text: str) -> Scheme:
-    # functools.partial of module-level functions: picklable by reference, so the ranks import them fresh.
+    # Both schemes share the rank code and the report; opts["mode"] ("dp" or "dp-naive") tells them apart.
     return Scheme(
         name=mode,
         help=help_text,
-        rank_fn=functools.partial(_with_mode, dp_rank, mode),
-        report=functools.partial(_with_mode, dp_report, mode),
+        rank_fn=dp_rank,
+        report=dp_report,
         add_arguments=_add_arguments,
-        check=functools.partial(_with_mode, check_options, mode),
-        defaults=DEFAULTS,
+        check=check_options,
+        defaults={**DEFAULTS, "mode": mode},
     )
-
-
-def _with_mode(fn, mode: str, opts: dict, *rest):
-    return fn({**opts, "mode": mode}, *rest)
 
 
 SCHEMES = [

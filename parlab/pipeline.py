@@ -43,7 +43,7 @@ from parlab import comm
 from parlab.check import check_equal, compare
 from parlab.launch import Results, device
 from parlab.models import GPT, GPTConfig, build_model, lm_loss, make_batches, make_optimizer, train_single_device
-from parlab.schemes import Scheme
+from parlab.schemes import Scheme, launch_scheme
 from parlab.trace import Event, Trace
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
@@ -834,13 +834,7 @@ def run_pipeline(schedule: str = "1f1b", world: int = 4, microbatches: int = 8, 
 
     opts: virtual, layers, batch, split, lr, steps, seed, dtype, costs, megatron_warmup (see SCHEMES defaults).
     """
-    from parlab.launch import launch
-    from parlab.schemes import COMMON_DEFAULTS
-
-    opts = {**COMMON_DEFAULTS, **DEFAULTS, **opts, "schedule": schedule, "world": world, "microbatches": microbatches}
-    check_options(opts)
-    results = launch(pipeline_rank, world, opts, echo=False)
-    return results, pipeline_report(opts, results)
+    return launch_scheme("pp", schedule=schedule, world=world, microbatches=microbatches, **opts)
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:

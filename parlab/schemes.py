@@ -82,20 +82,35 @@ def options_for(scheme: Scheme, **opts) -> dict:
 
 def run_scheme(name: str, **opts) -> dict | None:
     """Run a scheme on `opts["world"]` ranks and return its report (None on ranks > 0 under torchrun)."""
+    if not under_torchrun():
+        return launch_scheme(name, **opts)[1]
     scheme = get_scheme(name)
     opts = options_for(scheme, **opts)
     if scheme.check is not None:
         scheme.check(opts)
-    if under_torchrun():
-        results = _run_under_torchrun(scheme, opts)
-        if results is None:
-            return None
-    else:
-        results = launch(scheme.rank_fn, opts["world"], opts, echo=False)
+    results = _run_under_torchrun(scheme, opts)
+    return None if results is None else _checked_report(scheme, opts, results)
+
+
+def launch_scheme(name: str, **opts) -> tuple[Results, dict]:
+    """Run a scheme on `opts["world"]` ranks with parlab.launch; returns (results, report).
+
+    This is what the notebooks call (through each scheme's run_... function): the same run as
+    `python -m parlab run NAME`, with the ranks' results and trace kept for drawing.
+    """
+    scheme = get_scheme(name)
+    opts = options_for(scheme, **opts)
+    if scheme.check is not None:
+        scheme.check(opts)  # bad options are refused here, before any process starts
+    results = launch(scheme.rank_fn, opts["world"], opts, echo=False)
+    return results, _checked_report(scheme, opts, results)
+
+
+def _checked_report(scheme: Scheme, opts: dict, results: Results) -> dict:
     report = scheme.report(opts, results)
     missing = [k for k in REQUIRED_KEYS if k not in report]
     if missing:
-        raise RuntimeError(f"scheme {name!r} returned a report without {missing}")
+        raise RuntimeError(f"scheme {scheme.name!r} returned a report without {missing}")
     return report
 
 

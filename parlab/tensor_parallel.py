@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from parlab import comm
 from parlab.check import CountCheck, Verdict, check_equal, compare
-from parlab.launch import Results, device, launch
+from parlab.launch import Results, device
 from parlab.models import (
     GPT,
     MLP,
@@ -58,7 +58,7 @@ from parlab.models import (
     param_bytes,
     train_single_device,
 )
-from parlab.schemes import Scheme
+from parlab.schemes import Scheme, launch_scheme
 
 
 def _world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
@@ -703,7 +703,4 @@ SCHEMES = [
 
 def run_tp(world_size: int = 4, **opts) -> tuple[Results, dict]:
     """Run the scheme from Python (a notebook): returns (results, report) as `python -m parlab run tp`."""
-    opts = {"world": world_size, "dtype": "float64", "steps": 3, "seed": 0, **DEFAULTS, **opts}
-    check_options(opts)
-    results = launch(tp_rank_fn, world_size, opts, echo=False)
-    return results, tp_report(opts, results)
+    return launch_scheme("tp", world=world_size, **opts)

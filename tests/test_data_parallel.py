@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from parlab import data_parallel as dp
+from parlab import schemes
 from parlab.models import GPTConfig, build_model, make_batches
 
 
@@ -141,7 +142,7 @@ def test_bad_options_fail_before_launch(monkeypatch, opts, message):
     def no_launch(*args, **kwargs):
         raise AssertionError("a process was started")
 
-    monkeypatch.setattr(dp, "launch", no_launch)
+    monkeypatch.setattr(schemes, "launch", no_launch)  # run_dp launches through parlab.schemes.launch_scheme
     with pytest.raises(ValueError, match=message):
         dp.run_dp(4, "dp", **opts)
 
