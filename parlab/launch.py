@@ -392,9 +392,8 @@ def init_from_env(backend: str | None = None) -> None:
         return
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if backend is None:
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        backend = "nccl" if gpus >= int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) else "gloo"
+    if backend is None:  # one GPU per process on this machine: NCCL
+        backend = default_backend(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     dist.init_process_group(backend, init_method="env://")

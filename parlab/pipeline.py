@@ -769,12 +769,7 @@ def pipeline_report(opts: dict, results: Results) -> dict:
     cfg, schedule = model_config(opts), schedule_for(opts)
     p, m, v = schedule.p, schedule.m, schedule.v
     batches = make_batches(cfg, opts["batch"], opts["steps"], opts["seed"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the model is tiny: one thread is fastest, and the ranks may still hold the others
-    try:
-        reference = train_single_device(cfg, batches, opts["seed"])
-    finally:
-        torch.set_num_threads(threads)
+    reference = train_single_device(cfg, batches, opts["seed"])
     grads = {name: g for r in results for name, g in r["grads"].items()}
     params = {name: w for r in results for name, w in r["params"].items()}
     losses = results[schedule.rank_of(schedule.num_stages - 1)]["losses"]
