@@ -57,10 +57,6 @@ class Verdict:
     def __str__(self) -> str:
         return self.line
 
-    def to_dict(self) -> dict:
-        err = self.max_abs_err if math.isfinite(self.max_abs_err) else None
-        return {"what": self.what, "max_abs_err": err, "tol": self.tol, "passed": self.passed}
-
 
 def _leaves(value: Any) -> list:
     """The tensors (and numbers) inside nested lists, tuples and dicts, in a fixed order."""

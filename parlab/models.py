@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -48,12 +48,6 @@ class GPTConfig:
     @property
     def head_size(self) -> int:
         return self.hidden // self.heads
-
-    def with_(self, **changes) -> GPTConfig:
-        return replace(self, **changes)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 # ------------------------------------------------------------------------------------------------------- model

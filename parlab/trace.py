@@ -87,10 +87,6 @@ class Trace:
             counts[e.rank] += 1
         return counts
 
-    def busy_seconds(self, rank: int, compute: bool = True) -> float:
-        """Total duration of one rank's compute spans (or communication, with compute=False)."""
-        return sum(e.duration for e in self.select(rank=rank, compute=compute))
-
     def span_seconds(self) -> float:
         """Wall time from the first event's start to the last event's end."""
         if not self.events:
