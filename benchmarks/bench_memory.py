@@ -144,12 +144,10 @@ def measure_scheme(name: str) -> dict:
     """Run scheme `name` at world size 4 as its lesson does (ranks, then the report with its single-device
     reference in the parent), measuring as described at the top. Runs in a fresh process (see main)."""
     from parlab.launch import Results, launch, rank_server_pid
-    from parlab.schemes import get_scheme, options_for
+    from parlab.runs import get_scheme
 
     scheme = get_scheme(name)
-    opts = options_for(scheme, world=WORLD)
-    if scheme.check is not None:
-        scheme.check(opts)
+    opts = scheme.make_options(world_size=WORLD)
     sampler = Sampler(os.getpid())
     started = time.perf_counter()
     raw = launch(measured_rank, WORLD, scheme.rank_fn, opts, echo=False)
@@ -244,7 +242,7 @@ def main() -> None:
         print("RESULT " + json.dumps(one))
         return
 
-    from parlab.schemes import all_schemes
+    from parlab.runs import all_schemes
 
     names = args.schemes if args.schemes else list(all_schemes())
     if not args.no_notebooks:

@@ -1,12 +1,15 @@
 """parlab: see how large models are trained on many devices.
 
-Each parallelism scheme lives in its own readable module (`parlab.collectives`, `parlab.data_parallel`, ...);
-the shared machinery is here:
+Each parallelism scheme lives in its own readable module (`parlab.collectives`, `parlab.data_parallel`,
+`parlab.tensor_parallel`, `parlab.pipeline` with `parlab.schedules`, ...): the algorithm, its rank loop and its
+theory, every building block taking the process group it works in. How each is run and checked is in
+`parlab.runs` (the CLI's registry), each lesson's figures in `parlab.lessons`. The shared machinery is here:
 
     parlab.launch(fn, world_size, ...)   run rank code on real processes (parlab.launch)
     parlab.comm                          traced collectives and compute spans
     parlab.compare(...)                  one verdict line against the single-device reference (parlab.check)
     parlab.models                        the reference GPT, its data and its single-device training
+    parlab.memory, parlab.mesh           bytes held, counted from tensors; the device mesh (torch's DeviceMesh)
     parlab.plots                         timelines, shard diagrams and the package's palette (imports plotly)
 """
 

@@ -2,11 +2,13 @@
 
     python -m parlab list                              the schemes that exist
     python -m parlab run SCHEME --world N [--json]     run one scheme, print its verdict lines (or one JSON object)
-    python -m parlab tour                              every scheme at world size 4, one verdict line each
+    python -m parlab tour [--world N]                  every scheme that runs at world size N, one verdict line each
     python -m parlab grade NOTEBOOK... [--json]        re-execute lab notebooks, print a score table
 
 The same `run` works as one rank of a torchrun job, on one machine or many:
     torchrun --standalone --nproc-per-node 4 -m parlab run collectives
+
+Bad options are refused with one `parlab: error: ...` line (exit status 2) before any process starts.
 """
 
 from __future__ import annotations
@@ -17,8 +19,14 @@ import math
 import sys
 
 from parlab import grade
-from parlab.models import DTYPES
-from parlab.schemes import COMMON_DEFAULTS, all_schemes, run_scheme, summary_line
+from parlab.runs import all_schemes, run_scheme, summary_line
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors as one `parlab: error: ...` line."""
+
+    def error(self, message: str):
+        self.exit(2, f"parlab: error: {message} (see: {self.prog} --help)\n")
 
 
 def _json_safe(value):
@@ -32,24 +40,48 @@ def _json_safe(value):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="parlab", description="parlab: parallel training, one scheme at a time.")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="parlab", description="parlab: parallel training, one scheme at a time.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     commands.add_parser("list", help="list the schemes")
-    tour = commands.add_parser("tour", help="run every scheme at world size 4, one verdict line each")
-    tour.add_argument("--world", type=int, default=4)
+    tour = commands.add_parser("tour", help="run every scheme that accepts the world size, one verdict line each")
+    tour.add_argument("--world", type=int, default=4, help="number of ranks (default 4)")
     grade.build_parser(commands.add_parser("grade", help="re-execute lab notebooks and score their checks"))
     run = commands.add_parser("run", help="run one scheme and check it against a single device")
-    schemes = run.add_subparsers(dest="scheme", required=True, metavar="SCHEME")
+    schemes = run.add_subparsers(dest="scheme", required=True, metavar="SCHEME", parser_class=_Parser)
     for name, scheme in all_schemes().items():
         sub = schemes.add_parser(name, help=scheme.help, description=scheme.help)
-        sub.add_argument("--world", type=int, default=COMMON_DEFAULTS["world"], help="number of ranks")
         sub.add_argument("--json", action="store_true", help="print one JSON object instead of verdict lines")
-        sub.add_argument("--dtype", choices=sorted(DTYPES), default=COMMON_DEFAULTS["dtype"])
-        sub.add_argument("--steps", type=int, default=COMMON_DEFAULTS["steps"], help="training steps")
-        sub.add_argument("--seed", type=int, default=COMMON_DEFAULTS["seed"])
-        if scheme.add_arguments is not None:
-            scheme.add_arguments(sub)
+        scheme.options.add_arguments(sub, skip=dict(scheme.fixed))
     return parser
+
+
+def _error(message: str) -> int:
+    print(f"parlab: error: {message}", file=sys.stderr)
+    return 2
+
+
+def tour(world_size: int) -> int:
+    """Every scheme at `world_size` with its default options; the ones whose options refuse it are skipped, with
+    the reason. Every option is checked before the first scheme runs."""
+    if world_size < 1:
+        return _error(f"--world {world_size}: the number of ranks must be >= 1")
+    runnable, skipped = [], []
+    for name, scheme in all_schemes().items():
+        try:
+            scheme.make_options(world_size=world_size)
+            runnable.append(name)
+        except ValueError as exc:
+            skipped.append(f"{name} skipped at world size {world_size}: {exc}")
+    if not runnable:
+        return _error(f"--world {world_size}: no scheme runs at this world size")
+    ok = True
+    for name in runnable:
+        report = run_scheme(name, world_size=world_size)
+        print(summary_line(report), flush=True)
+        ok &= report["passed"]
+    for line in skipped:
+        print(line)
+    return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,18 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "grade":
         return grade.run(args)
     if args.command == "tour":
-        ok = True
-        for name in all_schemes():
-            report = run_scheme(name, world=args.world)
-            print(summary_line(report), flush=True)
-            ok &= report["passed"]
-        return 0 if ok else 1
-    opts = {k: v for k, v in vars(args).items() if k not in ("command", "scheme", "json")}
+        return tour(args.world)
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "scheme", "json")}
     try:
-        report = run_scheme(args.scheme, **opts)
+        report = run_scheme(args.scheme, **options)
     except ValueError as exc:  # bad options: said before any process started
-        print(f"parlab: error: {exc}", file=sys.stderr)
-        return 2
+        return _error(str(exc))
     if report is None:  # a rank other than 0 under torchrun: rank 0 speaks for the job
         return 0
     if args.json:

@@ -62,6 +62,27 @@ def _group_ranks(group) -> tuple[int, ...] | None:
     return None if group is None else tuple(dist.get_process_group_ranks(group))
 
 
+def _axis(group) -> str | None:
+    """The device-mesh axis a group belongs to ("dp", "tp", ...), from the name torch's DeviceMesh gives it."""
+    desc = getattr(group, "group_desc", "") if group is not None else ""
+    return desc.removeprefix("mesh_") if desc.startswith("mesh_") else None
+
+
+def group_rank(group=None) -> int:
+    """This process's rank within `group` (None: the whole world); 0 outside torch.distributed."""
+    return dist.get_rank(group) if dist.is_initialized() else 0
+
+
+def group_size(group=None) -> int:
+    """The number of ranks in `group` (None: the whole world); 1 outside torch.distributed."""
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+def global_rank(group, rank_in_group: int) -> int:
+    """The global rank of the process that is rank `rank_in_group` of `group` (send/recv address global ranks)."""
+    return rank_in_group if group is None else dist.get_global_rank(group, rank_in_group)
+
+
 def _sync(tensor: torch.Tensor) -> None:
     # GPU work is asynchronous: wait for it so that the recorded end time is when the data really arrived.
     if tensor.is_cuda:
@@ -87,7 +108,16 @@ class _TracedWork:
 
 def _run(kind, call, tensor, nbytes, async_op, label="", peer=None, group=None):
     """Issue one torch.distributed call and record it."""
-    event = Event(_rank(), kind, time.perf_counter(), bytes=nbytes, label=label, peer=peer, group=_group_ranks(group))
+    event = Event(
+        _rank(),
+        kind,
+        time.perf_counter(),
+        bytes=nbytes,
+        label=label,
+        peer=peer,
+        group=_group_ranks(group),
+        axis=_axis(group),
+    )
     _events.append(event)
     work = call()
     if async_op:
@@ -165,24 +195,26 @@ def barrier(group=None, label=""):
 
 def send(tensor, dst, group=None, label=""):
     """Send `tensor` to rank `dst`; returns once the data has left this rank."""
-    return _run("send", lambda: dist.send(tensor, dst=dst, group=group), tensor, _nbytes(tensor), False, label, dst)
+    call = lambda: dist.send(tensor, dst=dst, group=group)  # noqa: E731
+    return _run("send", call, tensor, _nbytes(tensor), False, label, dst, group)
 
 
 def recv(tensor, src, group=None, label=""):
     """Receive into `tensor` from rank `src`."""
-    return _run("recv", lambda: dist.recv(tensor, src=src, group=group), tensor, _nbytes(tensor), False, label, src)
+    call = lambda: dist.recv(tensor, src=src, group=group)  # noqa: E731
+    return _run("recv", call, tensor, _nbytes(tensor), False, label, src, group)
 
 
 def isend(tensor, dst, group=None, label=""):
     """Start sending `tensor` to rank `dst`; call .wait() on the result before reusing `tensor`."""
     call = lambda: dist.isend(tensor, dst=dst, group=group)  # noqa: E731
-    return _run("send", call, tensor, _nbytes(tensor), True, label, dst)
+    return _run("send", call, tensor, _nbytes(tensor), True, label, dst, group)
 
 
 def irecv(tensor, src, group=None, label=""):
     """Start receiving into `tensor` from rank `src`; call .wait() before reading it."""
     call = lambda: dist.irecv(tensor, src=src, group=group)  # noqa: E731
-    return _run("recv", call, tensor, _nbytes(tensor), True, label, src)
+    return _run("recv", call, tensor, _nbytes(tensor), True, label, src, group)
 
 
 def wait_all(works) -> None:

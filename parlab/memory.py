@@ -15,7 +15,7 @@ A storage shared by several tensors (views, a tied embedding and LM head) is cou
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +25,7 @@ import torch.nn as nn
 
 
 def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Every tensor inside nested lists, tuples, dicts (optimizer state dicts included) or a module."""
+    """Every tensor inside nested lists, tuples, iterators, dicts (optimizer state dicts included) or a module."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, nn.Module):
@@ -34,7 +34,7 @@ def _tensors(obj: Any) -> Iterator[torch.Tensor]:
     elif isinstance(obj, dict):
         for value in obj.values():
             yield from _tensors(value)
-    elif isinstance(obj, (list, tuple, set)):
+    elif isinstance(obj, Iterable) and not isinstance(obj, (str, bytes)):  # lists, tuples, generators
         for value in obj:
             yield from _tensors(value)
 
@@ -81,10 +81,12 @@ class SavedActivations:
 
 
 @contextmanager
-def saved_activations(exclude: nn.Module | None = None) -> Iterator[SavedActivations]:
+def saved_activations(exclude: nn.Module | Iterable[torch.Tensor] | None = None) -> Iterator[SavedActivations]:
     """Count what the forward pass inside the block saves for backward: the activation memory a rank holds
-    until that backward runs. Parameters (of `exclude`, or any nn.Parameter) are not activations."""
-    excluded = {_storage_key(p) for p in exclude.parameters()} if exclude is not None else set()
+    until that backward runs. Weights are not activations: any nn.Parameter, and any tensor sharing storage with
+    `exclude` (a module's parameters, or the tensors given: e.g. views such as W^T that a linear layer saves)."""
+    weights = exclude.parameters() if isinstance(exclude, nn.Module) else (exclude or [])
+    excluded = {_storage_key(p) for p in weights}
     saved = SavedActivations()
 
     def pack(t: torch.Tensor) -> torch.Tensor:

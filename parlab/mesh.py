@@ -10,8 +10,9 @@ ranks, tensor parallelism all-reduces within a "tp" group and data parallelism w
     dp=1    rank 2  rank 3                  dp groups: {0, 2}, {1, 3}
 
 `check_mesh(axes, world_size)` validates the shape before any process starts. Inside a rank, `DeviceMesh(axes)`
-creates every group (every rank must create every group, in the same order: that is how torch.distributed.new_group
-works) and keeps the ones this rank belongs to.
+builds torch's DeviceMesh (`torch.distributed.device_mesh.init_device_mesh`), which creates one group per axis
+(every rank must build the same mesh: creating a group is collective), and hands out this rank's groups.
+`mesh_coords`, `mesh_rank` and `axis_groups` compute the same layout without any process, for figures and checks.
 """
 
 from __future__ import annotations
@@ -63,34 +64,51 @@ def axis_groups(axes: dict[str, int], axis: str) -> list[list[int]]:
 
 
 class DeviceMesh:
-    """This rank's place on the mesh, and its process group along each axis."""
+    """This rank's place on the mesh, and its process group along each axis: a thin teaching layer over
+    torch.distributed.device_mesh (the mesh FSDP2, DTensor and torchtitan use), which creates the groups.
 
-    def __init__(self, axes: dict[str, int]):
+        mesh = DeviceMesh({"dp": 2, "tp": 2})      # collective: every rank builds the same mesh
+        mesh.group("tp")                           # pass as group= to a building block or to parlab.comm
+        mesh.index("dp"), mesh.size("dp")          # this rank's coordinate on an axis, the axis' size
+        mesh.torch_mesh                            # the torch DeviceMesh itself
+
+    Calls on an axis' group are recorded by parlab.comm with that axis' name (Event.axis), so a trace can be
+    filtered per axis: `trace.select(axis="dp")`, `trace.bytes_per_rank(axis="dp")`.
+    """
+
+    def __init__(self, axes: dict[str, int], device_type: str | None = None):
+        from torch.distributed.device_mesh import init_device_mesh
+
         check_mesh(axes, dist.get_world_size())
         self.axes = dict(axes)
         self.rank = dist.get_rank()
         self.coords = mesh_coords(self.rank, self.axes)
-        self._groups, self._ranks = {}, {}
-        for axis in self.axes:
-            for ranks in axis_groups(self.axes, axis):
-                group = dist.new_group(ranks)  # collective: every rank creates every group
-                if self.rank in ranks:
-                    self._groups[axis], self._ranks[axis] = group, ranks
+        if device_type is None:
+            device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        # torch's layout is ours: ranks arange(world).view(shape), the last axis fastest.
+        self.torch_mesh = init_device_mesh(device_type, tuple(self.axes.values()), mesh_dim_names=tuple(self.axes))
 
     def group(self, axis: str):
         """The process group of this rank along `axis` (pass it as group= to parlab.comm)."""
-        return self._groups[axis]
+        return self.torch_mesh.get_group(axis)
+
+    def twin_group(self, axis: str):
+        """A second process group with the same ranks as `group(axis)`: a separate channel, so that two kinds of
+        point-to-point message between the same ranks never queue behind each other (the pipeline sends
+        activations on one, gradients on the other). Collective: every rank calls it, in the same order."""
+        mine, _ = dist.new_subgroups_by_enumeration(axis_groups(self.axes, axis), group_desc=f"mesh_{axis}")
+        return mine
 
     def ranks(self, axis: str) -> list[int]:
         """The global ranks of this rank's group along `axis`, in axis order."""
-        return self._ranks[axis]
+        return dist.get_process_group_ranks(self.group(axis))
 
     def size(self, axis: str) -> int:
         return self.axes[axis]
 
     def index(self, axis: str) -> int:
         """This rank's coordinate on `axis` (its rank within that axis' group)."""
-        return self.coords[axis]
+        return self.torch_mesh.get_local_rank(axis)
 
     def __repr__(self) -> str:
         where = ", ".join(f"{axis}={i}" for axis, i in self.coords.items())

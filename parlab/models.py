@@ -19,7 +19,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from parlab.memory import tensor_bytes
+
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def dtype_bytes(dtype: str | torch.dtype) -> int:
+    """Bytes of one number of `dtype` ("float64" or torch.float64: 8)."""
+    return (DTYPES[dtype] if isinstance(dtype, str) else dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,11 @@ class GPTConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes of one number of the model's dtype (8 for float64)."""
+        return dtype_bytes(self.dtype)
 
     @property
     def head_size(self) -> int:
@@ -238,5 +250,5 @@ def train_single_device(
 
 
 def param_bytes(model: nn.Module) -> int:
-    """Bytes of the parameters a model (or a rank's shard of one) actually holds."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes of the parameters a model (or a rank's shard of one) actually holds (counted by parlab.memory)."""
+    return tensor_bytes(model.parameters())

@@ -129,16 +129,22 @@ def timeline(
     kinds: Sequence[str] | None = None,
     unit: str = "ms",
     show_labels: bool = True,
+    axis: str | None = None,
 ) -> go.Figure:
     """A Gantt chart of a launch: ranks as rows (rank 0 on top), one bar per event, coloured by kind.
 
     In each rank's row, compute spans are drawn above and communication below (in lanes when several operations
     are in flight at once). Times are measured in the ranks, relative to the first event. Hover shows the exact
-    start, duration, payload bytes and peer. `kinds` limits the events drawn (default: all).
+    start, duration, payload bytes, peer and mesh axis. `kinds` limits the events drawn (default: all); `axis`
+    keeps, of the communication, only the calls on that device-mesh axis' groups (e.g. "dp").
     """
     scale = {"ms": 1e3, "s": 1.0, "us": 1e6}[unit]
     t0 = trace.t0
-    events = [e for e in trace.events if kinds is None or e.kind in kinds]
+    events = [
+        e
+        for e in trace.events
+        if (kinds is None or e.kind in kinds) and (axis is None or e.is_compute or e.axis == axis)
+    ]
     place = {}
     for rank in range(trace.world_size):
         place.update(_lanes([e for e in events if e.rank == rank]))
@@ -163,6 +169,7 @@ def timeline(
                     f"rank {e.rank} · {kind_label(e.kind)} {e.label}<br>start %{{base:.3f}} {unit}<br>"
                     f"duration %{{x:.3f}} {unit}<br>{e.bytes} bytes"
                     + (f"<br>peer rank {e.peer}" if e.peer is not None else "")
+                    + (f"<br>axis {e.axis}" if e.axis is not None else "")
                     + "<extra></extra>"
                     for e in mine
                 ],

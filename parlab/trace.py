@@ -21,7 +21,8 @@ class Event:
 
     kind:  the collective ("all_reduce", "send", ...) or the compute kind ("forward", "backward", ...)
     bytes: payload bytes of the tensors this rank passed to torch.distributed (0 for compute)
-    peer:  the other rank of a send/recv; group: the ranks of the collective's group (None: all ranks)
+    peer:  the other rank (global) of a send/recv; group: the ranks of the call's group (None: all ranks)
+    axis:  the device-mesh axis of that group ("dp", "tp", ...), None outside a mesh
     end:   None until an asynchronous operation has been waited for
     """
 
@@ -33,6 +34,7 @@ class Event:
     label: str = ""
     peer: int | None = None
     group: tuple[int, ...] | None = None
+    axis: str | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -62,21 +64,41 @@ class Trace:
     def t0(self) -> float:
         return min((e.start for e in self.events), default=0.0)
 
-    def select(self, kind: str | None = None, rank: int | None = None, compute: bool | None = None) -> list[Event]:
-        """Events filtered by kind, rank and/or whether they are compute spans."""
+    def select(
+        self, kind: str | None = None, rank: int | None = None, compute: bool | None = None, axis: str | None = None
+    ) -> list[Event]:
+        """Events filtered by kind, rank, whether they are compute spans, and/or device-mesh axis ("dp", ...)."""
         return [
             e
             for e in self.events
             if (kind is None or e.kind == kind)
             and (rank is None or e.rank == rank)
             and (compute is None or e.is_compute == compute)
+            and (axis is None or e.axis == axis)
         ]
 
-    def bytes_per_rank(self) -> dict[str, list[int]]:
-        """For each communication kind, the payload bytes each rank passed to torch.distributed (rank order)."""
+    def of_step(self, step: int) -> Trace:
+        """The events of one training step: on each rank, everything from the start of its first compute span
+        tagged `step=step` (comm.span(..., step=step)) to the end of its last one, communication included."""
+        events = []
+        for rank in range(self.world_size):
+            mine = self.select(rank=rank)
+            spans = [e for e in mine if e.is_compute and e.extra.get("step") == step]
+            if spans:
+                start, end = min(e.start for e in spans), max(e.start + e.duration for e in spans)
+                events += [e for e in mine if start <= e.start <= end]
+        return Trace(events, self.world_size)
+
+    def last_step(self) -> int:
+        """The largest `step` any compute span was tagged with."""
+        return max(e.extra["step"] for e in self.events if e.is_compute and "step" in e.extra)
+
+    def bytes_per_rank(self, axis: str | None = None) -> dict[str, list[int]]:
+        """For each communication kind, the payload bytes each rank passed to torch.distributed (rank order);
+        axis: only the calls on that device-mesh axis' groups."""
         table: dict[str, list[int]] = defaultdict(lambda: [0] * self.world_size)
         for e in self.events:
-            if not e.is_compute:
+            if not e.is_compute and (axis is None or e.axis == axis):
                 table[e.kind][e.rank] += e.bytes
         return dict(sorted(table.items()))
 

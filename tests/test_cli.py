@@ -1,9 +1,13 @@
-"""The command line as a user runs it: list, tour."""
+"""The command line as a user runs it: list, tour, and bad options refused before any process starts."""
 
 import subprocess
 import sys
 
-from parlab.schemes import all_schemes
+import pytest
+
+from parlab import runs
+from parlab.cli import main
+from parlab.runs import all_schemes
 
 
 def _cli(*args):
@@ -24,3 +28,41 @@ def test_tour_runs_every_scheme_at_world_size_4_with_one_verdict_line_each():
     assert [line.split(" ")[0] for line in lines] == list(all_schemes())
     for line in lines:
         assert "(world 4): matches single device: max |err|" in line and line.endswith(": PASS"), line
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["tour", "--world", "0"], "--world 0: the number of ranks must be >= 1"),
+        (["run", "tp", "--heads", "0"], "heads=0 must be >= 1"),
+        (["run", "pp", "--layers", "2"], "every stage needs at least one block"),
+        (["run", "pp", "--microbatches", "0"], "microbatches m=0 must be >= 1"),
+        (["run", "pp", "--split", "a,b"], "argument --split: 'a,b' is not a comma-separated list of integers"),
+        (["run", "dp", "--batch", "x"], "argument --batch: 'x' is not a valid int"),
+        (["run", "collectives", "--world", "-1"], "world_size=-1 must be >= 1"),
+        (["run", "nope"], "argument SCHEME: invalid choice: 'nope'"),
+    ],
+)
+def test_bad_options_print_one_error_line_and_start_no_process(argv, message, monkeypatch, capsys):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(runs, "launch", no_launch)
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse's own errors exit from parse_args
+        status = exc.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2
+    assert len(err) == 1 and err[0].startswith("parlab: error: ") and message in err[0], err
+
+
+def test_tour_at_world_3_runs_what_accepts_3_and_says_why_it_skipped_the_rest():
+    out = _cli("tour", "--world", "3")
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("collectives (world 3): matches single device") and lines[0].endswith("PASS")
+    skipped = {line.split()[0]: line for line in lines if " skipped at world size 3: " in line}
+    assert set(skipped) == set(all_schemes()) - {"collectives"}, lines
+    assert "heads=4 is not divisible by world_size=3" in skipped["tp"]
+    assert "not divisible by world_size=3" in skipped["dp"]

@@ -9,12 +9,14 @@ import sys
 import pytest
 import torch
 
-from parlab.collectives import COLLECTIVES, initial_chunks, ring_theory_bytes, run_ring, show_collective
+from parlab.collectives import ring_theory_bytes
+from parlab.lessons.collectives import COLLECTIVES, initial_chunks, show_collective
+from parlab.runs.collectives import run_ring
 
 
 @pytest.mark.parametrize("world_size, numel", [(4, 1024), (3, 10), (2, 7), (1, 5)])
 def test_ring_all_reduce_matches_the_sum_and_sends_exactly_the_theory(world_size, numel):
-    results, report = run_ring(world_size, numel)
+    results, report = run_ring(world_size, numel=numel)
     assert report["passed"], report["verdicts"]
     reference = torch.stack([r["input"] for r in results]).sum(0)
     for r in results:
@@ -28,7 +30,7 @@ def test_ring_theory_is_2_p_minus_1_over_p_times_n_when_p_divides_n():
 
 
 def test_ring_history_shows_reduce_scatter_then_all_gather():
-    results, _ = run_ring(4, 8, keep_history=True)
+    results, _ = run_ring(4, numel=8, keep_history=True)
     history = results[0]["history"]
     assert len(history) == 1 + 2 * 3  # the start, then 2(P-1) steps
     # After the reduce-scatter phase rank r holds the full sum of chunk (r + 1) mod P.

@@ -9,21 +9,23 @@ import pytest
 import torch
 
 from parlab import data_parallel as dp
-from parlab import schemes
+from parlab import runs
+from parlab.lessons.data_parallel import overlapped_all_reduces
 from parlab.models import GPTConfig, build_model, make_batches
+from parlab.runs.data_parallel import run_dp
 
 
 @pytest.fixture(scope="module")
 def bucketed_float64():
     """Bucketed DP on 2 ranks, float64, 2 steps, compared with one device and with torch DDP (4 ranks: the CLI
     test below)."""
-    return dp.run_dp(2, "dp", steps=2)
+    return run_dp(2, "dp", steps=2)
 
 
 @pytest.fixture(scope="module")
 def bucketed_float32_accumulating():
     """Bucketed DP on 2 ranks, float32, 2 micro-batches per step (no_sync on the first)."""
-    return dp.run_dp(2, "dp", dtype="float32", steps=2, microbatches=2)
+    return run_dp(2, "dp", dtype="float32", steps=2, microbatches=2)
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -45,7 +47,7 @@ def test_bucketed_float64_matches_single_device_and_ddp(bucketed_float64):
         assert _max_diff(r["params"], r["ddp"]["params"]) <= 1e-10
     assert any("matches torch DDP" in line and line.endswith("PASS") for line in report["verdicts"])
     # The parameters did move (a DP that forgot to step would match nothing but the initial weights).
-    initial = dict(build_model(dp.model_config({"dtype": "float64"}), 0).named_parameters())
+    initial = dict(build_model(GPTConfig(), 0).named_parameters())
     assert _max_diff(results[0]["params"], {k: v.detach() for k, v in initial.items()}) > 1e-4
 
 
@@ -68,13 +70,13 @@ def test_float32_with_gradient_accumulation(bucketed_float32_accumulating):
 
 
 def test_naive_dp_matches_single_device_with_accumulation():
-    results, report = dp.run_dp(2, "dp-naive", steps=2, microbatches=2, ddp=False)
+    results, report = run_dp(2, "dp-naive", steps=2, microbatches=2, ddp=False)
     assert report["passed"], report["verdicts"]
     n_tensors = len(results[0]["params"])
     assert report["buckets_per_step"] == n_tensors  # naive: one all-reduce per parameter tensor
     assert results.trace.count_per_rank("all_reduce") == [2 * n_tensors] * 2
     assert results.trace.bytes_per_rank()["all_reduce"] == [2 * report["grad_bytes"]] * 2
-    assert dp.overlapped_all_reduces(results.trace) == (0, 2 * n_tensors)  # nothing overlaps backward
+    assert overlapped_all_reduces(results.trace) == (0, 2 * n_tensors)  # nothing overlaps backward
 
 
 # ------------------------------------------------------------------------------------- buckets, bytes, overlap
@@ -98,10 +100,10 @@ def test_all_reduce_payload_per_step_equals_grad_bytes(bucketed_float64):
 
 def test_bucket_all_reduces_start_during_backward(bucketed_float64):
     results, report = bucketed_float64
-    started_inside, total = dp.overlapped_all_reduces(results.trace, rank=1)
+    started_inside, total = overlapped_all_reduces(results.trace, rank=1)
     assert total == report["steps"] * report["buckets_per_step"]
     assert started_inside == total  # every bucket is started by a hook while loss.backward() runs
-    one_step = dp.step_trace(results.trace, step=1)
+    one_step = results.trace.of_step(1)
     assert one_step.count_per_rank("all_reduce") == [report["buckets_per_step"]] * 2
     assert len(one_step.select(kind="optimizer")) == 2
 
@@ -142,9 +144,9 @@ def test_bad_options_fail_before_launch(monkeypatch, opts, message):
     def no_launch(*args, **kwargs):
         raise AssertionError("a process was started")
 
-    monkeypatch.setattr(schemes, "launch", no_launch)  # run_dp launches through parlab.schemes.launch_scheme
+    monkeypatch.setattr(runs, "launch", no_launch)  # run_dp launches through parlab.runs.launch_scheme
     with pytest.raises(ValueError, match=message):
-        dp.run_dp(4, "dp", **opts)
+        run_dp(4, "dp", **opts)
 
 
 def test_shard_batch_refuses_an_uneven_split():

@@ -7,22 +7,24 @@ from fractions import Fraction
 
 import pytest
 
-from parlab import pipeline as pp
+from parlab import pipeline
+from parlab import schedules as pp
 from parlab.lessons import pipeline as lesson
-from parlab.pipeline import Action, Schedule, ScheduleError
+from parlab.runs.pipeline import phase_lines, run_pipeline
+from parlab.schedules import Action, Schedule, ScheduleError
 
 # --------------------------------------------------------------------------------------------- partitioning
 
 
 def test_split_layers_even_and_explicit():
-    assert pp.split_layers(8, 4) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
-    assert pp.split_layers(8, 4, [3, 2, 2, 1]) == [range(0, 3), range(3, 5), range(5, 7), range(7, 8)]
+    assert pipeline.split_layers(8, 4) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
+    assert pipeline.split_layers(8, 4, [3, 2, 2, 1]) == [range(0, 3), range(3, 5), range(5, 7), range(7, 8)]
     with pytest.raises(ValueError, match="not divisible"):
-        pp.split_layers(6, 4)
+        pipeline.split_layers(6, 4)
     with pytest.raises(ValueError, match="adds up to 7"):
-        pp.split_layers(8, 4, [2, 2, 2, 1])
+        pipeline.split_layers(8, 4, [2, 2, 2, 1])
     with pytest.raises(ValueError, match="3 entries"):
-        pp.split_layers(8, 4, [4, 2, 2])
+        pipeline.split_layers(8, 4, [4, 2, 2])
 
 
 def test_stages_hold_exactly_the_reference_parameters():
@@ -30,8 +32,8 @@ def test_stages_hold_exactly_the_reference_parameters():
 
     cfg = GPTConfig(layers=4)
     model = build_model(cfg)
-    ranges = pp.split_layers(4, 2)
-    stages = [pp.Stage(model, s, 2, ranges[s]) for s in range(2)]
+    ranges = pipeline.split_layers(4, 2)
+    stages = [pipeline.Stage(model, s, 2, ranges[s]) for s in range(2)]
     names = [set(st.named) for st in stages]
     assert names[0].isdisjoint(names[1])
     assert names[0] | names[1] == {n for n, _ in model.named_parameters()}
@@ -117,7 +119,7 @@ def test_phases_warmup_counts():
         pp.validate(schedule)
         for r, ph in enumerate(pp.phases(schedule)):
             assert ph["warmup"]["F"] == (v - 1) * p + extra * (p - 1 - r)
-    assert pp.phase_lines(pp.one_f_one_b(p, m))[0] == "rank 0: warm-up 3 F | steady 5 F + 5 B | cool-down 3 B"
+    assert phase_lines(pp.one_f_one_b(p, m))[0] == "rank 0: warm-up 3 F | steady 5 F + 5 B | cool-down 3 B"
 
 
 def test_peak_inflight_from_the_schedules():
@@ -132,14 +134,14 @@ def test_peak_inflight_from_the_schedules():
 
 # ------------------------------------------------------------------------------------------------ bad input
 
-BASE = {"world": 4, "dtype": "float64", "steps": 1, "seed": 0, **pp.DEFAULTS}
+BASE = {"world_size": 4, "dtype": "float64", "steps": 1, "seed": 0}
 
 
 @pytest.mark.parametrize(
     "changes,message",
     [
         ({"layers": 6}, "layers=6 is not divisible by stages x virtual = 4 x 1"),
-        ({"schedule": "interleaved", "layers": 4}, "layers=4 is not divisible by stages x virtual = 4 x 2"),
+        ({"schedule": "interleaved", "layers": 4}, "layers=4 < stages x virtual = 4 x 2 = 8"),
         ({"schedule": "1f1b", "microbatches": 2, "batch": 4}, "needs microbatches >= stages"),
         ({"schedule": "zb", "microbatches": 3, "batch": 6}, "needs microbatches >= stages"),
         ({"schedule": "interleaved", "microbatches": 6, "batch": 12}, "multiple of stages"),
@@ -147,17 +149,19 @@ BASE = {"world": 4, "dtype": "float64", "steps": 1, "seed": 0, **pp.DEFAULTS}
         ({"schedule": "gpipe", "virtual": 2}, "only to the interleaved"),
         ({"schedule": "nope"}, "unknown schedule"),
         ({"split": [2, 2, 2]}, "3 entries"),
+        ({"layers": 2}, "every stage needs at least one block"),
+        ({"layers": 4, "split": [2, 2, 0, 0]}, "every stage needs at least one block"),
     ],
 )
 def test_bad_input_is_rejected_before_launch(changes, message, monkeypatch):
-    import parlab.schemes
+    import parlab.runs
 
     def no_launch(*args, **kwargs):
         raise AssertionError("launched despite bad input")
 
-    monkeypatch.setattr(parlab.schemes, "launch", no_launch)
+    monkeypatch.setattr(parlab.runs, "launch", no_launch)
     with pytest.raises(ValueError, match=message):
-        parlab.schemes.run_scheme("pp", **{**BASE, **changes})
+        parlab.runs.run_scheme("pp", **{**BASE, **changes})
 
 
 # --------------------------------------------------------------------------------- real ranks vs one device
@@ -175,7 +179,7 @@ RUNS = {
 @pytest.fixture(scope="module")
 def runs():
     """Each case once on real ranks (2 steps of SGD): {name: (results, report)}."""
-    return {name: pp.run_pipeline(s, p, m, steps=2, batch=8, **extra) for name, (s, p, m, extra) in RUNS.items()}
+    return {name: run_pipeline(s, p, m, steps=2, batch=8, **extra) for name, (s, p, m, extra) in RUNS.items()}
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -206,7 +210,7 @@ def test_gpipe_holds_more_activation_bytes_than_1f1b(runs):
 
 
 def test_timeline_figure_has_both_panels_and_microbatch_labels():
-    results, report = pp.run_pipeline("1f1b", 2, 2, steps=1, batch=4, layers=2)
+    results, report = run_pipeline("1f1b", 2, 2, steps=1, batch=4, layers=2)
     fig = lesson.timelines(pp.make_schedule("1f1b", 2, 2), results.trace)
     names = {t.name for t in fig.data}
     assert {"forward", "backward"} <= names

@@ -3,7 +3,8 @@
 import torch
 
 from parlab import plots
-from parlab.collectives import draw_collective, draw_ring_step, ring_step_sends, show_collective
+from parlab.collectives import ring_step_sends
+from parlab.lessons.collectives import draw_collective, draw_ring_step, show_collective
 from parlab.trace import Event, Trace
 
 
@@ -26,6 +27,21 @@ def test_timeline_has_one_trace_per_kind_with_every_event_and_readable_names():
     assert fig.layout.title.text == "t" and fig.layout.xaxis.title.text == "time since the first event (ms)"
     forward = fig.data[0]
     assert list(forward.base) == [0.0] and list(forward.x) == [1000.0]  # ms from the first event
+
+
+def test_timeline_filters_communication_by_mesh_axis():
+    events = [
+        Event(0, "backward", 0.0, 1.0),
+        Event(0, "all_reduce", 0.1, 0.2, bytes=8, group=(0, 2), axis="dp", label="bucket 0"),
+        Event(0, "all_reduce", 0.3, 0.4, bytes=8, group=(0, 1), axis="tp", label="f bwd mlp 0"),
+    ]
+    trace = Trace(events, 4)
+    assert [e.label for e in trace.select(axis="dp")] == ["bucket 0"]
+    assert trace.bytes_per_rank(axis="tp") == {"all_reduce": [8, 0, 0, 0]}
+    fig = plots.timeline(trace, axis="dp")
+    labels = [label for bar in fig.data for label in bar.text]
+    assert labels == ["", "bucket 0"]  # compute spans stay; only the dp axis' communication is drawn
+    assert "axis dp" in fig.data[1].hovertemplate[0]
 
 
 def test_timeline_puts_overlapping_communication_in_separate_lanes():

@@ -17,7 +17,8 @@ from parlab import tensor_parallel as tp
 from parlab.check import compare
 from parlab.lessons import tensor_parallel as lesson
 from parlab.models import GPTConfig, build_model, param_bytes
-from parlab.schemes import run_scheme
+from parlab.runs import run_scheme
+from parlab.runs.tensor_parallel import run_tp
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +45,7 @@ def _column_without_f(cfg: GPTConfig, seed: int) -> torch.Tensor:
     rank, P = dist.get_rank(), dist.get_world_size()
     full = build_model(cfg, seed)
     inputs = lesson.layer_inputs(cfg, 2, seed)
-    layer = tp.ColumnParallelLinear.from_linear(full.blocks[0].mlp.fc, rank, P, copy_input=False)
+    layer = tp.ColumnParallelLinear(full.blocks[0].mlp.fc, copy_input=False)
     x = inputs["x"].clone().requires_grad_()
     (layer(x) * inputs["dy_F"].chunk(P, dim=-1)[rank]).sum().backward()
     return x.grad
@@ -83,7 +84,7 @@ def test_gemm_split(split):
 
 
 def test_gpt_float32_tied_matches_single_device_after_k_steps():
-    results, report = tp.run_tp(2, dtype="float32", tied=True, steps=2, layers=1)
+    results, report = run_tp(2, dtype="float32", tied=True, steps=2, layers=1)
     assert report["passed"], "\n".join(report["verdicts"])
     assert report["max_abs_err"] <= 1e-5 and report["tol"] == 1e-5
     # tied: the LM head has no weight of its own, and rank r's embedding slice is [V/P, H]
@@ -92,7 +93,7 @@ def test_gpt_float32_tied_matches_single_device_after_k_steps():
 
 
 def test_gpt_adam_float64_matches_single_device():
-    _, report = tp.run_tp(4, optimizer="adam", lr=0.01, steps=2, layers=1, batch=2)
+    _, report = run_tp(4, optimizer="adam", lr=0.01, steps=2, layers=1, batch=2)
     assert report["passed"], "\n".join(report["verdicts"])
     assert report["max_abs_err"] <= 1e-10
 
@@ -122,16 +123,16 @@ def test_param_bytes_measured_per_world_size():
         ({"hidden": 34, "heads": 2}, "hidden=34 is not divisible by world_size=4"),
         ({"ffn": 66}, "ffn=66 is not divisible by world_size=4"),
         ({"vocab": 30}, "vocab=30 is not divisible by world_size=4"),
-        ({"world": 3}, "heads=4 is not divisible by world_size=3"),
+        ({"world_size": 3}, "heads=4 is not divisible by world_size=3"),
     ],
 )
 def test_bad_sizes_are_refused_before_launch(monkeypatch, changes, message):
     def no_launch(*args, **kwargs):
         raise AssertionError("a process was started")
 
-    monkeypatch.setattr("parlab.schemes.launch", no_launch)
+    monkeypatch.setattr("parlab.runs.launch", no_launch)
     with pytest.raises(ValueError, match=message):
-        run_scheme("tp", **{"world": 4, **changes})
+        run_scheme("tp", **{"world_size": 4, **changes})
 
 
 def test_lesson_demos_refuse_bad_sizes_before_launch(monkeypatch):

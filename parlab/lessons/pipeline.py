@@ -1,7 +1,8 @@
 """Lesson 03 (notebooks/03_pipeline_parallel.ipynb): the figures and tables around the scheme.
 
-The scheme itself, the schedules as data, their exact ideal timelines and bubbles, and the executor that runs them
-on real ranks, is in parlab/pipeline.py; this module only draws and prints what it computed, in the lesson's order:
+The scheme itself is in parlab/schedules.py (the schedules as data, their exact ideal timelines and bubbles) and
+parlab/pipeline.py (the stages and the executor that runs a schedule on real ranks); this module only draws and
+prints what they computed, in the lesson's order:
 
     a run's checks           `print_report`: the report of `run_pipeline`, deterministic lines or measured ones
     one schedule             `timelines`: its ideal timeline (unit costs) above the measured one of a real run
@@ -18,7 +19,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from parlab import plots
-from parlab.pipeline import (
+from parlab.pipeline import measured_bubble
+from parlab.schedules import (
     DEFAULT_COSTS,
     SCHEDULES,
     SPAN_KIND,
@@ -26,10 +28,8 @@ from parlab.pipeline import (
     bubble,
     bubble_formula,
     make_schedule,
-    measured_bubble,
     peak_inflight,
     simulate,
-    step_spans,
 )
 from parlab.trace import Trace
 
@@ -99,7 +99,8 @@ def ideal_rows(schedule: Schedule, costs: dict | None = None) -> list[dict]:
 
 def measured_rows(trace: Trace, step: int | None = None) -> list[dict]:
     """One step's recorded spans (F, B, BI, BW) and receive waits as bars, in ms since the step's first span."""
-    spans = step_spans(trace, step)
+    step = trace.last_step() if step is None else step
+    spans = [e for e in trace.of_step(step).events if e.kind in SPAN_KIND.values()]
     t0, t1 = min(e.start for e in spans), max(e.end for e in spans)
     waits = [e for e in trace.select(kind="recv") if e.end is not None and t0 <= e.start and e.end <= t1]
     return [

@@ -20,9 +20,12 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from parlab import comm
 from parlab.check import check_equal, compare
 from parlab.launch import Results, launch
-from parlab.models import GPT, GPTConfig, build_model, lm_loss, param_bytes
+from parlab.memory import tensor_bytes
+from parlab.models import GPT, GPTConfig, build_model, lm_loss
+from parlab.runs.tensor_parallel import TPOptions, gather_full
 from parlab.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -30,11 +33,7 @@ from parlab.tensor_parallel import (
     TensorParallelMLP,
     TensorParallelSelfAttention,
     VocabParallelEmbedding,
-    check_options,
-    dtype_bytes,
     gather_from_tensor_parallel,
-    gather_full,
-    naive_vocab_cross_entropy,
     param_bytes_theory,
     reduce_from_tensor_parallel,
     vocab_parallel_cross_entropy,
@@ -45,21 +44,16 @@ if TYPE_CHECKING:  # figures only; rank code never imports plotly
 
 
 def _check_sizes(cfg: GPTConfig, world_size: int) -> None:
-    """The scheme's own checks (`check_options`) of a model config, before any process starts."""
-    opts = {
-        "world": world_size,
-        "steps": 1,
-        "batch": 1,
-        "seq": cfg.seq_len,
-        "layers": cfg.layers,
-        "heads": cfg.heads,
-        "hidden": cfg.hidden,
-        "ffn": cfg.ffn,
-        "vocab": cfg.vocab_size,
-        "tied": cfg.tied,
-        "dtype": cfg.dtype,
-    }
-    check_options(opts)
+    """The scheme's own checks (TPOptions.validate) of a model config, before any process starts."""
+    TPOptions.for_config(cfg, world_size=world_size, steps=1, batch=1).validate()
+
+
+def naive_vocab_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, group=None) -> torch.Tensor:
+    """The naive vocab-parallel loss, for comparison: all-gather the full [B, T, V] logits on every rank, then
+    F.cross_entropy. Moves V/P x B x T numbers per rank instead of the 3 x B x T of
+    tensor_parallel.vocab_parallel_cross_entropy."""
+    full = gather_from_tensor_parallel(logits, "naive loss", group)  # [B, T, V] on every rank
+    return lm_loss(full, targets)
 
 
 # ------------------------------------------------------------------------------------ C = A B, split two ways
@@ -153,17 +147,23 @@ def gemm_figure(results: Results, split: str) -> go.Figure:
 # ------------------------------------------------------------------- a Megatron block: who holds what
 
 
-def _owners_of(layer_fn, full: nn.Linear, P: int) -> torch.Tensor:
-    """Owner map of A = W^T [in, out] of an nn.Linear: fill W with element numbers, build every rank's slice
-    with `layer_fn` and mark the numbers each rank actually holds."""
-    W = full.weight
-    numbered = nn.Linear(W.shape[1], W.shape[0], bias=False).to(torch.float64)
+def held_numbers_rank_fn(kind: str, in_features: int, out_features: int) -> torch.Tensor:
+    """Rank code: fill an nn.Linear's W with its element numbers, build this rank's column- or row-parallel slice
+    of it, and return the numbers the slice holds."""
+    numbered = nn.Linear(in_features, out_features, bias=False).to(torch.float64)
     with torch.no_grad():
-        numbered.weight.copy_(torch.arange(W.numel(), dtype=torch.float64).view(W.shape))
-    owner = torch.full((W.numel(),), NOT_HELD)
-    for r in range(P):
-        owner[layer_fn(numbered, r, P).weight.detach().long().flatten()] = r
-    return owner.view(W.shape).T  # A = W^T: [in, out]
+        numbered.weight.copy_(torch.arange(numbered.weight.numel(), dtype=torch.float64).view_as(numbered.weight))
+    layer_class = ColumnParallelLinear if kind == "column" else RowParallelLinear
+    return layer_class(numbered).weight.detach().long().flatten()
+
+
+def _owners_of(kind: str, in_features: int, out_features: int, P: int) -> torch.Tensor:
+    """Owner map of A = W^T [in, out] of a column- or row-parallel linear: which rank holds each element, read
+    from the slices the layers on P live ranks hold."""
+    owner = torch.full((in_features * out_features,), NOT_HELD)
+    for r, held in enumerate(launch(held_numbers_rank_fn, P, kind, in_features, out_features, echo=False)):
+        owner[held] = r
+    return owner.view(out_features, in_features).T  # A = W^T: [in, out]
 
 
 def megatron_figure(
@@ -179,10 +179,8 @@ def megatron_figure(
     P = world_size
     _check_sizes(GPTConfig(vocab_size=P, seq_len=seq, hidden=hidden, heads=heads, layers=1, ffn=ffn), P)
     inner = ffn if block == "mlp" else hidden  # the split dimension: FFN units or heads x hs
-    col = lambda lin, r, P: ColumnParallelLinear.from_linear(lin, r, P)  # noqa: E731
-    row = lambda lin, r, P: RowParallelLinear.from_linear(lin, r, P)  # noqa: E731
-    first = _owners_of(col, nn.Linear(hidden, inner), P)  # [H, inner], split by columns
-    second = _owners_of(row, nn.Linear(inner, hidden), P)  # [inner, H], split by rows
+    first = _owners_of("column", hidden, inner, P)  # [H, inner], split by columns
+    second = _owners_of("row", inner, hidden, P)  # [inner, H], split by rows
     act = first[:1].expand(seq, inner)  # activation [T, inner]: its columns follow the first weight's
     inner_name = "F" if block == "mlp" else "H"
     names = {"mlp": ("A_fc", "GELU(X A_fc)", "A_proj"), "attn": ("A_q, A_k, A_v", "heads", "A_proj")}[block]
@@ -252,20 +250,20 @@ LAYERS = {
 
 
 def _tp_layer(name: str, full: GPT, targets: torch.Tensor, rank: int, P: int):
-    """The tensor-parallel version of LAYERS[name], this rank's slice."""
+    """The tensor-parallel version of LAYERS[name], this rank's slice (over all ranks)."""
     fc, proj = full.blocks[0].mlp.fc, full.blocks[0].mlp.proj
     if name == "column-parallel linear":
-        return ColumnParallelLinear.from_linear(fc, rank, P, label="column")
+        return ColumnParallelLinear(fc, label="column")
     if name == "column-parallel linear, gathered output":
-        return ColumnParallelLinear.from_linear(fc, rank, P, gather_output=True, label="column gathered")
+        return ColumnParallelLinear(fc, gather_output=True, label="column gathered")
     if name == "row-parallel linear":
-        return RowParallelLinear.from_linear(proj, rank, P, label="row")
+        return RowParallelLinear(proj, label="row")
     if name == "Megatron MLP":
-        return TensorParallelMLP(full.blocks[0].mlp, rank, P, label="mlp")
+        return TensorParallelMLP(full.blocks[0].mlp, label="mlp")
     if name == "Megatron attention":
-        return TensorParallelSelfAttention(full.blocks[0].attn, rank, P, label="attn")
+        return TensorParallelSelfAttention(full.blocks[0].attn, label="attn")
     if name == "vocab-parallel embedding":
-        return VocabParallelEmbedding(full.wte, rank, P, label="embed")
+        return VocabParallelEmbedding(full.wte, label="embed")
     V = full.cfg.vocab_size
     if name == "vocab-parallel cross-entropy":
         return lambda logits: vocab_parallel_cross_entropy(logits, targets, rank * V // P)
@@ -279,7 +277,7 @@ def _mine(t: torch.Tensor, dim: int | None, rank: int, P: int) -> torch.Tensor:
 
 def layers_rank_fn(cfg: GPTConfig, batch: int, seed: int) -> dict:
     """Rank code: run each of LAYERS forward and backward on its slice; return outputs and gradients (slices)."""
-    rank, P = dist.get_rank(), dist.get_world_size()
+    rank, P = comm.group_rank(), comm.group_size()
     full, inputs = build_model(cfg, seed), layer_inputs(cfg, batch, seed)
     out = {}
     for name, (_, x_key, x_dim, dy_key, y_dim) in LAYERS.items():
@@ -308,7 +306,7 @@ def _reference_layer(name: str, full: GPT, targets: torch.Tensor):
 
 def layer_comm_theory(cfg: GPTConfig, batch: int, world_size: int) -> dict[str, dict[str, int]]:
     """Payload bytes per rank of each layer's collectives, by label."""
-    e, BT = dtype_bytes(cfg), batch * cfg.seq_len
+    e, BT = cfg.dtype_bytes, batch * cfg.seq_len
     BTH, BTF, BTV = BT * cfg.hidden * e, BT * cfg.ffn * e, BT * cfg.vocab_size * e
     return {
         "column-parallel linear": {"f bwd column": BTH},
@@ -413,7 +411,7 @@ def comm_figure(report: dict) -> go.Figure:
 
 def param_bytes_rank_fn(cfg: GPTConfig) -> int:
     """Rank code: build this rank's slice of the model and count the bytes of the tensors it holds."""
-    return param_bytes(TensorParallelGPT(build_model(cfg)))
+    return tensor_bytes(TensorParallelGPT(build_model(cfg)).parameters())
 
 
 def measure_param_bytes(cfg: GPTConfig, world_sizes=(1, 2, 4, 8)) -> dict[int, list[int]]:
@@ -430,7 +428,7 @@ def param_memory_figure(measured: dict[int, list[int]], cfg: GPTConfig) -> go.Fi
 
     from parlab.plots import rank_color, style
 
-    total = param_bytes(build_model(cfg))
+    total = tensor_bytes(build_model(cfg).parameters())
     Ps = sorted(measured)
     fig = go.Figure()
     for P in Ps:

@@ -1,0 +1,193 @@
+"""Run and check data parallelism (parlab/data_parallel.py): `python -m parlab run dp` and `run dp-naive`.
+
+The ranks train with our DP (traced), then with torch's DistributedDataParallel on the same data (untraced); the
+parent trains one device on the whole batch and compares losses, gradients and parameters with both, and the
+all-reduce payload with grad_bytes.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from parlab import comm
+from parlab.check import check_equal, compare
+from parlab.data_parallel import DEFAULT_BUCKET_BYTES, MODES, dp_theory, shard_batch, train_data_parallel
+from parlab.launch import Results
+from parlab.models import build_model, lm_loss, make_batches, make_optimizer, train_single_device
+from parlab.runs import Scheme, launch_scheme
+from parlab.runs.options import ModelOptions, option, positive
+
+
+@dataclass
+class DPOptions(ModelOptions):
+    mode: str = option("dp", "dp (bucketed, overlapped) or dp-naive (one all-reduce per gradient)", choices=MODES)
+    microbatches: int = option(1, "gradient-accumulation micro-batches per step")
+    bucket_bytes: int = option(DEFAULT_BUCKET_BYTES, "bytes per gradient bucket (bucketed DP)")
+    ddp: bool = option(True, "also train with torch DDP and compare (--no-ddp skips it)")
+
+    def validate(self) -> None:
+        super().validate()
+        P, B, M = self.world_size, self.batch, self.microbatches
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r} must be one of {MODES}")
+        positive("microbatches", M)
+        if B % P:
+            raise ValueError(f"global batch={B} is not divisible by world_size={P}")
+        if (B // P) % M:
+            raise ValueError(
+                f"the {B // P} rows per rank (batch={B} / world_size={P}) are not divisible by microbatches={M}"
+            )
+        if self.bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes={self.bucket_bytes} must be > 0")
+
+
+def train_torch_ddp(opts: DPOptions, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """The same training with torch.nn.parallel.DistributedDataParallel, for comparison (rank code).
+
+    DDP talks to torch.distributed itself, so nothing here is traced: the parlab trace shows only our DP."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    P, rank, M = comm.group_size(), comm.group_rank(), opts.microbatches
+    model = build_model(opts.gpt_config(), opts.seed)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=opts.bucket_bytes / 2**20)
+    opt = make_optimizer(ddp.parameters(), opts.optimizer, opts.lr)
+    losses = []
+    for x, y in batches:
+        x_r, y_r = shard_batch(x, y, rank, P)
+        opt.zero_grad(set_to_none=True)
+        step_loss = 0.0
+        for m, (x_m, y_m) in enumerate(zip(x_r.chunk(M), y_r.chunk(M), strict=True)):
+            with ddp.no_sync() if m < M - 1 else nullcontext():
+                loss = lm_loss(ddp(x_m), y_m) / M
+                loss.backward()
+            step_loss += loss.item()
+        opt.step()
+        losses.append(step_loss)
+    return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+def dp_rank(opts: DPOptions) -> dict:
+    """Rank code: our DP (traced), then torch DDP on the same data (untraced) unless opts.ddp is False."""
+    cfg = opts.gpt_config()
+    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)  # global [B, T], the same on every rank
+    model = build_model(cfg, opts.seed)  # the same weights on every rank (same seed)
+    optimizer = make_optimizer(model.parameters(), opts.optimizer, opts.lr)
+    out = train_data_parallel(
+        model, optimizer, batches, mode=opts.mode, bucket_bytes=opts.bucket_bytes, microbatches=opts.microbatches
+    )
+    if opts.ddp:
+        out["ddp"] = train_torch_ddp(opts, batches)
+    return out
+
+
+def dp_report(opts: DPOptions, results: Results) -> dict:
+    """Run the single-device reference on the same global batches and compare; count the bytes."""
+    P, K, mode = opts.world_size, opts.steps, opts.mode
+    cfg = opts.gpt_config()
+    batches = make_batches(cfg, opts.batch, K, opts.seed)
+    single = train_single_device(cfg, batches, opts.seed, opts.optimizer, opts.lr)
+    dtype = cfg.torch_dtype
+
+    def losses(values):
+        return torch.tensor(values, dtype=dtype)
+
+    # The loss of a step is the mean over all B rows: the mean of the P ranks' means (equal b on every rank).
+    loss_parallel = [sum(r["losses"][k] for r in results) / P for k in range(K)]
+    params = [r["params"] for r in results]
+    verdicts = [
+        compare(f"loss of each of {K} steps", losses(loss_parallel), losses(single.losses), show=False),
+        compare(
+            "averaged gradients of step 1, every rank", [r["grads"] for r in results], [single.grads] * P, show=False
+        ),
+        compare(f"parameters after {K} steps, every rank", params, [single.params] * P, show=False),
+    ]
+    ddp_lines, loss_ddp = [], None
+    if opts.ddp:
+        ddp = [r["ddp"] for r in results]
+        loss_ddp = [sum(d["losses"][k] for d in ddp) / P for k in range(K)]
+        versus_ddp = [
+            compare(
+                "torch DDP vs our DP: loss of each step",
+                losses(loss_parallel),
+                losses(loss_ddp),
+                show=False,
+                against="torch DDP",
+            ),
+            compare(
+                "torch DDP vs our DP: parameters, every rank",
+                params,
+                [d["params"] for d in ddp],
+                show=False,
+                against="torch DDP",
+            ),
+        ]
+        verdicts += versus_ddp
+        ddp_lines = [v.line for v in versus_ddp]
+
+    # Measured communication: the payload every rank handed to all_reduce, per step, against grad_bytes.
+    grad_bytes = sum(p.numel() * p.element_size() for p in results[0]["params"].values())
+    comm_bytes = results.trace.bytes_per_rank()
+    per_step = [b / K for b in comm_bytes.get("all_reduce", [0] * P)]
+    buckets_per_step = len(results[0]["buckets"])
+    calls_per_step = [c / K for c in results.trace.count_per_rank("all_reduce")]
+    byte_checks = [
+        check_equal(f"all-reduce payload per step, rank {r}", per_step[r], grad_bytes, show=False) for r in range(P)
+    ]
+    call_what = "buckets" if mode == "dp" else "parameter tensors"
+    call_checks = [
+        check_equal(f"all-reduces per step, rank {r} (= {call_what})", calls_per_step[r], buckets_per_step, show=False)
+        for r in range(P)
+    ]
+    checks = verdicts + byte_checks + call_checks
+    worst = max(verdicts, key=lambda v: v.max_abs_err)
+    lines = [v.line for v in verdicts[:3]] + ddp_lines + [c.line for c in byte_checks + call_checks]
+    return {
+        "scheme": mode,
+        "world_size": P,
+        "passed": all(c.passed for c in checks),
+        "max_abs_err": worst.max_abs_err,
+        "tol": worst.tol,
+        "comm": {**comm_bytes, "all_reduce_per_step": per_step, **dp_theory(grad_bytes, P)},
+        "verdicts": lines,
+        "steps": K,
+        "loss_single": single.losses,
+        "loss_parallel": loss_parallel,
+        "loss_ddp": loss_ddp,
+        "grad_bytes": grad_bytes,
+        "buckets_per_step": buckets_per_step,
+        "bucket_bytes": opts.bucket_bytes if mode == "dp" else None,
+        "buckets": results[0]["buckets"],
+        "batch": opts.batch,
+        "microbatches": opts.microbatches,
+    }
+
+
+def run_dp(world_size: int = 4, mode: str = "dp", **options) -> tuple[Results, dict]:
+    """Run DP on live ranks; returns (results, report), the report being what `python -m parlab run dp` prints.
+
+    options: any DPOptions field (steps, batch, microbatches, bucket_bytes, lr, layers, hidden, dtype, seed, ddp).
+    """
+    return launch_scheme(mode, world_size=world_size, **options)
+
+
+SCHEMES = [
+    Scheme(
+        "dp",
+        "data parallel, bucketed all-reduces overlapped with backward; vs one device and torch DDP",
+        DPOptions,
+        dp_rank,
+        dp_report,
+        fixed=(("mode", "dp"),),
+    ),
+    Scheme(
+        "dp-naive",
+        "data parallel, one blocking all-reduce per gradient after backward",
+        DPOptions,
+        dp_rank,
+        dp_report,
+        fixed=(("mode", "dp-naive"),),
+    ),
+]

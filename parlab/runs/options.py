@@ -1,0 +1,175 @@
+"""Typed options of a run: one small dataclass per scheme, defaults and validation in one place.
+
+    @dataclass
+    class DPOptions(RunOptions):
+        batch: int = option(8, "global batch (rows over all ranks)")
+        ...
+        def validate(self) -> None:
+            super().validate()
+            if self.batch % self.world_size: raise ValueError(...)
+
+The same class gives the CLI its flags (`add_arguments`), the notebooks their keyword arguments
+(`DPOptions(world_size=2, batch=16)`), and the rank code a typed object (no `opts.get("batch", 8)`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from parlab.models import DTYPES, GPTConfig
+
+
+def option(default: Any, help: str, *, flag: str | None = None, choices=None, parse=None) -> Any:
+    """A dataclass field that is also a command-line option.
+
+    flag: the option's name on the command line (default: --name-with-dashes). parse: a function from the
+    command-line string to the value (its ValueError becomes a clear CLI error). A bool option with default
+    False is a --flag; with default True it is a --no-flag.
+    """
+    meta = {"help": help, "flag": flag, "choices": choices, "parse": parse}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def int_list(text: str) -> list[int]:
+    """'3,2,2,1' -> [3, 2, 2, 1] (for options such as a pipeline split)."""
+    try:
+        return [int(n) for n in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma-separated list of integers (e.g. 3,2,2,1)") from None
+
+
+def positive(name: str, value: int | float) -> None:
+    if value < 1:
+        raise ValueError(f"{name}={value} must be >= 1")
+
+
+@dataclass
+class RunOptions:
+    """What every run takes. A scheme's options class adds its own fields and extends `validate`."""
+
+    world_size: int = option(4, "number of ranks", flag="--world")
+    dtype: str = option("float64", "float64 (exactness is the lesson) or float32", choices=sorted(DTYPES))
+    steps: int = option(3, "training steps")
+    seed: int = option(0, "seed of the model's weights and of the data")
+
+    def validate(self) -> None:
+        """Raise a clear ValueError for options that cannot work: called before any process starts."""
+        positive("world_size", self.world_size)
+        positive("steps", self.steps)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
+
+    def replace(self, **changes) -> RunOptions:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def make(cls, **values) -> RunOptions:
+        """The options with `values` over the defaults; unknown names are a ValueError naming the known ones."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown option(s) {unknown} for {cls.__name__}; known: {sorted(known)}")
+        return cls(**values)
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser, skip=()) -> None:
+        """One command-line option per field (but those in `skip`), with the field's default and help."""
+        for f in fields(cls):
+            if f.name in skip:
+                continue
+            meta = f.metadata
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            if isinstance(default, dict):  # structured options (e.g. a cost table) are for Python callers only
+                continue
+            flag = meta.get("flag") or "--" + f.name.replace("_", "-")
+            if isinstance(default, bool):
+                if default:
+                    flag = meta.get("flag") or "--no-" + f.name.replace("_", "-")
+                parser.add_argument(
+                    flag, dest=f.name, action="store_false" if default else "store_true", help=meta.get("help")
+                )
+                continue
+            parse = meta.get("parse") or _parser_for(f.type, default)
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                type=_argparse_type(parse),
+                default=default,
+                choices=meta.get("choices"),
+                help=meta.get("help"),
+            )
+
+
+def _parser_for(annotation: Any, default: Any):
+    text = str(annotation)
+    if "float" in text:
+        return float
+    if "int" in text and "list" not in text:
+        return int
+    return str
+
+
+def _argparse_type(parse):
+    """Wrap a parse function so that argparse reports its ValueError text (not 'invalid <lambda> value')."""
+
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(
+                str(exc) if parse not in (int, float) else f"{text!r} is not a valid {parse.__name__}"
+            ) from None
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+@dataclass
+class ModelOptions(RunOptions):
+    """Runs that train the reference GPT: its size, and the optimizer every rank and the reference use."""
+
+    batch: int = option(8, "global batch: sequences per step over all ranks")
+    layers: int = option(2, "transformer blocks")
+    hidden: int = option(32, "hidden size H")
+    heads: int = option(4, "attention heads nh")
+    ffn: int = option(0, "FFN size F (0: 4 x hidden)")
+    vocab: int = option(64, "vocabulary size V")
+    seq: int = option(16, "sequence length T")
+    tied: bool = option(False, "share the embedding matrix with the LM head")
+    optimizer: str = option(
+        "sgd", "sgd, or adam (compare adam in float64: it turns last-bit noise into steps)", choices=["sgd", "adam"]
+    )
+    lr: float = option(0.1, "learning rate")
+
+    def validate(self) -> None:
+        super().validate()
+        for name in ("batch", "layers", "hidden", "heads", "vocab", "seq"):
+            positive(name, getattr(self, name))
+        if self.ffn < 0:
+            raise ValueError(f"ffn={self.ffn} must be >= 0 (0 means 4 x hidden)")
+        if self.lr <= 0:
+            raise ValueError(f"lr={self.lr} must be > 0")
+        self.gpt_config()  # the model's own checks: hidden divisible by heads
+
+    @classmethod
+    def for_config(cls, cfg: GPTConfig, **values) -> ModelOptions:
+        """The options that build the model `cfg` (the inverse of gpt_config), with `values` for the rest."""
+        sizes = {"vocab": cfg.vocab_size, "seq": cfg.seq_len, "hidden": cfg.hidden, "heads": cfg.heads}
+        return cls.make(**sizes, layers=cfg.layers, ffn=cfg.ffn, tied=cfg.tied, dtype=cfg.dtype, **values)
+
+    def gpt_config(self) -> GPTConfig:
+        return GPTConfig(
+            vocab_size=self.vocab,
+            seq_len=self.seq,
+            hidden=self.hidden,
+            heads=self.heads,
+            layers=self.layers,
+            ffn=self.ffn,
+            tied=self.tied,
+            dtype=self.dtype,
+        )

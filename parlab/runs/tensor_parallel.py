@@ -1,0 +1,181 @@
+"""Run and check tensor parallelism (parlab/tensor_parallel.py): `python -m parlab run tp`.
+
+The ranks train the tensor-parallel GPT; the parent gathers their slices to full shape, compares them with one
+device, and checks every all-reduce item and the parameter bytes each rank holds against the theory.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from parlab.check import CountCheck, Verdict, check_equal, compare
+from parlab.launch import Results, device
+from parlab.memory import tensor_bytes
+from parlab.models import build_model, make_batches, make_optimizer, train_single_device
+from parlab.runs import Scheme, launch_scheme
+from parlab.runs.options import ModelOptions, option
+from parlab.tensor_parallel import (
+    PER_LAYER_ITEMS,
+    TensorParallelGPT,
+    allreduce_theory,
+    param_bytes_theory,
+    split_sizes,
+    train_tensor_parallel,
+)
+from parlab.trace import Trace
+
+
+@dataclass
+class TPOptions(ModelOptions):
+    batch: int = option(4, "sequences per batch (every rank sees all of them)")
+
+    def validate(self) -> None:
+        super().validate()
+        P = self.world_size
+        bad = [
+            f"{name}={n} is not divisible by world_size={P}"
+            for name, n in split_sizes(self.gpt_config()).items()
+            if n % P
+        ]
+        if bad:
+            raise ValueError("; ".join(bad) + " (tensor parallelism splits each of them across the ranks)")
+
+
+def tp_rank(opts: TPOptions) -> dict:
+    """Rank code: train the tensor-parallel GPT for opts.steps steps; return this rank's slices."""
+    cfg, dev = opts.gpt_config(), device()
+    model = TensorParallelGPT(build_model(cfg, opts.seed)).to(dev)  # same seed everywhere, keep my slices
+    optimizer = make_optimizer(model.parameters(), opts.optimizer, opts.lr)
+    batches = [(x.to(dev), y.to(dev)) for x, y in make_batches(cfg, opts.batch, opts.steps, opts.seed)]
+    return train_tensor_parallel(model, optimizer, batches)
+
+
+def gather_full(shards: list[dict[str, torch.Tensor]], dims: dict[str, int | None]) -> dict[str, torch.Tensor]:
+    """Full-shape tensors from every rank's slices (done in the parent, untraced): cat along the split dim,
+    or rank 0's copy of a replicated one."""
+    return {n: shards[0][n] if d is None else torch.cat([s[n] for s in shards], dim=d) for n, d in dims.items()}
+
+
+def per_step(total: int, steps: int) -> int | float:
+    return total // steps if total % steps == 0 else total / steps
+
+
+def itemise(trace: Trace, steps: int = 1) -> dict[str, list[int | float]]:
+    """All-reduce bytes per rank per step, grouped by label with the layer number dropped ("g fwd mlp 1" ->
+    "g fwd mlp")."""
+    items: dict[str, list[int]] = {}
+    for e in trace.select(kind="all_reduce"):
+        key = re.sub(r" \d+$", "", e.label)
+        items.setdefault(key, [0] * trace.world_size)[e.rank] += e.bytes
+    return {k: [per_step(b, steps) for b in v] for k, v in items.items()}
+
+
+def tp_report(opts: TPOptions, results: Results) -> dict:
+    """Compare with the single-device run; check the all-reduce bytes and parameter bytes against theory."""
+    cfg, P, steps = opts.gpt_config(), opts.world_size, opts.steps
+    batches = make_batches(cfg, opts.batch, steps, opts.seed)
+    ref = train_single_device(cfg, batches, opts.seed, opts.optimizer, opts.lr)
+    dims = results[0]["split_dims"]
+    grads = gather_full([r["grads"] for r in results], dims)
+    params = gather_full([r["params"] for r in results], dims)
+    verdicts: list[Verdict | CountCheck] = [
+        compare(
+            f"loss of each of {steps} steps",
+            torch.tensor(results[0]["losses"], dtype=cfg.torch_dtype),
+            torch.tensor(ref.losses, dtype=cfg.torch_dtype),
+            show=False,
+        ),
+        compare("every gradient of step 1, gathered to full shape", grads, ref.grads, show=False),
+        compare(f"parameters after {steps} {opts.optimizer} steps, gathered", params, ref.params, show=False),
+    ]
+    # Replicated parameters need no all-reduce only if every rank really computes the same gradient: count.
+    replicated = [n for n, d in dims.items() if d is None]
+    differing = sum(
+        any(not torch.equal(r["grads"][n], results[0]["grads"][n]) for n in replicated) for r in results[1:]
+    )
+    verdicts.append(check_equal("ranks whose replicated gradients differ from rank 0's", differing, 0, show=False))
+
+    theory = allreduce_theory(cfg, opts.batch)
+    measured = {item: [0] * P for item in theory} | itemise(results.trace, steps)  # {item: [bytes/step per rank]}
+    total = [per_step(b, steps) for b in results.trace.bytes_per_rank().get("all_reduce", [0] * P)]
+    layers_measured = [sum(measured[i][r] for i in PER_LAYER_ITEMS) for r in range(P)]
+    layers_theory = sum(theory[i] for i in PER_LAYER_ITEMS)  # 4 x L x B x T x H x bytes
+    calls = [per_step(c, steps) for c in results.trace.count_per_rank("all_reduce")]
+    pb, pb_theory = [r["param_bytes"] for r in results], param_bytes_theory(cfg, P)
+    # Every rank does the same work: check that, then rank 0's figures against the theory, item by item.
+    per_rank = [([measured[i][r] for i in theory], total[r], calls[r], pb[r]) for r in range(P)]
+    verdicts.append(
+        check_equal(
+            "ranks whose all-reduce bytes, calls or parameter bytes differ from rank 0's",
+            sum(row != per_rank[0] for row in per_rank),
+            0,
+            show=False,
+        )
+    )
+    for item, value in theory.items():
+        verdicts.append(check_equal(f"all-reduce bytes per step, {item}", measured[item][0], value, show=False))
+    verdicts += [
+        check_equal(
+            f"all-reduce bytes per step in the {cfg.layers} layers (4 x L x B x T x H x {cfg.dtype_bytes})",
+            layers_measured[0],
+            layers_theory,
+            show=False,
+        ),
+        check_equal("all-reduce bytes per step in all", total[0], sum(theory.values()), show=False),
+        check_equal(
+            "all-reduces per step (4 per layer + embed + head + 3 loss)", calls[0], 4 * cfg.layers + 5, show=False
+        ),
+        check_equal("parameter bytes held by each rank", pb[0], pb_theory, show=False),
+    ]
+
+    numeric = [v for v in verdicts if isinstance(v, Verdict)]
+    worst = max(numeric, key=lambda v: v.max_abs_err)
+    return {
+        "scheme": "tp",
+        "world_size": P,
+        "passed": all(v.passed for v in verdicts),
+        "max_abs_err": worst.max_abs_err,
+        "tol": worst.tol,
+        "comm": {
+            **results.trace.bytes_per_rank(),
+            "all_reduce_per_step": total,
+            "all_reduce_per_step_theory": sum(theory.values()),
+            "layers_all_reduce_per_step": layers_measured,
+            "layers_all_reduce_per_step_theory": layers_theory,
+            "layers_formula": "4 x layers x batch x seq x hidden x dtype bytes",
+            "items_per_step": {k: {"measured": measured[k], "theory": v} for k, v in theory.items()},
+            "all_reduces_per_step": calls,
+        },
+        "layers": cfg.layers,
+        "hidden": cfg.hidden,
+        "heads": cfg.heads,
+        "ffn": cfg.ffn,
+        "vocab": cfg.vocab_size,
+        "seq": cfg.seq_len,
+        "batch": opts.batch,
+        "dtype": cfg.dtype,
+        "steps": steps,
+        "param_bytes_per_rank": pb,
+        "param_bytes_per_rank_theory": pb_theory,
+        "param_bytes_single_device": tensor_bytes(build_model(cfg, opts.seed).parameters()),
+        "verdicts": [v.line for v in verdicts],
+    }
+
+
+def run_tp(world_size: int = 4, **options) -> tuple[Results, dict]:
+    """Run the scheme from Python (a notebook): returns (results, report) as `python -m parlab run tp`."""
+    return launch_scheme("tp", world_size=world_size, **options)
+
+
+SCHEMES = [
+    Scheme(
+        "tp",
+        "tensor parallel (Megatron): column/row-parallel MLP and attention, vocab-parallel embedding and loss",
+        TPOptions,
+        tp_rank,
+        tp_report,
+    )
+]
