@@ -6,18 +6,29 @@ import once; each launch then only forks `world_size` copies of it (a few millis
 arrives by value (cloudpickle), so notebook functions work.
 
 It runs as a plain script (`python _rankserver.py FD`), not as `parlab._rankserver`: the server must not import
-the parlab package, so that every forked rank imports parlab fresh from disk and never runs stale code.
+the parlab package, so that every forked rank imports parlab fresh from disk and never runs stale code. What a rank
+does once forked lives in `parlab.launch._rank_main`, for the same reason.
 
-Protocol (one job at a time, over the socket inherited as file descriptor FD, messages pickled by plain pickle):
-    server -> parent   {"ready": pid}           once, when torch is imported
-    parent -> server   {"job": ...}            start world_size ranks
-    parent -> server   "cancel"                 stop the ranks of the current job now
-    server -> parent   {"progress": ...}        a rank started, or reported progress (parlab.progress)
-    server -> parent   {"messages": ...}        the report: every rank's outcome, sent once the ranks are all gone
+Protocol (over the socket inherited as file descriptor FD; each message is one dict pickled by plain pickle; the
+parent sends and receives from its own threads, so a Ctrl-C in the parent never cuts a message in half):
+    server -> parent   {"ready": pid, "tmp": folder}    once, when torch is imported (rendezvous files go in folder)
+    parent -> server   {"job": {...}}                   start the ranks of a job. A job that arrives while another
+                                                        runs stops that one: its launch was abandoned.
+    parent -> server   {"cancel": job_id}               stop the ranks of that job now
+    server -> parent   {"job_id", "progress": ...}      a rank started, or reported progress (parlab.progress)
+    server -> parent   {"job_id", "calls": [...]}       each rank's published call state, when it changed
+    server -> parent   {"job_id", "report": {...}}      every rank's outcome, sent once the ranks are all gone;
+                                                        the answer to a cancel too ({"report": None} when that job
+                                                        was not running)
+What a rank returned travels inside the report as bytes that the rank pickled with cloudpickle: the server never
+unpickles it (it has imported neither parlab nor the user's modules) and forgets the report once it is sent.
 """
 
 import ctypes
+import glob
+import importlib
 import io
+import mmap
 import os
 import pickle
 import signal
@@ -30,9 +41,10 @@ from multiprocessing.connection import Connection, wait
 import cloudpickle  # noqa: F401  (preloaded: the ranks unpickle the shipped function with it)
 import torch
 import torch._dynamo  # noqa: F401  (preloaded: the first torch.optim optimizer imports it, ~3 s per rank)
-import torch.distributed as dist
 
 PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
+RENDEZVOUS_PREFIX = "parlab-rendezvous-"  # + "<server pid>-<job id>", in the temp folder
+CALLS_EVERY = 0.25  # seconds between two looks at the ranks' published calls
 
 
 def _die_with_parent() -> None:
@@ -43,29 +55,18 @@ def _die_with_parent() -> None:
         pass
 
 
-def _to_cpu(value):
-    """Tensors go back to the parent on the CPU and by value (plain pickle copies the storage bytes)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
-        return type(value)(*(_to_cpu(v) for v in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    return value
-
-
-def _run_rank(job: dict, rank: int, out: Connection) -> None:
-    """Body of one forked rank: initialise torch.distributed, run the function, send back its value."""
+def _run_rank(job: dict, rank: int, out: Connection, slot: memoryview) -> None:
+    """Body of one forked rank: set up the process, then hand over to parlab.launch._rank_main. Never returns."""
     _die_with_parent()
-    world_size = job["world_size"]
+    os.setpgid(0, 0)  # its own process group: whatever the rank code starts is stopped with it (killpg)
+    # The parent's environment as it is at this launch (not as it was when the server started), plus the rank's.
+    os.environ.clear()
     os.environ.update(job["env"])
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size),
+        WORLD_SIZE=str(job["world_size"]),
+        LOCAL_WORLD_SIZE=str(job["world_size"]),
         GLOO_SOCKET_IFNAME="lo",  # gloo's own sockets on loopback too, not on the machine's network
         NCCL_SOCKET_IFNAME="lo",
         PARLAB_LAUNCHED="1",
@@ -76,41 +77,16 @@ def _run_rank(job: dict, rank: int, out: Connection) -> None:
     captured = io.StringIO()  # the rank's prints go back to the parent, which shows them in rank order
     sys.stdout = sys.stderr = captured
     try:
-        import importlib
-
-        from parlab import comm
-
-        # parlab.progress() in rank code reports through the same pipe. (importlib: the package attribute
-        # parlab.launch is the launch function, the module is parlab.launch in sys.modules.)
-        importlib.import_module("parlab.launch")._progress_channel = out
-        fn, args, kwargs = pickle.loads(job["fn"])
-        if job["backend"] == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(
-            job["backend"],
-            init_method=f"file://{job['rendezvous']}",
-            rank=rank,
-            world_size=world_size,
-        )
-        out.send_bytes(pickle.dumps({"progress": {"rank": rank, "started": True}}))
-        comm.reset_trace()
-        value = fn(*args, **kwargs)
-        message = {"rank": rank, "ok": True, "value": _to_cpu(value), "events": comm.trace_events()}
-    except BaseException:
-        message = {"rank": rank, "ok": False, "traceback": traceback.format_exc()}
-    message["stdout"] = captured.getvalue()
+        # (importlib: the package attribute parlab.launch is the launch function, not the module)
+        rank_main = importlib.import_module("parlab.launch")._rank_main
+    except BaseException:  # parlab itself does not import (e.g. a file being edited): say why
+        message = {"rank": rank, "ok": False, "traceback": traceback.format_exc(), "stdout": captured.getvalue()}
+        out.send_bytes(pickle.dumps(message))
+        os._exit(1)
     try:
-        payload = pickle.dumps(message)
-    except Exception:
-        payload = pickle.dumps(
-            {"rank": rank, "ok": False, "stdout": message["stdout"], "traceback": traceback.format_exc()}
-        )
-    out.send_bytes(payload)
-    if message["ok"] and dist.is_initialized():
-        # Leave together: a rank that tore down early could break a peer's last collective.
-        dist.barrier()
-        dist.destroy_process_group()
-    out.close()
+        rank_main(job, rank, out, slot, captured)  # sends the rank's message itself
+    except BaseException:
+        os._exit(1)  # _rank_main reports every error of the rank code: this is a bug in parlab, or a kill
     os._exit(0)
 
 
@@ -121,89 +97,153 @@ def _remove(path: str) -> None:
         pass
 
 
-def _kill(pids: dict) -> None:
-    for pid in pids.values():
+def _remove_stale_rendezvous_files() -> None:
+    """Remove rendezvous files left by servers that were killed (their pid is gone)."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), RENDEZVOUS_PREFIX + "*-*")):
+        pid = os.path.basename(path)[len(RENDEZVOUS_PREFIX) :].split("-")[0]
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(int(pid), 0)
         except ProcessLookupError:
+            try:
+                _remove(path)
+            except OSError:
+                pass
+        except (ValueError, OSError):  # not ours, or another user's live server
             pass
 
 
-def _run_job(job: dict, parent: Connection) -> dict:
-    """Fork the ranks, wait for each one's message and exit, stop them all at the first failure or cancel."""
+def _kill(pids: dict) -> None:
+    """SIGKILL each rank's process group: the rank and every process its code started."""
+    for pid in pids.values():
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _read_slots(board: mmap.mmap, world_size: int, slot_bytes: int) -> list:
+    """Each rank's published call state (JSON bytes; None while a rank is writing it). Layout of a slot:
+    8-byte sequence number (odd while the rank writes), 4-byte length, the JSON text."""
+    states = []
+    for rank in range(world_size):
+        base, state = rank * slot_bytes, None
+        for _ in range(3):
+            before = int.from_bytes(board[base : base + 8], "little")
+            length = int.from_bytes(board[base + 8 : base + 12], "little")
+            data = board[base + 12 : base + 12 + min(length, slot_bytes - 12)]
+            if before % 2 == 0 and int.from_bytes(board[base : base + 8], "little") == before:
+                state = data
+                break
+        states.append(state)
+    return states
+
+
+def _run_job(job: dict, parent: Connection) -> tuple[dict, dict | None]:
+    """Fork the ranks, wait for each one's message and exit, stop them all at the first failure or cancel.
+
+    Returns the report and the next request if one arrived meanwhile (a new job)."""
     # Rendezvous through a file that only this job knows: no TCP port to pick, so two launches at the same
     # time (two notebooks, parallel tests) can never meet each other's ranks. Gloo itself binds to loopback.
-    job["rendezvous"] = os.path.join(tempfile.gettempdir(), f"parlab-rendezvous-{os.getpid()}-{job['id']}")
-    _remove(job["rendezvous"])
+    job["rendezvous"] = os.path.join(tempfile.gettempdir(), f"{RENDEZVOUS_PREFIX}{os.getpid()}-{job['id']}")
+    world_size, slot_bytes = job["world_size"], job["slot_bytes"]
+    # Shared memory where each rank publishes the traced call it is in (parlab.comm), for the hang diagnosis.
+    board = mmap.mmap(-1, world_size * slot_bytes)
     pids, pipes = {}, {}
-    for rank in range(job["world_size"]):
-        reader, writer = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the rank
-            os.close(reader)
-            for other in pipes.values():
-                other.close()
-            parent.close()
-            _run_rank(job, rank, Connection(writer, readable=False))
-        os.close(writer)
-        pids[rank], pipes[rank] = pid, Connection(reader, writable=False)
-
-    messages, exited, first_failure, cancelled = {}, set(), None, False
-    while len(exited) < len(pids):
-        ready = wait([parent, *[pipes[r] for r in pids if r not in exited]])
-        if parent in ready:
-            request = parent.recv_bytes()  # EOFError if the parent died: the finally in main() cleans up
-            if pickle.loads(request) == "cancel":
-                cancelled = True
-                _kill(pids)
-            continue
-        for rank, pipe in pipes.items():
-            if pipe not in ready or rank in exited:
-                continue
+    messages, exited, first_failure, cancelled, next_request = {}, set(), None, False, None
+    try:
+        for rank in range(world_size):
+            reader, writer = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the rank
+                os.close(reader)
+                for other in pipes.values():
+                    other.close()
+                parent.close()
+                slot = memoryview(board)[rank * slot_bytes : (rank + 1) * slot_bytes]
+                _run_rank(job, rank, Connection(writer, readable=False), slot)
             try:
-                message = pickle.loads(pipe.recv_bytes())
-                if "progress" in message:  # not the rank's result: pass it on to the parent as it comes
-                    parent.send_bytes(pickle.dumps({**message, "job_id": job["id"]}))
+                os.setpgid(pid, pid)  # also here, so that a kill right after the fork reaches the whole group
+            except (PermissionError, ProcessLookupError):
+                pass
+            os.close(writer)
+            pids[rank], pipes[rank] = pid, Connection(reader, writable=False)
+
+        last_calls, last_look = None, 0.0
+        while len(exited) < len(pids):
+            ready = wait([parent, *[pipes[r] for r in pids if r not in exited]], timeout=CALLS_EVERY)
+            if time.monotonic() - last_look >= CALLS_EVERY:
+                last_look = time.monotonic()
+                calls = _read_slots(board, world_size, slot_bytes)
+                if calls != last_calls:
+                    parent.send_bytes(pickle.dumps({"job_id": job["id"], "calls": calls}))
+                    last_calls = calls
+            if parent in ready:
+                request = pickle.loads(parent.recv_bytes())  # EOFError if the parent died: main() exits
+                if "job" in request:  # the parent gave up on this job (interrupted) and wants the next one
+                    next_request, cancelled = request, True
+                    _kill(pids)
+                elif request.get("cancel") == job["id"]:
+                    cancelled = True
+                    _kill(pids)
+                elif "cancel" in request:  # for a job that has already ended
+                    parent.send_bytes(pickle.dumps({"job_id": request["cancel"], "report": None}))
+            for rank, pipe in pipes.items():
+                if pipe not in ready or rank in exited:
                     continue
-                messages[rank] = message
-                failed = not message["ok"]
-            except EOFError:  # the rank's process is gone
-                exited.add(rank)
-                failed = rank not in messages
-            if failed and first_failure is None and not cancelled:
-                first_failure = rank
-                _kill(pids)  # stop the other ranks at once: they would only hang on the dead peer
-    for pipe in pipes.values():
-        pipe.close()
-    exit_codes = {}
-    for rank, pid in pids.items():
-        _, status = os.waitpid(pid, 0)
-        exit_codes[rank] = os.waitstatus_to_exitcode(status)
-    _remove(job["rendezvous"])  # ranks that were killed could not remove it themselves
-    return {
-        "messages": messages,
-        "first_failure": first_failure,
-        "cancelled": cancelled,
-        "exit_codes": exit_codes,
-    }
+                try:
+                    message = pickle.loads(pipe.recv_bytes())
+                    if "progress" in message:  # not the rank's result: pass it on to the parent as it comes
+                        parent.send_bytes(pickle.dumps({**message, "job_id": job["id"]}))
+                        continue
+                    messages[rank] = message
+                    failed = not message["ok"]
+                except EOFError:  # the rank's process is gone
+                    exited.add(rank)
+                    failed = rank not in messages
+                if failed and first_failure is None and not cancelled:
+                    first_failure = rank
+                    _kill(pids)  # stop the other ranks at once: they would only hang on the dead peer
+    finally:
+        # Every exit path: stop what the ranks started (their process groups still exist while they are zombies),
+        # reap them, and remove the rendezvous file (ranks that were killed could not remove it themselves).
+        _kill(pids)
+        for pipe in pipes.values():
+            pipe.close()
+        exit_codes = {}
+        for rank, pid in pids.items():
+            _, status = os.waitpid(pid, 0)
+            exit_codes[rank] = os.waitstatus_to_exitcode(status)
+        _remove(job["rendezvous"])
+        board.close()
+    report = {"messages": messages, "first_failure": first_failure, "cancelled": cancelled, "exit_codes": exit_codes}
+    return report, next_request
 
 
 def main(fd: int) -> None:
     parent = Connection(fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the kernel is handled by the parent, not here
+    _remove_stale_rendezvous_files()
     try:
-        parent.send_bytes(pickle.dumps({"ready": os.getpid()}))  # torch is imported: launches are fast from now
+        parent.send_bytes(
+            pickle.dumps({"ready": os.getpid(), "tmp": tempfile.gettempdir()})
+        )  # torch is imported: launches are fast from now
+        request = None
         while True:
-            request = pickle.loads(parent.recv_bytes())
-            if request == "cancel":  # arrived just after its job had ended: nothing left to stop
+            request = request or pickle.loads(parent.recv_bytes())
+            if "cancel" in request:  # its job has already ended (or never arrived): say so
+                parent.send_bytes(pickle.dumps({"job_id": request["cancel"], "report": None}))
+                request = None
                 continue
-            started = time.perf_counter()
-            report = _run_job(request["job"], parent)
-            report["job_id"] = request["job"]["id"]
+            job_id, started = request["job"]["id"], time.perf_counter()
+            report, request = _run_job(request["job"], parent)
             report["server_seconds"] = time.perf_counter() - started
-            parent.send_bytes(pickle.dumps(report))
+            parent.send_bytes(pickle.dumps({"job_id": job_id, "report": report}))
+            del report  # keep nothing of a finished job: its results can be large
     except (EOFError, OSError, KeyboardInterrupt):
-        pass  # the parent went away: exiting kills every rank (PR_SET_PDEATHSIG)
+        pass  # the parent went away: _run_job has killed the ranks on its way out
 
 
 if __name__ == "__main__":

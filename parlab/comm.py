@@ -33,6 +33,12 @@ ReduceOp = dist.ReduceOp
 
 _events: list[Event] = []
 
+# Hang diagnosis: parlab.launch sets `call_hook` in each rank to publish the traced call the rank is in:
+# call_hook(event, index, True) when it enters its call #index (or waits for it), call_hook(event, index, False)
+# when it leaves (an asynchronous call is then still in flight: its event.end is None). None elsewhere.
+call_hook = None
+_calls = 0  # the traced communication calls this rank has made
+
 # torch 2.13 renamed the single-tensor collectives; older releases (>= 2.4) have only the old names.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -40,7 +46,9 @@ _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.re
 
 def reset_trace() -> None:
     """Forget this rank's events (parlab.launch does this before running the rank function)."""
+    global _calls
     _events.clear()
+    _calls = 0
 
 
 def trace_events() -> list[Event]:
@@ -92,14 +100,18 @@ def _sync(tensor: torch.Tensor) -> None:
 class _TracedWork:
     """Wraps the handle of an asynchronous operation: its event ends when someone waits for it."""
 
-    def __init__(self, work, event: Event, tensor: torch.Tensor):
-        self.work, self.event, self.tensor = work, event, tensor
+    def __init__(self, work, event: Event, tensor: torch.Tensor, index: int = 0):
+        self.work, self.event, self.tensor, self.index = work, event, tensor, index
 
     def wait(self) -> bool:
-        result = self.work.wait()
-        _sync(self.tensor)
-        if self.event.end is None:
-            self.event.end = time.perf_counter()
+        _hook(self.event, self.index, True)
+        try:
+            result = self.work.wait()
+            _sync(self.tensor)
+            if self.event.end is None:
+                self.event.end = time.perf_counter()
+        finally:
+            _hook(self.event, self.index, False)
         return result
 
     def is_completed(self) -> bool:
@@ -119,12 +131,24 @@ def _run(kind, call, tensor, nbytes, async_op, label="", peer=None, group=None):
         axis=_axis(group),
     )
     _events.append(event)
-    work = call()
-    if async_op:
-        return _TracedWork(work, event, tensor)
-    _sync(tensor)
-    event.end = time.perf_counter()
-    return None
+    global _calls
+    _calls += 1
+    index = _calls
+    _hook(event, index, True)
+    try:
+        work = call()
+        if async_op:
+            return _TracedWork(work, event, tensor, index)
+        _sync(tensor)
+        event.end = time.perf_counter()
+        return None
+    finally:
+        _hook(event, index, False)
+
+
+def _hook(event: Event, index: int, entering: bool) -> None:
+    if call_hook is not None:
+        call_hook(event, index, entering)
 
 
 # ------------------------------------------------------------------------------------------------ collectives

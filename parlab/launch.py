@@ -6,8 +6,16 @@
 
 Each rank is a real process with its own `torch.distributed` process group (gloo on CPU, NCCL when there is one
 GPU per rank). The processes are forked by a rank server that imported torch once (see `_rankserver.py`), so a
-warm launch costs a fraction of a second, and `fn` travels by value, so a function written in a notebook cell
-runs on the ranks.
+warm launch costs a fraction of a second. `fn` travels by value (cloudpickle), and so do the values the ranks
+return: a function or a dataclass written in a notebook cell works both ways.
+
+The rank server starts in the background as soon as parlab is imported in a Jupyter kernel, so that the first
+launch of a lesson is as fast as the others; elsewhere (scripts, tests) it starts at the first launch, or at
+`warm_up()`, or at import when the environment variable PARLAB_WARM=1 (PARLAB_WARM=0: never at import).
+
+While the ranks run, each one publishes the traced call it is in (`parlab.comm`); `launch` stops ranks that wait in
+calls that can never match (e.g. rank 0 in all_reduce, rank 1 in broadcast) after `MISMATCH_SECONDS` and raises
+`CollectiveMismatch` naming each rank's call.
 
 Beyond one machine, the same rank code runs under `torchrun` instead: `parlab.init_from_env()` sets up the process
 group from torchrun's environment (see `python -m parlab run --help`). parlab never launches multi-node jobs itself.
@@ -16,16 +24,24 @@ group from torchrun's environment (see `python -m parlab run --help`). parlab ne
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import glob
 import itertools
+import json
 import os
 import pickle
+import queue
+import random
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from html import escape as html_escape
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -33,54 +49,106 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from parlab import comm
 from parlab.trace import Trace
 
 DEFAULT_TIMEOUT = 120.0  # seconds; long enough for any lesson at world size 8 on 2 CPU cores
 SERVER_START_TIMEOUT = 300.0  # seconds for the rank server to import torch (slow disks, busy machines)
+MISMATCH_SECONDS = 2.0  # how long ranks wait in calls that cannot match before launch stops them
+CANCEL_WAIT = 10.0  # seconds for the server to stop a job's ranks; longer means it is stuck: it is replaced
+RENDEZVOUS_PREFIX = "parlab-rendezvous-"  # rendezvous files in the temp folder: this + "<server pid>-<job id>"
+SLOT_BYTES = 4096  # shared memory per rank for the call it is in (JSON; a group of ~500 ranks still fits)
+
+
+# ------------------------------------------------------------------------------------------------------ errors
 
 
 class RankError(RuntimeError):
-    """A rank raised (or died). `rank` is the first rank that failed; `remote_traceback` is its traceback."""
+    """A rank raised (or died). `rank` is the first rank that failed; `remote_traceback` is its traceback.
 
-    def __init__(self, rank: int, remote_traceback: str, stdout: str = ""):
-        self.rank, self.remote_traceback, self.stdout = rank, remote_traceback, stdout
-        text = f"rank {rank} failed; the other ranks were stopped.\n\n--- traceback on rank {rank} ---\n"
-        text += remote_traceback.rstrip()
+    `reason`, when set, says what went wrong outside the rank's own code (e.g. a return value that cannot be
+    sent back to the parent, naming the part of the value at fault)."""
+
+    def __init__(self, rank: int, remote_traceback: str, stdout: str = "", reason: str = ""):
+        self.rank, self.remote_traceback, self.stdout, self.reason = rank, remote_traceback, stdout, reason
+        text = f"rank {rank} failed; the other ranks were stopped.\n"
+        if reason:
+            text += reason.rstrip() + "\n"
+        text += f"\n--- traceback on rank {rank} ---\n" + remote_traceback.rstrip()
         if stdout.strip():
             text += f"\n--- rank {rank} printed ---\n{stdout.rstrip()}"
         super().__init__(text)
 
 
 class LaunchTimeout(TimeoutError):
-    """Some ranks had not finished when the timeout expired (a hang: e.g. mismatched collectives)."""
+    """Some ranks had not finished when the timeout expired (a hang: e.g. mismatched collectives).
 
-    def __init__(self, timeout: float, unfinished: list[int], world_size: int):
-        self.unfinished = unfinished
+    `unfinished`: those ranks; `calls`: what each rank was doing, in words ("in all_reduce #3 (8 bytes, world)
+    for 1.9 s", "computing (not in a traced call)", "returned")."""
+
+    def __init__(self, timeout: float, unfinished: list[int], world_size: int, calls: dict[int, str] | None = None):
+        self.unfinished, self.calls = unfinished, calls or {}
         finished = sorted(set(range(world_size)) - set(unfinished))
-        super().__init__(
+        text = (
             f"ranks {unfinished} had not finished after {timeout:g} s and were stopped "
             f"(finished: {finished or 'none'}). A hang like this usually means the ranks called "
             "different collectives, or a send without its matching recv."
         )
+        if self.calls:
+            text += "\nWhat each unfinished rank was doing:" + "".join(
+                f"\n  rank {rank}: {self.calls[rank]}" for rank in unfinished if rank in self.calls
+            )
+        super().__init__(text)
+
+
+class CollectiveMismatch(LaunchTimeout):
+    """Ranks waited in communication calls that can never match, so `launch` stopped them early.
+
+    A subclass of `LaunchTimeout` because it is a hang, diagnosed before the timeout: `except LaunchTimeout`
+    catches both. `stuck`: the ranks whose calls can never complete; `calls`: every rank's state, in words;
+    `entered`: when (time.monotonic()) the last of the stuck ranks entered its call.
+    """
+
+    def __init__(self, what: str, stuck: list[int], waited: float, entered: float, calls: dict[int, str]):
+        self.stuck, self.entered, self.calls = stuck, entered, calls
+        self.unfinished = sorted(r for r, state in calls.items() if state != "returned")
+        returned = sorted(r for r, state in calls.items() if state == "returned")
+        parts = [f"rank {stuck[0]} is {calls[stuck[0]]}"] + [f"rank {r} {calls[r]}" for r in stuck[1:]]
+        parts += [f"rank {r} had returned" for r in returned]
+        text = f"{what}: " + ", ".join(parts) + "."
+        text += (
+            f"\nThese calls can never match (the ranks waited {waited:.1f} s and were stopped): every rank of a "
+            "group must make the same collective calls in the same order (same operation, size, group and root), "
+            "and each send needs a matching recv."
+        )
+        others = [r for r in self.unfinished if r not in stuck]
+        if others:
+            text += "\nThe other ranks:" + "".join(f"\n  rank {r}: {calls[r]}" for r in others)
+        TimeoutError.__init__(self, text)
 
 
 class Results(list):
-    """What each rank returned, in rank order, plus the merged `trace` and each rank's printed `stdout`."""
+    """What each rank returned, in rank order, plus the merged `trace` and each rank's printed `stdout`.
 
-    def __init__(self, values: list, trace: Trace, stdout: list[str], seconds: float):
+    `seed`: the launch's seed (rank r's generators were seeded with seed + r; None when not launched)."""
+
+    def __init__(self, values: list, trace: Trace, stdout: list[str], seconds: float, seed: int | None = None):
         super().__init__(values)
-        self.trace, self.stdout, self.seconds = trace, stdout, seconds
+        self.trace, self.stdout, self.seconds, self.seed = trace, stdout, seconds, seed
 
 
 # ---------------------------------------------------------------------------------------------- the rank server
 
 
 class _RankServer:
-    """Handle on the rank-server process (one per parent process, started at the first launch)."""
+    """Handle on the rank-server process (one per parent process).
 
-    def __init__(self):
-        from multiprocessing.connection import Connection
+    Only two threads of this process touch the socket: one sends what `outbox` holds, one reads every message
+    into `inbox`. The launching thread only puts and gets whole messages, so a KeyboardInterrupt, which Python
+    raises in the main thread only, can never leave half a message in the socket."""
 
+    def __init__(self, warm: bool = False):
+        self.warm = warm  # started by warm_up(): an interrupted launch leaves it running
         ours, theirs = socket.socketpair()
         script = Path(__file__).with_name("_rankserver.py")
         self.process = subprocess.Popen(
@@ -89,45 +157,151 @@ class _RankServer:
             stdin=subprocess.DEVNULL,
         )
         theirs.close()
-        self.conn = Connection(ours.detach())
-        # Wait until the server has imported torch, so that this start-up is not counted in a launch's timeout.
-        if not self.conn.poll(SERVER_START_TIMEOUT):
-            self.close()
-            raise RuntimeError(f"the parlab rank server did not start within {SERVER_START_TIMEOUT} s")
-        pickle.loads(self.conn.recv_bytes())  # {"ready": pid}
+        self.started = time.monotonic()
+        self.socket = ours
+        self.conn = Connection(os.dup(ours.fileno()))
+        self.ready = threading.Event()  # set when the server has imported torch, or has died
+        self.tmp = tempfile.gettempdir()
+        self.dead = False
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()  # SimpleQueue: put and get are atomic under Ctrl-C
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads = [
+            threading.Thread(target=self._write, name="parlab-server-writer", daemon=True),
+            threading.Thread(target=self._read, name="parlab-server-reader", daemon=True),
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _write(self) -> None:
+        while (data := self.outbox.get()) is not None:
+            try:
+                self.conn.send_bytes(data)
+            except OSError:  # the server is gone; the reader sees it too
+                return
+
+    def _read(self) -> None:
+        try:
+            while True:
+                message = pickle.loads(self.conn.recv_bytes())
+                if "ready" in message:
+                    self.tmp = message["tmp"]  # where its rendezvous files go (the server's TMPDIR)
+                    self.ready.set()
+                else:
+                    self.inbox.put(message)
+        except (EOFError, OSError, pickle.UnpicklingError):
+            pass
+        finally:
+            self.dead = True
+            self.ready.set()
+            self.inbox.put(None)  # wakes a launch waiting for a message
+
+    def send(self, message: dict) -> None:
+        self.outbox.put(pickle.dumps(message))
+
+    def next_message(self, job_id: int, timeout: float) -> dict | None:
+        """The next message about job `job_id` within `timeout` seconds (None if none came, or the server died)."""
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                message = self.inbox.get(timeout=remaining)
+            except queue.Empty:
+                return None
+            if message is None:  # the server died
+                self.inbox.put(None)  # for the next caller too
+                return None
+            if message.get("job_id") == job_id:
+                return message
+            # else: left over from an interrupted launch
+        return None
+
+    def wait_ready(self) -> None:
+        """Wait until the server has imported torch (this start-up is not counted in a launch's timeout)."""
+        while not self.ready.wait(0.25):
+            if time.monotonic() - self.started > SERVER_START_TIMEOUT:
+                raise RuntimeError(f"the parlab rank server did not start within {SERVER_START_TIMEOUT:g} s")
+        if self.dead:
+            raise RuntimeError(f"the parlab rank server exited at start-up (exit code {self.process.wait()})")
+
+    def cancel(self, job_id: int) -> dict | None:
+        """Stop the job's ranks and return its report (None if it was not running). A server that does not
+        answer within CANCEL_WAIT seconds is stuck: it is shut down (a new one starts at the next launch)."""
+        self.send({"cancel": job_id})
+        deadline = time.monotonic() + CANCEL_WAIT
+        while (remaining := deadline - time.monotonic()) > 0:
+            message = self.next_message(job_id, remaining)
+            if message is None:
+                break
+            if "report" in message:
+                return message["report"]
+        _retire(self)
+        return None
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        return not self.dead and self.process.poll() is None
 
     def close(self) -> None:
-        self.conn.close()  # the server sees EOF and exits; its ranks die with it
+        try:
+            self.socket.shutdown(socket.SHUT_RDWR)  # the server reads EOF and exits; its ranks die with it
+        except OSError:
+            pass
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        self.outbox.put(None)
+        for thread in self.threads:
+            thread.join(timeout=5)
+        self.conn.close()
+        self.socket.close()
+        # A killed server cannot remove its rendezvous files itself.
+        for path in glob.glob(os.path.join(self.tmp, f"{RENDEZVOUS_PREFIX}{self.process.pid}-*")):
+            try:
+                os.remove(path)
+            except OSError:
+                pass
 
 
 _server: _RankServer | None = None
+_server_lock = threading.Lock()  # guards _server
 _lock = threading.Lock()  # one launch at a time per parent process
-_job_ids = itertools.count()  # a report names its job: one left over from an interrupted launch is ignored
+_job_ids = itertools.count()  # a message names its job: one left over from an interrupted launch is ignored
 
 
-def _get_server() -> _RankServer:
+def _get_server(warm: bool = False) -> _RankServer:
+    """The running rank server, started now if there is none (this returns at once: it may not be ready yet)."""
     global _server
-    if _server is None or not _server.alive():
-        if _server is not None:
-            _server.close()
-        _server = _RankServer()
-    return _server
+    with _server_lock:
+        if _server is None or not _server.alive():
+            if _server is not None:
+                _server.close()
+            _server = _RankServer(warm=warm)
+        return _server
+
+
+def warm_up(wait: bool = False) -> None:
+    """Start the rank server in the background now, so that the first launch does not wait for it.
+
+    parlab calls this at import in a Jupyter kernel, or anywhere when PARLAB_WARM=1. `wait`: block until the
+    server is ready. It returns at once if a server is already running."""
+    server = _get_server(warm=True)
+    if wait:
+        server.wait_ready()
 
 
 def shutdown() -> None:
     """Stop the rank server (it restarts at the next launch). Called automatically at exit."""
-    global _server
     if _server is not None:
-        _server.close()
-        _server = None
+        _retire(_server)
+
+
+def _retire(server: _RankServer) -> None:
+    """Stop this server and forget it (a dead or stuck one, or at shutdown)."""
+    global _server
+    with _server_lock:
+        if _server is server:
+            _server = None
+    server.close()
 
 
 atexit.register(shutdown)
@@ -135,7 +309,8 @@ atexit.register(shutdown)
 
 def rank_server_pid() -> int | None:
     """The rank server's process id (tests use it to check that no rank outlives its launch)."""
-    return _server.process.pid if _server is not None and _server.alive() else None
+    server = _server
+    return server.process.pid if server is not None and server.alive() else None
 
 
 # --------------------------------------------------------------------------------------------------- launching
@@ -208,14 +383,30 @@ def launch(
     collective work, and `parlab.comm` records what the rank communicates.
 
     backend: "gloo" (CPU) or "nccl" (one GPU per rank); default: NCCL when there are enough GPUs, else gloo.
-    timeout: seconds before unfinished ranks are stopped and `LaunchTimeout` names them.
+    timeout: seconds before unfinished ranks are stopped and `LaunchTimeout` names them and what they were doing.
     threads: torch threads per rank (default: the CPU cores shared out among the ranks, at least 1).
     echo: print what the ranks printed, grouped by rank in rank order, once they are done.
 
-    Raises `RankError` (the failing rank and its traceback) if any rank raises; the other ranks are stopped.
+    What each rank gets from this process at every launch: `fn` and its arguments (by value, cloudpickle), all
+    environment variables as they are now (`os.environ`; those read only when torch is imported, such as
+    OMP_NUM_THREADS, take effect when the rank server starts), torch's default dtype, `sys.path` and the current
+    folder. What comes back: each returned value, by value (cloudpickle: classes defined in a notebook cell work;
+    tensors come back on the CPU).
+
+    Random numbers: rank r's Python `random`, NumPy and torch generators are seeded with `seed + r`, where `seed`
+    is drawn afresh for each launch (it is `results.seed`): ranks draw different numbers, and so do launches.
+    For numbers that repeat, seed inside `fn` (e.g. `torch.manual_seed(dist.get_rank())`) or use a
+    `torch.Generator`.
+
+    Raises `RankError` (the failing rank and its traceback) if any rank raises, or returns a value that cannot
+    be sent back (the error names the part of the value at fault); the other ranks are stopped.
+    Raises `CollectiveMismatch` (a `LaunchTimeout`) when ranks wait `MISMATCH_SECONDS` in traced calls that can
+    never match each other, naming each rank's call; `LaunchTimeout` at the timeout otherwise.
+    Ctrl-C stops the ranks; the next launch works as usual.
     """
     backend = check_launch_args(fn, world_size, backend, timeout)
     threads = threads or max(1, available_cpus() // world_size)
+    seed = int.from_bytes(os.urandom(4), "little")
     job = {
         "id": next(_job_ids),
         "fn": cloudpickle.dumps((fn, args, kwargs)),
@@ -224,74 +415,398 @@ def launch(
         "threads": threads,
         "sys_path": list(sys.path),
         "cwd": os.getcwd(),
-        "env": {k: v for k, v in os.environ.items() if k.startswith(("PARLAB_", "PYTHON", "OMP_", "TORCH_"))},
+        "env": dict(os.environ),
+        "default_dtype": torch.get_default_dtype(),
+        "seed": seed,
+        "slot_bytes": SLOT_BYTES,
     }
+    request = pickle.dumps({"job": job})
     with _lock:
         server = _get_server()
+        try:
+            server.wait_ready()
+        except KeyboardInterrupt:
+            if not server.warm:  # a launch interrupted while its server starts leaves no server behind
+                _retire(server)
+            raise
+        except RuntimeError:
+            _retire(server)
+            raise
         started = time.perf_counter()
-        server.conn.send_bytes(pickle.dumps({"job": job}))
-        report = _wait_for_report(server, job["id"], timeout, world_size)
+        server.outbox.put(request)
+        del request
+        report, stopped, calls = _wait_for_report(server, job["id"], timeout, world_size)
         seconds = time.perf_counter() - started
-    return _results_from(report, world_size, timeout, seconds, echo)
+    return _results_from(report, stopped, calls, world_size, timeout, seconds, echo, seed)
 
 
-def _wait_for_report(server: _RankServer, job_id: int, timeout: float, world_size: int) -> dict:
-    """Wait for the server's report, showing the ranks' progress; on timeout or Ctrl-C stop the ranks first."""
-    progress = _ProgressLine(world_size)
-    deadline = time.perf_counter() + timeout
+def _wait_for_report(server: _RankServer, job_id: int, timeout: float, world_size: int):
+    """Wait for the job's report, showing progress and watching for hangs; on a timeout, a mismatch or Ctrl-C,
+    stop the ranks first. Returns (report, why the ranks were stopped: None, "timeout" or a CollectiveMismatch,
+    each rank's last known state in words)."""
+    progress, watch = _ProgressLine(world_size), _HangWatch(world_size)
+    deadline = time.monotonic() + timeout
     try:
-        while (remaining := deadline - time.perf_counter()) > 0:
-            if server.conn.poll(min(remaining, 0.5)):
-                message = pickle.loads(server.conn.recv_bytes())
-                if message.get("job_id") != job_id:
-                    continue  # left over from an interrupted launch
-                if "progress" not in message:
+        stopped: str | CollectiveMismatch = "timeout"
+        while (remaining := deadline - time.monotonic()) > 0:
+            message = server.next_message(job_id, min(remaining, 0.25))
+            if message is None and not server.alive():
+                _retire(server)
+                raise RuntimeError("the parlab rank server died; it will restart at the next launch")
+            if message is not None:
+                if "report" in message:
                     progress.close()
-                    return message
-                progress.update(message["progress"])
+                    return message["report"], None, watch.describe()
+                if "progress" in message:
+                    progress.update(message["progress"])
+                elif "calls" in message:
+                    watch.update(message["calls"])
+            mismatch = watch.mismatch()
+            if mismatch is not None:
+                stopped = mismatch
+                break
             progress.show()
         progress.close()
-        server.conn.send_bytes(pickle.dumps("cancel"))
-        report = _next_report(server, job_id)
-        report["timed_out"] = True
-        return report
+        calls = watch.describe()
+        return server.cancel(job_id), stopped, calls
     except KeyboardInterrupt:
         progress.close()
-        server.conn.send_bytes(pickle.dumps("cancel"))
-        _next_report(server, job_id)  # the ranks are gone once the report arrives
+        server.cancel(job_id)  # the ranks are gone once it returns (a second Ctrl-C leaves at once; they still go)
         raise
-    except (EOFError, OSError) as exc:
-        shutdown()
-        raise RuntimeError("the parlab rank server died; it will restart at the next launch") from exc
 
 
-def _next_report(server: _RankServer, job_id: int) -> dict:
-    """The report of job `job_id`, skipping progress messages still in the pipe."""
-    while True:
-        message = pickle.loads(server.conn.recv_bytes())
-        if message.get("job_id") == job_id and "progress" not in message:
-            return message
-
-
-def _results_from(report: dict, world_size: int, timeout: float, seconds: float, echo: bool) -> Results:
+def _results_from(report, stopped, calls, world_size, timeout, seconds, echo, seed) -> Results:
+    if report is None:  # the server did not answer and was replaced: nothing is known of the ranks
+        report = {"messages": {}, "first_failure": None, "exit_codes": {}}
     messages = report["messages"]
     stdout = [messages.get(r, {}).get("stdout", "") for r in range(world_size)]
-    if report.get("timed_out") and report["first_failure"] is None:
-        unfinished = [r for r in range(world_size) if not messages.get(r, {}).get("ok")]
-        raise LaunchTimeout(timeout, unfinished, world_size)
     failed = report["first_failure"]
+    if stopped is not None and failed is None:
+        if isinstance(stopped, CollectiveMismatch):
+            raise stopped
+        unfinished = [r for r in range(world_size) if not messages.get(r, {}).get("ok")]
+        raise LaunchTimeout(timeout, unfinished, world_size, calls)
     if failed is not None:
         message = messages.get(failed)
         if message is None:  # the process died without a word (killed, segfault, os._exit)
             code = report["exit_codes"].get(failed)
             raise RankError(failed, f"the process exited with code {code} before returning a result")
-        raise RankError(failed, message["traceback"], message.get("stdout", ""))
+        raise RankError(failed, message["traceback"], message.get("stdout", ""), message.get("reason", ""))
+    values, events = [], []
+    for rank in range(world_size):
+        try:
+            value, rank_events = pickle.loads(messages[rank]["payload"])
+        except Exception:
+            reason = f"The value rank {rank} returned could not be rebuilt in this process."
+            raise RankError(rank, traceback.format_exc(), stdout[rank], reason) from None
+        values.append(value)
+        events += rank_events
     if echo:
         for rank, text in enumerate(stdout):
             for line in text.splitlines():
                 print(f"[rank {rank}] {line}")
-    trace = Trace([event for r in range(world_size) for event in messages[r]["events"]], world_size)
-    return Results([messages[r]["value"] for r in range(world_size)], trace, stdout, seconds)
+    return Results(values, Trace(events, world_size), stdout, seconds, seed)
+
+
+# ---------------------------------------------------------------------------------------------- hang diagnosis
+#
+# Each rank publishes its state (see _CallBoard below) as a dict:
+#     {"call": the traced call it waits in, or None while it computes,
+#      "pending": its asynchronous calls not yet waited for, "done": True once it has returned}
+# where a call is {"i": its index among the rank's traced calls (1-based), "kind", "bytes", "peer", "group",
+# "label", "since": time.monotonic() when the rank entered it}.
+
+P2P = ("send", "recv")
+
+
+def _members(call: dict, world_size: int) -> tuple[int, ...]:
+    return tuple(call["group"]) if call["group"] is not None else tuple(range(world_size))
+
+
+def _matches(rank: int, call: dict, other_rank: int, other: dict, world_size: int) -> bool:
+    """Could `call` on `rank` and `other` on `other_rank` be two halves of one operation?"""
+    if call["kind"] in P2P or other["kind"] in P2P:
+        if {call["kind"], other["kind"]} != set(P2P):
+            return False
+        (src, send), (dst, recv) = ((rank, call), (other_rank, other))[:: 1 if call["kind"] == "send" else -1]
+        return send["peer"] == dst and recv["peer"] in (src, None) and send["bytes"] == recv["bytes"]
+    if (call["kind"], call["peer"]) != (other["kind"], other["peer"]):  # peer: broadcast's src, reduce's dst
+        return False
+    if _members(call, world_size) != _members(other, world_size):
+        return False
+    return call["kind"] == "all_to_all" or call["bytes"] == other["bytes"]  # all_to_all chunks may be uneven
+
+
+def _partners(rank: int, call: dict, world_size: int) -> list[int]:
+    """The ranks that `call` on `rank` waits for."""
+    if call["kind"] in P2P:
+        return [] if call["peer"] is None else [call["peer"]]  # recv from any rank: cannot tell
+    return [r for r in _members(call, world_size) if r != rank and 0 <= r < world_size]
+
+
+def _stuck_ranks(states: list[dict | None], world_size: int) -> list[int]:
+    """The ranks waiting in calls that can never complete, from each rank's published state.
+
+    A rank's call may complete if every rank it waits for is computing (it may still come), or waits in (or has
+    pending) a matching call, or waits in another call that may itself complete. Start with every waiting rank
+    and drop those whose call may complete until nothing changes: the ranks left wait for each other, or for
+    ranks that have returned, in calls that do not match: a deadlock.
+    """
+    stuck = {r for r, state in enumerate(states) if state and state.get("call")}
+    changed = True
+    while changed:
+        changed = False
+        for rank in sorted(stuck):
+            call = states[rank]["call"]
+            if all(_may_serve(p, states[p], rank, call, stuck, world_size) for p in _partners(rank, call, world_size)):
+                stuck.discard(rank)
+                changed = True
+    return sorted(stuck)
+
+
+def _may_serve(partner: int, state: dict | None, rank: int, call: dict, stuck: set, world_size: int) -> bool:
+    if state is None or not state.get("done") and state.get("call") is None:
+        return True  # computing: it may still make the matching call
+    if state.get("done"):
+        return False
+    offers = [state["call"], *state.get("pending", [])]
+    if any(_matches(rank, call, partner, other, world_size) for other in offers):
+        return True
+    return partner not in stuck  # in another call that may complete, after which it may come
+
+
+def _describe_call(call: dict, world_size: int) -> str:
+    """ "all_reduce #3 (4 bytes, world)", "send #2 (12 bytes to rank 1)", "broadcast #1 (8 bytes, src=1, world)"."""
+    kind, parts = call["kind"], []
+    if kind == "send":
+        parts.append(f"{call['bytes']} bytes to rank {call['peer']}")
+    elif kind == "recv":
+        parts.append(f"{call['bytes']} bytes from " + ("any rank" if call["peer"] is None else f"rank {call['peer']}"))
+    else:
+        if kind != "barrier":
+            parts.append(f"{call['bytes']} bytes")
+        if kind in ("broadcast", "reduce"):
+            parts.append(f"{'src' if kind == 'broadcast' else 'dst'}={call['peer']}")
+        members = _members(call, world_size)
+        parts.append("world" if members == tuple(range(world_size)) else f"group {list(members)}")
+    if call.get("label"):
+        parts.append(repr(call["label"]))
+    return f"{kind} #{call['i']} ({', '.join(parts)})"
+
+
+class _HangWatch:
+    """The parent's view of each rank's published state, and the diagnosis of calls that can never match."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self.states: list[dict | None] = [None] * world_size
+
+    def update(self, raw: list[bytes | None]) -> None:
+        for rank, data in enumerate(raw):
+            if data:  # b"": nothing published yet; None: being written, keep the last state
+                try:
+                    self.states[rank] = json.loads(data)
+                except ValueError:
+                    pass
+
+    def mismatch(self) -> CollectiveMismatch | None:
+        """The error to raise if some ranks have waited MISMATCH_SECONDS in calls that can never match."""
+        stuck = _stuck_ranks(self.states, self.world_size)
+        if not stuck:
+            return None
+        entered = max(self.states[r]["call"]["since"] for r in stuck)
+        waited = time.monotonic() - entered
+        if waited < MISMATCH_SECONDS:
+            return None
+        kinds = {self.states[r]["call"]["kind"] for r in stuck}
+        what = "send/recv mismatch" if kinds <= set(P2P) else "collective mismatch"
+        calls = self.describe(with_time=False)
+        return CollectiveMismatch(what, stuck, waited, entered, calls)
+
+    def describe(self, with_time: bool = True) -> dict[int, str]:
+        """Each rank's state in words: "in all_reduce #3 (8 bytes, world) for 1.9 s", "returned", ..."""
+        now, words = time.monotonic(), {}
+        for rank, state in enumerate(self.states):
+            if state is None:
+                words[rank] = "computing (no traced call yet)"
+            elif state.get("done"):
+                words[rank] = "returned"
+            elif state.get("call") is None:
+                words[rank] = "computing (not in a traced call)"
+            else:
+                call = state["call"]
+                words[rank] = "in " + _describe_call(call, self.world_size)
+                if with_time:
+                    words[rank] += f" for {now - call['since']:.1f} s"
+        return words
+
+
+# --------------------------------------------------------------------------------------------- in each rank
+
+
+class _CallBoard:
+    """Rank side of the hang diagnosis: publishes the traced call this rank is in, and its pending asynchronous
+    calls, in its slot of memory shared with the rank server (which passes it on to the parent).
+
+    Slot layout: 8-byte sequence number (odd while it is being written), 4-byte length, JSON text."""
+
+    MAX_PENDING = 32  # asynchronous calls never waited for are forgotten beyond this
+
+    def __init__(self, slot: memoryview):
+        self.slot, self.seq, self.call, self.pending = slot, 0, None, {}
+
+    def hook(self, event, index: int, entering: bool) -> None:
+        """comm.call_hook: the rank enters (or waits for) traced call #index, or leaves it."""
+        if entering:
+            self.call = self._as_dict(event, index)
+        else:
+            self.call = None
+            if event.end is None:  # an asynchronous call: in flight until someone waits for it
+                self.pending[index] = self._as_dict(event, index)
+                if len(self.pending) > self.MAX_PENDING:
+                    self.pending.pop(next(iter(self.pending)))
+            else:
+                self.pending.pop(index, None)
+        self.publish()
+
+    @staticmethod
+    def _as_dict(event, index: int) -> dict:
+        group = None if event.group is None else list(event.group)
+        return {
+            "i": index,
+            "kind": event.kind,
+            "bytes": event.bytes,
+            "peer": event.peer,
+            "group": group,
+            "label": event.label,
+            "since": time.monotonic(),
+        }
+
+    def publish(self, done: bool = False) -> None:
+        state = {"call": self.call, "pending": list(self.pending.values()), "done": done}
+        data = json.dumps(state).encode()
+        if len(data) > len(self.slot) - 12:  # too many pending calls to tell: the current one matters most
+            data = json.dumps({**state, "pending": []}).encode()[: len(self.slot) - 12]
+        self.seq += 1  # odd: the server skips the slot while it is being written
+        self.slot[0:8] = self.seq.to_bytes(8, "little")
+        self.slot[8:12] = len(data).to_bytes(4, "little")
+        self.slot[12 : 12 + len(data)] = data
+        self.seq += 1
+        self.slot[0:8] = self.seq.to_bytes(8, "little")
+
+
+def _seed_generators(seed: int) -> None:
+    """Seed this rank's Python, NumPy and torch generators (forked ranks would otherwise all draw the same)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    numpy = sys.modules.get("numpy")  # torch has imported it where it is installed
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)
+
+
+def _to_cpu(value):
+    """Tensors go back to the parent on the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_to_cpu(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
+
+
+class _Unsendable(Exception):
+    """The value a rank returned cannot be pickled."""
+
+
+def _pack_result(rank: int, value: Any, events: list) -> bytes:
+    """What the rank returned and its trace, pickled by cloudpickle (as the function came)."""
+    value = _to_cpu(value)
+    try:
+        return cloudpickle.dumps((value, events))
+    except Exception as exc:
+        path, part, error = _unsendable_part(value) or ("result", value, exc)
+        kind = type(part).__qualname__
+        if type(part).__module__ != "builtins":
+            kind = type(part).__module__ + "." + kind
+        raise _Unsendable(
+            f"The value rank {rank} returned cannot be sent back to the parent: {path} is a {kind}, which cannot "
+            f"be pickled ({type(error).__name__}: {error}). Return data: tensors, numbers, strings, containers "
+            "of them, dataclasses."
+        ) from exc
+
+
+def _unsendable_part(value: Any, path: str = "result", depth: int = 0) -> tuple[str, Any, Exception] | None:
+    """(path, part, error) for the innermost part of `value` that cannot be pickled, e.g. "result['lock']"."""
+    try:
+        cloudpickle.dumps(value)
+        return None
+    except Exception as exc:
+        error = exc
+    if depth < 12:
+        for sub_path, part in _parts(value, path):
+            found = _unsendable_part(part, sub_path, depth + 1)
+            if found is not None:
+                return found
+    return path, value, error
+
+
+def _parts(value: Any, path: str) -> list[tuple[str, Any]]:
+    """The named parts of a container, a dataclass or an object, to look for the one that cannot be pickled."""
+    if isinstance(value, dict):
+        return [(f"{path}[{key!r}]", part) for key, part in value.items()]
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return [(f"{path}.{name}", getattr(value, name)) for name in value._fields]
+    if isinstance(value, (list, tuple)):
+        return [(f"{path}[{i}]", part) for i, part in enumerate(value)]
+    if isinstance(value, (set, frozenset)):
+        return [(f"an element of {path}", part) for part in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [(f"{path}.{field.name}", getattr(value, field.name)) for field in dataclasses.fields(value)]
+    if not isinstance(value, type) and isinstance(getattr(value, "__dict__", None), dict):
+        return [(f"{path}.{name}", part) for name, part in vars(value).items()]
+    return []
+
+
+def _rank_main(job: dict, rank: int, out: Connection, slot: memoryview, captured) -> None:
+    """One rank, in the process the rank server forked for it: run fn, send back what it returned.
+
+    (It lives here rather than in _rankserver.py so that each rank runs the parlab code on disk.)"""
+    global _progress_channel
+    _progress_channel = out  # parlab.progress() in rank code reports through the same pipe
+    board = _CallBoard(slot)
+    comm.call_hook = board.hook
+    _seed_generators(job["seed"] + rank)
+    torch.set_default_dtype(job["default_dtype"])
+    try:
+        fn, args, kwargs = pickle.loads(job["fn"])
+        if job["backend"] == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(
+            job["backend"],
+            init_method=f"file://{job['rendezvous']}",
+            rank=rank,
+            world_size=job["world_size"],
+        )
+        out.send_bytes(pickle.dumps({"progress": {"rank": rank, "started": True}}))
+        comm.reset_trace()
+        value = fn(*args, **kwargs)
+        message = {"rank": rank, "ok": True, "payload": _pack_result(rank, value, comm.trace_events())}
+    except _Unsendable as exc:  # the pickling error is the whole story: no traceback into parlab's code
+        error = "".join(traceback.format_exception_only(exc.__cause__)) if exc.__cause__ else ""
+        message = {"rank": rank, "ok": False, "reason": str(exc), "traceback": error}
+    except BaseException:
+        message = {"rank": rank, "ok": False, "traceback": traceback.format_exc()}
+    message["stdout"] = captured.getvalue()
+    board.publish(done=True)
+    out.send_bytes(pickle.dumps(message))
+    if message["ok"] and dist.is_initialized():
+        # Leave together: a rank that tore down early could break a peer's last collective.
+        dist.barrier()
+        dist.destroy_process_group()
+    out.close()
 
 
 # ------------------------------------------------------------------------------------------------- progress
@@ -409,3 +924,25 @@ def device() -> torch.device:
     if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+# ------------------------------------------------------------------------------------- warm from the start
+
+
+def _warm_at_import() -> bool:
+    """Whether importing parlab starts the rank server: in a Jupyter kernel, or wherever PARLAB_WARM=1.
+
+    Never in a rank itself, nor under torchrun; PARLAB_WARM=0 turns it off in a kernel too."""
+    if "PARLAB_LAUNCHED" in os.environ or under_torchrun():
+        return False
+    setting = os.environ.get("PARLAB_WARM", "").strip()
+    if setting in ("0", "1"):
+        return setting == "1"
+    return _in_notebook()
+
+
+if _warm_at_import():
+    try:
+        warm_up()  # returns at once: the server imports torch in its own process while the kernel goes on
+    except OSError:  # never let warming up break an import: the first launch will say what is wrong
+        pass

@@ -1,0 +1,576 @@
+"""parlab.launch when things go wrong (issue 16): interrupts at any point, values that cannot come back, hangs
+named in seconds, random numbers, what rank code leaves behind, and what follows the parent.
+
+Every test here ends with no rank process, no file descriptor and no rendezvous file left over (`clean` fixture).
+The rank server of this module writes its rendezvous files in a private TMPDIR, so that other test runs on the
+same machine cannot disturb the count.
+"""
+
+import dataclasses
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+import parlab
+from parlab import comm
+from parlab.launch import CollectiveMismatch, LaunchTimeout, RankError, rank_server_pid
+
+launch_module = sys.modules["parlab.launch"]  # (parlab.launch, the attribute, is the function)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _children_of(pid: int) -> list[int]:
+    """Live (non-zombie) processes whose parent is `pid`, from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_until(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.fixture(scope="module")
+def private_tmp(tmp_path_factory):
+    """A rank server whose temp folder (rendezvous files) is private to this module."""
+    folder = str(tmp_path_factory.mktemp("rendezvous"))
+    old = os.environ.get("TMPDIR")
+    launch_module.shutdown()
+    os.environ["TMPDIR"] = folder  # read by the server when it starts
+    launch_module.warm_up(wait=True)
+    yield folder
+    launch_module.shutdown()
+    if old is None:
+        del os.environ["TMPDIR"]
+    else:
+        os.environ["TMPDIR"] = old
+
+
+@pytest.fixture
+def clean(private_tmp):
+    """Assert that the test leaves no rank process, no extra file descriptor and no rendezvous file behind."""
+    launch_module.warm_up(wait=True)
+    fds = len(os.listdir("/proc/self/fd"))
+    yield private_tmp
+    server = rank_server_pid()
+    assert server is None or _wait_until(lambda: _children_of(server) == []), "a rank outlived its launch"
+    assert set(_children_of(os.getpid())) <= {server}, "a process other than the rank server was left"
+    assert len(os.listdir("/proc/self/fd")) <= fds, "file descriptors leaked"
+    assert _rendezvous_files(private_tmp) == [], "rendezvous files were left"
+
+
+def _rendezvous_files(folder: str) -> list[str]:
+    return [name for name in os.listdir(folder) if name.startswith("parlab-rendezvous-")]
+
+
+def _interrupt_after(seconds: float) -> threading.Timer:
+    """A timer that sends this process SIGINT (Ctrl-C) after `seconds`; call .start() inside the try."""
+    return threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
+
+
+def _absorb_interrupt(timer: threading.Timer) -> None:
+    """Wait until the timer's SIGINT has been delivered, swallowing it if it comes now."""
+    try:
+        timer.join()
+        time.sleep(0.1)
+    except KeyboardInterrupt:
+        pass
+
+
+# -------------------------------------------------------------------------------------------------- interrupts
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.15, 0.3, 0.6, 1.0, 1.6, 2.2])
+def test_an_interrupt_at_any_point_never_wedges_the_next_launch(clean, delay):
+    """Ctrl-C while a 64 MB closure goes out, while the ranks run, while a 64 MB result comes back."""
+    big = torch.ones(16 * 2**20)  # 64 MB captured by the function: it travels with the job
+
+    def fn():
+        time.sleep(1.0)
+        return big * dist.get_rank()  # 64 MB back from each rank
+
+    timer = _interrupt_after(delay)
+    try:
+        timer.start()
+        parlab.launch(fn, 2, timeout=60)
+    except KeyboardInterrupt:
+        pass
+    _absorb_interrupt(timer)
+    started = time.perf_counter()
+    assert parlab.launch(lambda: dist.get_rank(), 2, timeout=5) == [0, 1]
+    assert time.perf_counter() - started < 5
+
+
+def test_two_interrupts_in_a_row_while_the_ranks_are_stopped(clean):
+    def fn():
+        time.sleep(30)
+
+    timers = [_interrupt_after(0.8), _interrupt_after(0.85)]
+    for timer in timers:
+        timer.start()
+    for _ in timers:
+        try:
+            parlab.launch(fn, 2, timeout=60)
+        except KeyboardInterrupt:
+            pass
+    for timer in timers:
+        _absorb_interrupt(timer)
+    started = time.perf_counter()
+    assert parlab.launch(lambda: dist.get_rank(), 2, timeout=5) == [0, 1]
+    assert time.perf_counter() - started < 5
+
+
+def _run_script(*parts: str, timeout: float = 120, **env) -> dict:
+    """Run the code in a fresh interpreter (its own parlab, its own rank server); return the JSON it prints last."""
+    script = "\n".join(textwrap.dedent(part) for part in parts)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **env},
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+CHILDREN = """
+def children():
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+"""
+
+
+def test_an_interrupted_first_launch_leaves_no_server_behind():
+    out = _run_script(
+        """
+        import json, os, signal, threading, time
+        import parlab
+        from parlab.launch import rank_server_pid
+        """,
+        CHILDREN,
+        """
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()  # the server is still starting
+        try:
+            parlab.launch(lambda: 1, 2)
+            interrupted = False
+        except KeyboardInterrupt:
+            interrupted = True
+        left = {"server": rank_server_pid(), "children": children()}
+        started = time.perf_counter()
+        again = parlab.launch(lambda: 2, 2, timeout=5)  # starts one new server (not counted in the timeout)
+        print(json.dumps({"interrupted": interrupted, **left, "again": list(again), "children_after": children()}))
+        """,
+    )
+    assert out["interrupted"]
+    assert out["server"] is None and out["children"] == []
+    assert out["again"] == [2, 2] and len(out["children_after"]) == 1  # exactly one server, the new one
+
+
+# ---------------------------------------------------------------------------------------------- return values
+
+
+def test_values_of_classes_defined_in_main_come_back():
+    out = _run_script(
+        """
+        import collections, dataclasses, json
+        import torch, parlab
+
+        @dataclasses.dataclass
+        class Out:
+            rank: int
+            t: torch.Tensor
+
+        Pair = collections.namedtuple("Pair", "a b")
+
+        class Tiny(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(2, 1)
+
+        def fn():
+            import torch.distributed as dist
+            r = dist.get_rank()
+            return Out(r, torch.full((2,), float(r))), Pair(r, -r), Tiny()
+
+        results = parlab.launch(fn, 2)
+        out, pair, tiny = results[1]
+        print(json.dumps({
+            "out": [type(out).__name__, out.rank, out.t.tolist()],
+            "pair": [type(pair).__name__, pair.a, pair.b],
+            "tiny": type(tiny).__name__ + str(isinstance(tiny, torch.nn.Module)),
+        }))
+        """
+    )
+    assert out == {"out": ["Out", 1, [1.0, 1.0]], "pair": ["Pair", 1, -1], "tiny": "TinyTrue"}
+
+
+def test_a_value_that_cannot_be_sent_names_the_rank_and_the_part(clean):
+    def fn():
+        if dist.get_rank() == 1:
+            return {"loss": 1.0, "lock": threading.Lock()}
+        return {"loss": 1.0}
+
+    with pytest.raises(RankError) as info:
+        parlab.launch(fn, 2)
+    assert info.value.rank == 1
+    assert "result['lock'] is a _thread.lock" in str(info.value)
+    assert "cannot be sent back" in str(info.value)
+
+
+def test_the_offending_part_is_found_inside_dataclasses_and_lists(clean):
+    @dataclasses.dataclass
+    class Report:
+        name: str
+        handles: list
+
+    def fn():
+        return Report("r", [1, (i for i in range(3))])
+
+    with pytest.raises(RankError, match=r"result\.handles\[1\] is a generator, which cannot be pickled"):
+        parlab.launch(fn, 2)
+
+
+# ------------------------------------------------------------------------------------------------------ hangs
+
+
+def _raise_time(fn, world_size: int, **kwargs) -> tuple[BaseException, float]:
+    """The error launch raised and when (time.monotonic())."""
+    try:
+        parlab.launch(fn, world_size, **kwargs)
+    except BaseException as error:  # noqa: BLE001 - the test looks at it
+        return error, time.monotonic()
+    raise AssertionError("launch returned")
+
+
+def test_all_reduce_against_broadcast_is_named_within_5_s(clean):
+    def fn():
+        comm.all_reduce(torch.ones(1))  # call #1 matches on both ranks
+        comm.all_reduce(torch.ones(1))
+        if dist.get_rank() == 0:
+            comm.all_reduce(torch.ones(1))  # 4 bytes
+        else:
+            comm.broadcast(torch.ones(1), src=1)
+
+    started = time.monotonic()
+    error, raised = _raise_time(fn, 2)  # the default timeout: 120 s
+    assert isinstance(error, CollectiveMismatch) and isinstance(error, LaunchTimeout)
+    assert str(error).startswith(
+        "collective mismatch: rank 0 is in all_reduce #3 (4 bytes, world), "
+        "rank 1 in broadcast #3 (4 bytes, src=1, world)"
+    )
+    assert error.stuck == [0, 1]
+    assert raised - error.entered <= 5.0  # reported within 5 s of both ranks entering
+    assert raised - started < 30
+
+
+def test_the_same_collective_with_different_sizes_is_a_mismatch(clean):
+    def fn():
+        comm.all_reduce(torch.ones(dist.get_rank() + 1))
+
+    error, raised = _raise_time(fn, 2)
+    assert isinstance(error, CollectiveMismatch), error
+    assert "rank 0 is in all_reduce #1 (4 bytes, world), rank 1 in all_reduce #1 (8 bytes, world)" in str(error)
+    assert raised - error.entered <= 5.0
+
+
+def test_the_same_collective_on_different_groups_is_a_mismatch(clean):
+    def fn():
+        pair = dist.new_group([0, 1])  # every rank creates every group
+        comm.all_reduce(torch.ones(1), group=pair if dist.get_rank() == 0 else None)
+
+    error, _ = _raise_time(fn, 3)
+    assert isinstance(error, CollectiveMismatch), error
+    assert "rank 0 is in all_reduce #1 (4 bytes, group [0, 1])" in str(error)
+    assert "rank 1 in all_reduce #1 (4 bytes, world)" in str(error)
+
+
+def test_a_send_without_its_recv_is_named(clean):
+    def fn():
+        if dist.get_rank() == 0:
+            comm.send(torch.ones(3), dst=1)
+
+    error, raised = _raise_time(fn, 2)
+    assert isinstance(error, CollectiveMismatch), error
+    assert str(error).startswith("send/recv mismatch: rank 0 is in send #1 (12 bytes to rank 1), rank 1 had returned")
+    assert raised - error.entered <= 5.0
+
+
+def test_a_slow_rank_is_not_a_mismatch(clean):
+    """Rank 0 waits 4 s in its all_reduce while rank 1 computes: slow, not stuck."""
+
+    def fn():
+        if dist.get_rank() == 1:
+            time.sleep(4)
+        t = torch.ones(1)
+        comm.all_reduce(t)
+        return t.item()
+
+    assert parlab.launch(fn, 2) == [2.0, 2.0]
+
+
+def test_a_slow_matching_collective_is_not_a_mismatch(clean):
+    """Both ranks in the same all_reduce for longer than the mismatch delay (a large payload on a busy machine
+    is played here by ranks that publish a long wait): the diagnosis leaves matching calls alone."""
+    states = [
+        {"call": {"i": 3, "kind": "all_reduce", "bytes": 4 << 30, "peer": None, "group": None, "since": 0.0}},
+        {"call": {"i": 3, "kind": "all_reduce", "bytes": 4 << 30, "peer": None, "group": None, "since": 0.0}},
+    ]
+    assert launch_module._stuck_ranks(states, 2) == []
+
+    def fn():  # and for real: a 64 MB all_reduce among 4 ranks on 2 cores
+        t = torch.ones(16 * 2**20)
+        for _ in range(3):
+            comm.all_reduce(t)
+        return t[0].item()
+
+    assert parlab.launch(fn, 4) == [64.0] * 4
+
+
+def test_pending_asynchronous_sends_are_not_a_mismatch(clean):
+    """Pipeline-like: isend to the next rank, then a blocking recv from it, with slow ranks in between."""
+
+    def fn():
+        rank, peer = dist.get_rank(), 1 - dist.get_rank()
+        work = comm.isend(torch.full((4,), float(rank)), dst=peer)
+        time.sleep(2.5 * rank)  # rank 1 is slow to post its recv
+        got = torch.empty(4)
+        comm.recv(got, src=peer)
+        work.wait()
+        return got[0].item()
+
+    assert parlab.launch(fn, 2) == [1.0, 0.0]
+
+
+def test_each_rank_publishes_its_calls_through_the_comm_hook(clean):
+    """comm.call_hook sees a call when a rank enters it and leaves it; an asynchronous call is still in flight
+    (event.end None) when the rank leaves the issuing call, and done when it leaves its wait()."""
+
+    def fn():
+        seen, publish = [], comm.call_hook
+
+        def record(event, index, entering):
+            seen.append((event.kind, index, entering, event.end is None))
+            publish(event, index, entering)
+
+        comm.call_hook = record
+        peer = 1 - dist.get_rank()
+        work = comm.isend(torch.ones(2), dst=peer)
+        comm.recv(torch.empty(2), src=peer)
+        work.wait()
+        return seen
+
+    seen = parlab.launch(fn, 2)[0]
+    assert seen == [
+        ("send", 1, True, True),
+        ("send", 1, False, True),  # issued, in flight
+        ("recv", 2, True, True),
+        ("recv", 2, False, False),
+        ("send", 1, True, True),  # waiting for it
+        ("send", 1, False, False),  # done
+    ]
+
+
+def test_the_call_board_forgets_asynchronous_calls_once_waited():
+    slot = memoryview(bytearray(launch_module.SLOT_BYTES))
+    board = launch_module._CallBoard(slot)
+
+    def state():
+        length = int.from_bytes(slot[8:12], "little")
+        return json.loads(bytes(slot[12 : 12 + length]))
+
+    event = parlab.Event(0, "send", 0.0, bytes=8, peer=1)
+    board.hook(event, 1, True)
+    assert state()["call"]["kind"] == "send" and state()["call"]["i"] == 1
+    board.hook(event, 1, False)
+    assert state()["call"] is None and [c["i"] for c in state()["pending"]] == [1]
+    board.hook(event, 1, True)
+    event.end = 1.0
+    board.hook(event, 1, False)
+    assert state() == {"call": None, "pending": [], "done": False}
+    board.publish(done=True)
+    assert state()["done"] and int.from_bytes(slot[0:8], "little") % 2 == 0
+
+
+def test_deadlock_analysis_cases():
+    def call(kind, nbytes=4, peer=None, group=None, i=1):
+        return {"i": i, "kind": kind, "bytes": nbytes, "peer": peer, "group": group, "label": "", "since": 0.0}
+
+    stuck = launch_module._stuck_ranks
+    computing, done = {"call": None}, {"done": True}
+    assert stuck([{"call": call("all_reduce")}, computing], 2) == []  # rank 1 may still come
+    assert stuck([{"call": call("all_reduce")}, done], 2) == [0]  # rank 1 never will
+    assert stuck([{"call": call("send", peer=1)}, {"call": call("recv", peer=0)}], 2) == []
+    assert stuck([{"call": call("send", peer=1)}, {"call": call("send", peer=0)}], 2) == [0, 1]
+    assert stuck([{"call": call("recv", peer=None)}, done], 2) == []  # recv from any rank: cannot tell
+    pending = {"call": call("recv", peer=0, i=2), "pending": [call("send", peer=0)]}
+    assert stuck([{"call": call("recv", peer=1, i=2)}, pending], 2) == []  # rank 1's isend serves rank 0's recv
+    # Ranks 0 and 1 match in a pair group while rank 2 waits on the world: the pair may finish and then come.
+    pair = {"call": call("all_reduce", group=[0, 1])}
+    assert stuck([pair, pair, {"call": call("all_reduce")}], 3) == []
+    # A chain: rank 2 waits for rank 1, which waits in a mismatch with rank 0.
+    chain = [{"call": call("all_reduce", group=[0, 1])}, {"call": call("broadcast", peer=1, group=[0, 1])}]
+    assert stuck([*chain, {"call": call("send", peer=1)}], 3) == [0, 1, 2]
+
+
+def test_a_plain_timeout_names_what_each_rank_was_doing(clean):
+    def fn():
+        if dist.get_rank() == 0:
+            time.sleep(30)  # computing, as far as anyone can tell
+        comm.all_reduce(torch.ones(2))
+
+    error, _ = _raise_time(fn, 2, timeout=4)
+    assert type(error) is LaunchTimeout
+    assert "ranks [0, 1] had not finished after 4 s" in str(error)
+    assert "rank 0: computing (not in a traced call)" in str(error) or "rank 0: computing (no traced call yet)" in str(
+        error
+    )
+    assert "rank 1: in all_reduce #1 (8 bytes, world) for" in str(error)
+
+
+# ----------------------------------------------------------------------------------------------- random numbers
+
+
+def _draws():
+    return random.random(), float(np.random.rand()), torch.rand(1).item()
+
+
+def test_ranks_and_launches_draw_different_numbers_unless_seeded(clean):
+    first, second = parlab.launch(_draws, 3), parlab.launch(_draws, 3)
+    for results in (first, second):
+        for generator in range(3):  # random, NumPy, torch: each differs across the ranks
+            assert len({draws[generator] for draws in results}) == 3
+    assert list(first) != list(second) and first.seed != second.seed
+
+    def seeded():
+        random.seed(dist.get_rank())
+        np.random.seed(dist.get_rank())
+        torch.manual_seed(dist.get_rank())
+        return _draws()
+
+    assert list(parlab.launch(seeded, 2)) == list(parlab.launch(seeded, 2))
+
+
+# --------------------------------------------------------------------------------- what rank code leaves behind
+
+
+def test_processes_started_by_rank_code_stop_with_the_rank(clean, tmp_path):
+    def fn(folder):
+        child = subprocess.Popen(["sleep", "300"])
+        with open(os.path.join(folder, f"{dist.get_rank()}.pid"), "w") as f:
+            f.write(str(child.pid))
+        if dist.get_rank() == 1:
+            time.sleep(300)  # rank 1 hangs: stopped at the timeout, with its child
+        return child.pid  # rank 0 returns and leaves its child running
+
+    with pytest.raises(LaunchTimeout):
+        parlab.launch(fn, 2, str(tmp_path), timeout=4)
+    pids = [int((tmp_path / f"{rank}.pid").read_text()) for rank in range(2)]
+    assert _wait_until(lambda: not any(_alive(pid) for pid in pids)), "a process started by a rank survived"
+
+    assert _wait_until(lambda: not _alive(parlab.launch(fn, 1, str(tmp_path))[0]))  # after a normal return too
+
+
+def test_a_killed_server_leaves_no_rendezvous_file(clean):
+    def fn():
+        time.sleep(30)
+
+    def kill_server():
+        time.sleep(1.5)
+        os.kill(rank_server_pid(), signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_server)
+    killer.start()
+    with pytest.raises(RuntimeError, match="rank server died"):
+        parlab.launch(fn, 2, timeout=60)
+    killer.join()
+    assert _rendezvous_files(clean) == []
+    assert parlab.launch(lambda: dist.get_rank(), 2) == [0, 1]  # a new server
+
+
+def test_a_new_server_removes_rendezvous_files_of_dead_servers(clean):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = os.path.join(clean, f"parlab-rendezvous-{dead.pid}-7")
+    open(stale, "w").close()
+    launch_module.shutdown()
+    launch_module.warm_up(wait=True)
+    assert not os.path.exists(stale)
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def test_the_server_keeps_no_report_once_sent(clean):
+    def fn():
+        return torch.ones(32 * 2**20)  # 128 MB from each rank
+
+    parlab.launch(lambda: 0, 2)
+    before = _rss_mb(rank_server_pid())
+    results = parlab.launch(fn, 2)
+    assert results[1].numel() == 32 * 2**20
+    assert _rss_mb(rank_server_pid()) - before < 64
+
+
+# --------------------------------------------------------------------------------- what follows the parent
+
+
+def test_environment_and_default_dtype_follow_the_parent_at_each_launch(clean, monkeypatch):
+    parlab.launch(lambda: 0, 1)  # the server exists before the changes below
+
+    def fn():
+        return os.environ.get("MY_SETTING"), "PARLAB_GONE" in os.environ, torch.get_default_dtype(), torch.ones(1).dtype
+
+    monkeypatch.setenv("MY_SETTING", "42")
+    monkeypatch.delenv("PARLAB_GONE", raising=False)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert parlab.launch(fn, 2)[1] == ("42", False, torch.float64, torch.float64)
+    finally:
+        torch.set_default_dtype(previous)
+    monkeypatch.setenv("MY_SETTING", "43")
+    assert parlab.launch(fn, 2)[0] == ("43", False, previous, previous)
