@@ -1,0 +1,281 @@
+"""Run and check the parameter server (parlab/parameter_server.py): `python -m parlab run ps --mode {sync,async}`.
+
+The ranks train with a server on rank 0 and workers on ranks 1..P-1 (traced), then - unless --no-dp - the same
+workers train with an all-reduce and no server. The parent checks:
+
+  sync:  against one device on the whole batch (float64 <= 1e-10): the loss of every step, the server's and every
+         worker's parameters; against the all-reduce DP run of the same workers; staleness 0 everywhere.
+  async: against a one-device REPLAY of the run in the order its server applied the updates (which worker, which
+         step, which version it had read): the final parameters and the loss of every gradient. The order itself
+         depends on timing; what is checked is deterministic: N x K updates, K per worker, every worker's first
+         gradient computed on theta_0, hence a largest staleness >= N-1.
+  both:  the bytes each rank sent and received (parlab.comm) against the protocol: server = N x a worker's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from parlab import comm
+from parlab.check import check_equal, compare
+from parlab.launch import Results
+from parlab.models import build_model, lm_loss, make_batches, make_optimizer, train_single_device
+from parlab.parameter_server import (
+    MODES,
+    SERVER,
+    check_setup,
+    params_to_vector,
+    ps_theory,
+    replay_on_one_device,
+    train_all_reduce_dp,
+    train_parameter_server,
+    vector_to_params,
+)
+from parlab.runs import Scheme, launch_scheme
+from parlab.runs.options import ModelOptions, option
+
+
+@dataclass
+class PSOptions(ModelOptions):
+    batch: int = option(12, "global batch: sequences per step over all workers (divisible by world - 1)")
+    mode: str = option(
+        "sync", "sync (wait for every worker) or async (apply each gradient as it arrives)", choices=MODES
+    )
+    straggler: int | None = option(None, "the worker rank (1..world-1) to slow down (default: none)")
+    slowdown: float = option(1.0, "the straggler's step takes this many times its compute time (>= 1)")
+    dp: bool = option(True, "also train the same workers with an all-reduce, no server (--no-dp skips it)")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r} must be one of {MODES}")
+        check_setup(self.world_size, self.straggler, self.slowdown, self.batch)
+
+
+def eval_batch(opts: PSOptions):
+    """A fixed batch no step trains on, for loss curves that every mode and version is measured on."""
+    return make_batches(opts.gpt_config(), opts.batch, 1, opts.seed + 1000)[0]
+
+
+def ps_rank(opts: PSOptions) -> dict:
+    """Rank code: the parameter server (traced), then all-reduce DP over the workers (traced, unless opts.dp is
+    False). The server also measures the loss of every version theta_v on a fixed batch, after training."""
+    cfg, P = opts.gpt_config(), opts.world_size
+    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)  # global [B, T], the same on every rank
+    workers = dist.new_group(list(range(1, P))) if opts.dp else None  # every rank takes part in creating it
+    model = build_model(cfg, opts.seed)
+    optimizer = make_optimizer(model.parameters(), opts.optimizer, opts.lr)
+    out = train_parameter_server(
+        model,
+        optimizer,
+        batches,
+        mode=opts.mode,
+        straggler=opts.straggler,
+        slowdown=opts.slowdown,
+        keep_history=comm.group_rank() == SERVER,
+    )
+    if out["role"] == "server":
+        x, y = eval_batch(opts)
+        with torch.no_grad():
+            evaluator = build_model(cfg, opts.seed)
+            losses = []
+            for theta in out.pop("history"):
+                vector_to_params(theta, evaluator)
+                losses.append(lm_loss(evaluator(x), y).item())
+            out["eval_losses"] = losses  # eval_losses[v]: the loss of theta_v on the fixed batch
+    if opts.dp and comm.group_rank() != SERVER:
+        dp_model = build_model(cfg, opts.seed)
+        dp_optimizer = make_optimizer(dp_model.parameters(), opts.optimizer, opts.lr)
+        own = opts.slowdown if comm.group_rank() == opts.straggler else 1.0
+        out["dp"] = train_all_reduce_dp(dp_model, dp_optimizer, batches, slowdown=own, group=workers)
+    return out
+
+
+@dataclass(frozen=True)
+class AtLeast:
+    """A counted figure that must reach a bound: measured >= bound, or FAIL."""
+
+    what: str
+    measured: int | float
+    bound: int | float
+
+    @property
+    def passed(self) -> bool:
+        return self.measured >= self.bound
+
+    @property
+    def line(self) -> str:
+        if self.passed:
+            return f"{self.what}: measured {self.measured:g} >= {self.bound:g}: PASS"
+        return f"{self.what}: measured {self.measured:g} < {self.bound:g}: FAIL"
+
+
+def ps_report(opts: PSOptions, results: Results) -> dict:
+    """Check against one device (sync) or a one-device replay (async); count the bytes and the updates."""
+    P, K, mode = opts.world_size, opts.steps, opts.mode
+    N = P - 1
+    cfg = opts.gpt_config()
+    batches = make_batches(cfg, opts.batch, K, opts.seed)
+    server, workers = results[SERVER], [r for r in results if r["role"] == "worker"]
+    updates = server["updates"]
+    staleness = [u["staleness"] for u in updates]
+    dtype = cfg.torch_dtype
+
+    # ---- numerics
+    if mode == "sync":
+        single = train_single_device(cfg, batches, opts.seed, opts.optimizer, opts.lr)
+        # The loss of a step is the mean over all B rows: the mean of the N workers' means (b rows each).
+        loss_ps = [sum(w["losses"][k] for w in workers) / N for k in range(K)]
+        numeric = [
+            compare(
+                f"sync: loss of each of {K} steps",
+                torch.tensor(loss_ps, dtype=dtype),
+                torch.tensor(single.losses, dtype=dtype),
+                show=False,
+            ),
+            compare(f"sync: server's parameters after {K} steps", server["params"], single.params, show=False),
+            compare(
+                "sync: every worker's parameters (last pull)",
+                [w["params"] for w in workers],
+                [single.params] * N,
+                show=False,
+            ),
+        ]
+        if opts.dp:
+            numeric += [
+                compare(
+                    f"all-reduce DP over the {N} workers: parameters",
+                    [w["dp"]["params"] for w in workers],
+                    [single.params] * N,
+                    show=False,
+                ),
+                compare(
+                    "sync server vs all-reduce DP: parameters",
+                    server["params"],
+                    workers[0]["dp"]["params"],
+                    show=False,
+                    against="all-reduce DP",
+                ),
+            ]
+        reference_losses = single.losses
+    else:
+        model = build_model(cfg, opts.seed)
+        replay = replay_on_one_device(
+            model, make_optimizer(model.parameters(), opts.optimizer, opts.lr), batches, updates, N
+        )
+        ours = torch.tensor([w["losses"][k] for w in workers for k in range(K)], dtype=dtype)
+        theirs = torch.tensor([replay["losses"][(w, k)] for w in range(1, P) for k in range(K)], dtype=dtype)
+        against = "one-device replay of the same update order"
+        numeric = [
+            compare(
+                f"async: server's parameters after {N * K} updates",
+                server["params"],
+                replay["params"],
+                show=False,
+                against=against,
+            ),
+            compare(f"async: loss of each of the {N * K} gradients", ours, theirs, show=False, against=against),
+        ]
+        reference_losses = None
+
+    # ---- counts that are deterministic in both modes
+    per_worker = [sum(u["worker"] == w for u in updates) for w in range(1, P)]
+    counts = [check_equal(f"{mode}: updates applied by the server (N x K)", len(updates), N * K, show=False)]
+    counts += [
+        check_equal(f"{mode}: gradients applied from worker {w}", per_worker[w - 1], K, show=False) for w in range(1, P)
+    ]
+    if mode == "sync":
+        counts.append(check_equal("sync: largest staleness", max(staleness), 0, show=False))
+    else:
+        first_reads = sum(u["read_version"] == 0 for u in updates if u["step"] == 0)
+        counts.append(
+            check_equal("async: workers whose first gradient was computed on theta_0", first_reads, N, show=False)
+        )
+        counts.append(AtLeast("async: largest staleness (the last of those N gradients)", max(staleness), N - 1))
+
+    # ---- bytes: every message has the server at one end
+    grad_bytes = params_to_vector(build_model(cfg, opts.seed)).numel() * cfg.dtype_bytes
+    table = results.trace.bytes_per_rank()
+    sent, received = table.get("send", [0] * P), table.get("recv", [0] * P)
+    ps_bytes = [sent[r] + received[r] for r in range(P)]  # the parameter server's traffic, per rank
+    server_bytes, worker_bytes = ps_bytes[SERVER], [ps_bytes[w] for w in range(1, P)]
+    theory = ps_theory(grad_bytes, P, K)
+    counts += [
+        check_equal(
+            f"worker {w}: bytes sent + received ((2K+1) x G)",
+            worker_bytes[w - 1],
+            theory["theory_worker_bytes"],
+            show=False,
+        )
+        for w in range(1, P)
+    ]
+    counts.append(
+        check_equal(
+            f"server: bytes sent + received (N x a worker's, N = {N})", server_bytes, N * worker_bytes[0], show=False
+        )
+    )
+    comm_table = {
+        **table,
+        "server_bytes_per_step": 2 * N * grad_bytes,
+        "worker_bytes_per_step": 2 * grad_bytes,
+        **theory,
+    }
+    if opts.dp:
+        all_reduce = table.get("all_reduce", [0] * P)
+        per_step = [all_reduce[w] / K for w in range(1, P)]
+        counts += [
+            check_equal(f"all-reduce DP, worker {w}: payload per step (G)", per_step[w - 1], grad_bytes, show=False)
+            for w in range(1, P)
+        ]
+        comm_table["all_reduce_per_step"] = per_step
+
+    worst = max(numeric, key=lambda v: v.max_abs_err)
+    checks = numeric + counts
+    t0 = server["start"]
+    return {
+        "scheme": "ps",
+        "mode": mode,
+        "world_size": P,
+        "workers": N,
+        "passed": all(c.passed for c in checks),
+        "max_abs_err": worst.max_abs_err,
+        "tol": worst.tol,
+        "comm": comm_table,
+        "verdicts": [c.line for c in checks],
+        "server_bytes": server_bytes,
+        "worker_bytes": worker_bytes,
+        "grad_bytes": grad_bytes,
+        "staleness": staleness,
+        "updates": updates,
+        "update_seconds": [t - t0 for t in server["update_times"]],  # when each update was applied (server clock)
+        "eval_losses": server["eval_losses"],  # the loss of theta_0, theta_1, ... on a fixed batch
+        "loss_single": reference_losses,
+        "straggler": opts.straggler,
+        "slowdown": opts.slowdown,
+        "steps": K,
+        "batch": opts.batch,
+        "ps_seconds": server["end"] - server["start"],
+        "dp_seconds": max(w["dp"]["end"] for w in workers) - min(w["dp"]["start"] for w in workers)
+        if opts.dp
+        else None,
+    }
+
+
+def run_ps(world_size: int = 4, mode: str = "sync", **options) -> tuple[Results, dict]:
+    """Run the parameter server on live ranks; returns (results, report), the report being what
+    `python -m parlab run ps` prints. options: any PSOptions field (steps, batch, straggler, slowdown, dp, ...)."""
+    return launch_scheme("ps", world_size=world_size, mode=mode, **options)
+
+
+SCHEMES = [
+    Scheme(
+        "ps",
+        "parameter server on rank 0, workers on the others; sync (vs one device) or async (staleness, replayed)",
+        PSOptions,
+        ps_rank,
+        ps_report,
+    )
+]
