@@ -1,0 +1,354 @@
+"""Run and check sequence parallelism (parlab/sequence_parallel.py): `python -m parlab run megatron-sp|ulysses|ring|
+ring-zigzag`.
+
+The ranks train the GPT with the method's sequence split; the parent compares the losses, the first step's
+gradients and the final parameters with one device, and checks the measured communication (and, for Megatron
+SP, the LayerNorm activations; for ring attention, the tiles each rank computed) against the theory.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from parlab.check import CountCheck, Verdict, check_equal, compare
+from parlab.launch import Results, device
+from parlab.memory import saved_activations
+from parlab.models import build_model, make_batches, make_optimizer, train_single_device
+from parlab.ring_attention import tiles_theory
+from parlab.runs import Scheme, launch_scheme
+from parlab.runs.options import ModelOptions, option
+from parlab.runs.tensor_parallel import gather_full, per_step
+from parlab.sequence_parallel import (
+    METHODS,
+    MegatronSPGPT,
+    SequenceShardedGPT,
+    grad_sync_theory,
+    megatron_needs_tp,
+    megatron_sp_layer_theory,
+    ring_theory,
+    train_sequence_parallel,
+    ulysses_theory,
+    wire_bytes,
+)
+from parlab.tensor_parallel import PER_LAYER_ITEMS, allreduce_theory, split_sizes
+from parlab.ulysses import check_heads
+
+
+@dataclass
+class SPOptions(ModelOptions):
+    method: str = option("ring", "megatron-sp, ulysses, ring or ring-zigzag", choices=list(METHODS))
+    batch: int = option(2, "sequences per batch (every rank sees all of them, or its part of each)")
+
+    def validate(self) -> None:
+        super().validate()
+        P, T = self.world_size, self.seq
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r} must be one of {list(METHODS)}")
+        if self.method == "megatron-sp":
+            if P < 2:
+                raise ValueError(megatron_needs_tp(P))
+            bad = [
+                f"{k}={n} is not divisible by world_size={P}"
+                for k, n in split_sizes(self.gpt_config()).items()
+                if n % P
+            ]
+            if bad:
+                raise ValueError(
+                    "; ".join(bad) + " (Megatron SP runs on tensor parallelism, which splits each of them)"
+                )
+        if self.method == "ulysses":
+            check_heads(self.heads, P)
+        if self.method == "ring-zigzag":
+            if T % (2 * P):
+                raise ValueError(
+                    f"seq={T} is not divisible by 2 x world_size = {2 * P}: the zigzag layout cuts the sequence into "
+                    f"2P chunks (rank r holds chunks r and 2P-1-r)"
+                )
+        elif T % P:
+            raise ValueError(f"seq={T} is not divisible by world_size={P}: each rank holds T/P tokens")
+
+
+def make_model(opts: SPOptions, group=None):
+    full = build_model(opts.gpt_config(), opts.seed)  # the same seed on every rank
+    if opts.method == "megatron-sp":
+        return MegatronSPGPT(full, group=group)
+    return SequenceShardedGPT(full, opts.method, group=group)
+
+
+def layernorm_saved_bytes(opts: SPOptions, world_size: int) -> dict[str, int]:
+    """Saved activations (parlab.memory) of one LayerNorm on a rank's tokens: Megatron SP's [B, T/P, H] vs
+    tensor parallelism's replicated [B, T, H]."""
+    cfg = opts.gpt_config()
+    ln = build_model(cfg, opts.seed).blocks[0].ln1
+    out = {}
+    for name, tokens in (("sp", cfg.seq_len // world_size), ("tp", cfg.seq_len)):
+        x = torch.randn(opts.batch, tokens, cfg.hidden, dtype=cfg.torch_dtype, requires_grad=True)
+        with saved_activations(exclude=ln) as saved:
+            ln(x)
+        out[name] = saved.bytes
+    return out
+
+
+def sp_rank(opts: SPOptions) -> dict:
+    """Rank code: train the GPT with opts.method's sequence split for opts.steps steps."""
+    cfg, dev = opts.gpt_config(), device()
+    model = make_model(opts).to(dev)
+    optimizer = make_optimizer(model.parameters(), opts.optimizer, opts.lr)
+    batches = [(x.to(dev), y.to(dev)) for x, y in make_batches(cfg, opts.batch, opts.steps, opts.seed)]
+    out = train_sequence_parallel(model, optimizer, batches)
+    if opts.method == "megatron-sp":
+        out["layernorm_saved"] = layernorm_saved_bytes(opts, opts.world_size)
+    return out
+
+
+def _layer_payload(trace, kind: str, steps: int, P: int) -> list:
+    per_rank = [0] * P
+    for e in trace.select(kind=kind):
+        if re.search(r"(attn|mlp) \d+$", e.label):
+            per_rank[e.rank] += e.bytes
+    return [per_step(b, steps) for b in per_rank]
+
+
+def tiles_measured(trace, P: int, calls: int) -> list:
+    """Attention tiles each rank computed per forward attention call, counted from the trace's tile spans."""
+    counts = [0] * P
+    for e in trace.select(kind="compute"):
+        if e.extra.get("attn") == "fwd":
+            counts[e.rank] += 1
+    return [per_step(c, calls) for c in counts]
+
+
+def _comm_checks(opts: SPOptions, results: Results) -> tuple[list[CountCheck], dict, dict]:
+    """The measured communication (and tiles, memory) against the theory: (checks, comm figures, extra keys)."""
+    cfg, P, steps, method, B = opts.gpt_config(), opts.world_size, opts.steps, opts.method, opts.batch
+    trace, checks, figures, extra = results.trace, [], {}, {}
+    grads_ar = [
+        per_step(
+            sum(e.bytes for e in trace.select(kind="all_reduce", rank=r) if e.label in ("grads", "sp grads")), steps
+        )
+        for r in range(P)
+    ]
+    figures["grad_all_reduce_per_step"] = grads_ar
+    figures["grad_all_reduce_per_step_theory"] = grad_sync_theory(cfg, method, P)
+    checks.append(
+        check_equal("gradient all-reduce bytes per step", grads_ar[0], grad_sync_theory(cfg, method, P), show=False)
+    )
+    if method == "megatron-sp":
+        theory = megatron_sp_layer_theory(cfg, B, P)
+        ag, rs = _layer_payload(trace, "all_gather", steps, P), _layer_payload(trace, "reduce_scatter", steps, P)
+        tp_ar = sum(allreduce_theory(cfg, B)[i] for i in PER_LAYER_ITEMS)  # what tensor parallelism all-reduces
+        sp_wire = [wire_bytes("all_gather", ag[r], P) + wire_bytes("reduce_scatter", rs[r], P) for r in range(P)]
+        tp_wire = wire_bytes("all_reduce", tp_ar, P)
+        ln = [r["layernorm_saved"] for r in results]
+        checks += [
+            check_equal(
+                "ranks whose layer all-gather/reduce-scatter bytes differ from rank 0's",
+                sum((ag[r], rs[r]) != (ag[0], rs[0]) for r in range(P)),
+                0,
+                show=False,
+            ),
+            check_equal(
+                "all-gather bytes per step in the layers (4 x L x B x T/P x H x bytes)",
+                ag[0],
+                theory["all_gather"],
+                show=False,
+            ),
+            check_equal(
+                "reduce-scatter bytes per step in the layers (4 x L x B x T x H x bytes)",
+                rs[0],
+                theory["reduce_scatter"],
+                show=False,
+            ),
+            check_equal(
+                "bytes sent per step in the layers (ring algorithms): all-gather + reduce-scatter = "
+                "the tensor-parallel all-reduces they replace",
+                sp_wire[0],
+                tp_wire,
+                show=False,
+            ),
+            check_equal(
+                "all-reduces inside the layers",
+                sum(1 for e in trace.select(kind="all_reduce") if re.search(r"(attn|mlp) \d+$", e.label)),
+                0,
+                show=False,
+            ),
+            check_equal(
+                f"LayerNorm saved activations x P: Megatron SP's x {P} = tensor parallel's",
+                ln[0]["sp"] * P,
+                ln[0]["tp"],
+                show=False,
+            ),
+        ]
+        figures |= {
+            "layers_all_gather_per_step": ag,
+            "layers_reduce_scatter_per_step": rs,
+            "layers_theory": theory,
+            "layers_sent_per_step": sp_wire,
+            "tp_all_reduce_sent_per_step": tp_wire,
+            "tp_all_reduce_payload_per_step": tp_ar,
+        }
+        extra["layernorm_saved_bytes"] = {"sp_per_rank": ln[0]["sp"], "tp_per_rank": ln[0]["tp"]}
+    elif method == "ulysses":
+        a2a = [per_step(b, steps) for b in trace.bytes_per_rank().get("all_to_all", [0] * P)]
+        calls = [per_step(c, steps) for c in trace.count_per_rank("all_to_all")]
+        checks += [
+            check_equal(
+                "ranks whose all-to-all bytes differ from rank 0's", sum(b != a2a[0] for b in a2a), 0, show=False
+            ),
+            check_equal(
+                "all-to-all bytes per rank per step (8 x L x B x nh x T/P x hs x bytes)",
+                a2a[0],
+                ulysses_theory(cfg, B, P),
+                show=False,
+            ),
+            check_equal(
+                "all-to-alls per step (q, k, v, out; forward and backward; per layer)",
+                calls[0],
+                8 * cfg.layers,
+                show=False,
+            ),
+        ]
+        figures |= {"all_to_all_per_step": a2a, "all_to_all_per_step_theory": ulysses_theory(cfg, B, P)}
+    else:
+        theory, layout = ring_theory(cfg, B, P), "zigzag" if method == "ring-zigzag" else "contiguous"
+        sends = {}
+        for item in ("kv fwd", "kv bwd", "dkv bwd"):
+            sends[item] = [
+                per_step(sum(e.bytes for e in trace.select(kind="send", rank=r) if e.label.startswith(item)), steps)
+                for r in range(P)
+            ]
+            checks.append(check_equal(f"ring send bytes per step, {item}", sends[item][0], theory[item], show=False))
+        n_fwd = [
+            per_step(sum(e.label.startswith("kv fwd") for e in trace.select(kind="send", rank=r)), steps * cfg.layers)
+            for r in range(P)
+        ]
+        tiles = tiles_measured(trace, P, steps * cfg.layers)
+        checks += [
+            check_equal(
+                "ranks whose sends differ from rank 0's",
+                sum([sends[i][r] for i in sends] != [sends[i][0] for i in sends] for r in range(P)),
+                0,
+                show=False,
+            ),
+            check_equal("K/V blocks each rank sends per forward attention (P-1)", n_fwd[0], P - 1, show=False),
+            check_equal(
+                "ranks whose tile counts differ from the causal theory",
+                sum(t != th for t, th in zip(tiles, tiles_theory(P, layout), strict=True)),
+                0,
+                show=False,
+            ),
+        ]
+        if layout == "zigzag":
+            checks.append(
+                check_equal(
+                    "zigzag: ranks computing a different number of tiles from rank 0",
+                    sum(t != tiles[0] for t in tiles),
+                    0,
+                    show=False,
+                )
+            )
+        figures |= {"send_per_step": sends, "send_per_step_theory": theory, "kv_blocks_sent_per_forward": n_fwd}
+        extra |= {"tiles_computed_per_rank": tiles, "tiles_theory": tiles_theory(P, layout), "layout": layout}
+    return checks, figures, extra
+
+
+def sp_report(opts: SPOptions, results: Results) -> dict:
+    """Compare with the single-device run; check the communication against the theory."""
+    cfg, P, steps, method = opts.gpt_config(), opts.world_size, opts.steps, opts.method
+    batches = make_batches(cfg, opts.batch, steps, opts.seed)
+    ref = train_single_device(cfg, batches, opts.seed, opts.optimizer, opts.lr)
+    if method == "megatron-sp":
+        losses = results[0]["losses"]  # every rank computes the whole loss
+        dims = results[0]["split_dims"]
+        grads = gather_full([r["grads"] for r in results], dims)
+        params = gather_full([r["params"] for r in results], dims)
+    else:
+        losses = [sum(r["losses"][s] for r in results) for s in range(steps)]  # the ranks' shares sum to the mean
+        grads, params = results[0]["grads"], results[0]["params"]
+    verdicts: list[Verdict | CountCheck] = [
+        compare(
+            f"loss of each of {steps} steps",
+            torch.tensor(losses, dtype=cfg.torch_dtype),
+            torch.tensor(ref.losses, dtype=cfg.torch_dtype),
+            show=False,
+        ),
+        compare(
+            "every gradient of step 1" + (", gathered" if method == "megatron-sp" else ""), grads, ref.grads, show=False
+        ),
+        compare(f"parameters after {steps} {opts.optimizer} steps", params, ref.params, show=False),
+    ]
+    replicated = [n for n, d in results[0]["split_dims"].items() if d is None]
+    verdicts.append(
+        check_equal(
+            "ranks whose replicated parameters differ from rank 0's after training",
+            sum(any(not torch.equal(r["params"][n], results[0]["params"][n]) for n in replicated) for r in results[1:]),
+            0,
+            show=False,
+        )
+    )
+    checks, figures, extra = _comm_checks(opts, results)
+    verdicts += checks
+    numeric = [v for v in verdicts if isinstance(v, Verdict)]
+    worst = max(numeric, key=lambda v: v.max_abs_err)
+    return {
+        "scheme": method,
+        "world_size": P,
+        "passed": all(v.passed for v in verdicts),
+        "max_abs_err": worst.max_abs_err,
+        "tol": worst.tol,
+        "comm": {**results.trace.bytes_per_rank(), **figures},
+        "seq": cfg.seq_len,
+        "heads": cfg.heads,
+        "hidden": cfg.hidden,
+        "layers": cfg.layers,
+        "batch": opts.batch,
+        "dtype": cfg.dtype,
+        "steps": steps,
+        **extra,
+        "param_bytes_per_rank": [r["param_bytes"] for r in results],
+        "verdicts": [v.line for v in verdicts],
+    }
+
+
+def run_sp(method: str = "ring", world_size: int = 4, **options) -> tuple[Results, dict]:
+    """Run one method from Python (a notebook): returns (results, report) as `python -m parlab run METHOD`."""
+    return launch_scheme(method, world_size=world_size, **options)
+
+
+SCHEMES = [
+    Scheme(
+        "megatron-sp",
+        "Megatron sequence parallelism on tensor parallelism: LayerNorm regions split along the sequence",
+        SPOptions,
+        sp_rank,
+        sp_report,
+        fixed=(("method", "megatron-sp"),),
+    ),
+    Scheme(
+        "ulysses",
+        "DeepSpeed-Ulysses: sequence split, all-to-all to a head split around attention",
+        SPOptions,
+        sp_rank,
+        sp_report,
+        fixed=(("method", "ulysses"),),
+    ),
+    Scheme(
+        "ring",
+        "Ring Attention: sequence split, K/V blocks passed round a ring, online-softmax merge",
+        SPOptions,
+        sp_rank,
+        sp_report,
+        fixed=(("method", "ring"),),
+    ),
+    Scheme(
+        "ring-zigzag",
+        "Ring Attention, zigzag layout: rank r holds chunks r and 2P-1-r, equal causal work",
+        SPOptions,
+        sp_rank,
+        sp_report,
+        fixed=(("method", "ring-zigzag"),),
+    ),
+]
