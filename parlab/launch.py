@@ -268,6 +268,16 @@ _lock = threading.Lock()  # one launch at a time per parent process
 _job_ids = itertools.count()  # a message names its job: one left over from an interrupted launch is ignored
 
 
+def _forget_server_in_child() -> None:
+    """A process forked from this one (a DataLoader worker, multiprocessing) must not use, nor at its exit shut
+    down, this process's rank server: it shares the socket. It starts its own if it launches."""
+    global _server, _server_lock, _lock
+    _server, _server_lock, _lock = None, threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_server_in_child)
+
+
 def _get_server(warm: bool = False) -> _RankServer:
     """The running rank server, started now if there is none (this returns at once: it may not be ready yet)."""
     global _server
@@ -465,6 +475,7 @@ def _wait_for_report(server: _RankServer, job_id: int, timeout: float, world_siz
             if mismatch is not None:
                 stopped = mismatch
                 break
+            progress.waiting = watch.longest_wait()
             progress.show()
         progress.close()
         calls = watch.describe()
@@ -622,6 +633,17 @@ class _HangWatch:
         what = "send/recv mismatch" if kinds <= set(P2P) else "collective mismatch"
         calls = self.describe(with_time=False)
         return CollectiveMismatch(what, stuck, waited, entered, calls)
+
+    def longest_wait(self) -> str:
+        """ "rank 1 waits in all_reduce #3 (8 bytes, world) for 12 s" for the rank waiting longest, if over 2 s."""
+        waiting = [
+            (state["call"]["since"], rank) for rank, state in enumerate(self.states) if state and state.get("call")
+        ]
+        if not waiting or time.monotonic() - min(waiting)[0] < MISMATCH_SECONDS:
+            return ""
+        since, rank = min(waiting)
+        call = _describe_call(self.states[rank]["call"], self.world_size)
+        return f"rank {rank} waits in {call} for {time.monotonic() - since:.0f} s"
 
     def describe(self, with_time: bool = True) -> dict[int, str]:
         """Each rank's state in words: "in all_reduce #3 (8 bytes, world) for 1.9 s", "returned", ..."""
@@ -838,6 +860,7 @@ class _ProgressLine:
     def __init__(self, world_size: int):
         self.world_size, self.started, self.steps = world_size, set(), {}
         self.began, self.last, self.handle = time.perf_counter(), None, None
+        self.waiting = ""  # the longest wait in a traced call, in words (set by launch)
         self.notebook = _in_notebook() and "PYTEST_CURRENT_TEST" not in os.environ
         watched = self.notebook or sys.stderr.isatty()
         self.enabled = watched if self.FORCE is None else self.FORCE
@@ -856,7 +879,10 @@ class _ProgressLine:
             slowest = min(self.steps.values(), key=lambda u: u["done"])
             text += f", {slowest['what']} {slowest['done']}/{slowest['total']}"
             done, total = slowest["done"], slowest["total"]
-        return text + f" after {time.perf_counter() - self.began:.0f} s", done, total
+        text += f" after {time.perf_counter() - self.began:.0f} s"
+        if self.waiting:  # a rank stuck in a call: say which while it lasts
+            text += f"; {self.waiting}"
+        return text, done, total
 
     def show(self, final: bool = False) -> None:
         if not self.enabled or (time.perf_counter() - self.began < self.DELAY and not final):

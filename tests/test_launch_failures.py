@@ -433,6 +433,19 @@ def test_the_call_board_forgets_asynchronous_calls_once_waited():
     assert state()["done"] and int.from_bytes(slot[0:8], "little") % 2 == 0
 
 
+def test_the_progress_line_says_which_rank_waits_in_which_call(clean, monkeypatch, capsys):
+    monkeypatch.setattr(launch_module._ProgressLine, "FORCE", True)
+    monkeypatch.setattr(launch_module._ProgressLine, "DELAY", 0.0)
+
+    def fn():
+        if dist.get_rank() == 1:
+            time.sleep(4)  # computing: rank 0 waits, and it is not a mismatch
+        comm.all_reduce(torch.ones(1))
+
+    parlab.launch(fn, 2)
+    assert "; rank 0 waits in all_reduce #1 (4 bytes, world) for " in capsys.readouterr().err
+
+
 def test_deadlock_analysis_cases():
     def call(kind, nbytes=4, peer=None, group=None, i=1):
         return {"i": i, "kind": kind, "bytes": nbytes, "peer": peer, "group": group, "label": "", "since": 0.0}
@@ -510,6 +523,19 @@ def test_processes_started_by_rank_code_stop_with_the_rank(clean, tmp_path):
     assert _wait_until(lambda: not any(_alive(pid) for pid in pids)), "a process started by a rank survived"
 
     assert _wait_until(lambda: not _alive(parlab.launch(fn, 1, str(tmp_path))[0]))  # after a normal return too
+
+
+def test_a_forked_child_never_touches_the_parents_server(clean):
+    server = rank_server_pid()
+    pid = os.fork()
+    if pid == 0:  # the child: it has no server, and shutting "its" server down must not stop the parent's
+        ok = launch_module._server is None
+        launch_module.shutdown()
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert rank_server_pid() == server
+    assert parlab.launch(lambda: dist.get_rank(), 2) == [0, 1]
 
 
 def test_a_killed_server_leaves_no_rendezvous_file(clean):
