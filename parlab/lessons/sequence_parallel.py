@@ -1,0 +1,265 @@
+"""Lesson 04 (notebooks/04_sequence_parallel.ipynb): the demos and figures around sequence parallelism.
+
+The methods themselves are in parlab/sequence_parallel.py (Megatron SP, the GPTs, the theory),
+parlab/ring_attention.py and parlab/ulysses.py; this module runs them in small pieces and draws them:
+
+    ring attention, stepped    `ring_demo`, `ring_steps`, `draw_ring_step`: which K/V block each rank holds at
+                               each step and which tiles of the T x T score matrix are done, from the trace
+    Ulysses' all-to-all        `ulysses_demo`, `draw_ulysses`: the (sequence block, head group) pieces each rank
+                               holds before and after, a transpose
+    bytes vs theory            `comm_table`, `comm_figure`: per method, measured payload per rank per step
+    memory vs sequence length  `measure_activations`, `memory_figure`: saved activations per rank (parlab.memory)
+
+Rank code in this module (`*_rank_fn`) imports torch only; plotly is imported inside each figure function.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from parlab.launch import Results, launch
+from parlab.memory import saved_activations
+from parlab.models import GPTConfig, build_model, lm_loss, make_batches
+from parlab.plots import rank_color, style
+from parlab.ring_attention import chunks_of, ring_attention, sequence_split, tile_mask
+from parlab.runs.sequence_parallel import SPOptions
+from parlab.sequence_parallel import MegatronSPGPT, SequenceShardedGPT, shard_batch
+from parlab.ulysses import check_heads, seq_to_heads
+
+# ---------------------------------------------------------------------------------- ring attention, stepped
+
+
+def ring_demo_rank_fn(layout: str, causal: bool, seq: int, heads: int, head_size: int) -> torch.Tensor:
+    """Rank code: ring attention forward and backward on random q, k, v [1, nh, T, hs] (this rank's block)."""
+    rank, P = dist.get_rank(), dist.get_world_size()
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, heads, seq, head_size, generator=gen, dtype=torch.float64) for _ in range(3))
+    mine = [sequence_split(t, rank, P, 2, layout).requires_grad_() for t in (q, k, v)]
+    ring_attention(*mine, causal=causal, layout=layout).sum().backward()
+    return mine[0].grad
+
+
+def ring_demo(world_size: int = 4, layout: str = "contiguous", causal: bool = True, seq: int = 16) -> Results:
+    """Run ring attention on `world_size` ranks; the trace holds every tile span and every send/recv."""
+    SPOptions(world_size=world_size, seq=seq, method="ring-zigzag" if layout == "zigzag" else "ring").validate()
+    return launch(ring_demo_rank_fn, world_size, layout, causal, seq, 2, 4, echo=False)
+
+
+def ring_steps(trace, world_size: int, layout: str, phase: str = "fwd") -> dict:
+    """What the trace says happened at each ring step of one attention call (forward by default).
+
+    held[s][r]: the rank whose K/V block rank r held at step s, followed through the trace's recvs: at step 0 its
+    own; at step s what its s-th K/V recv brought, i.e. what the sender held at step s-1.
+    tiles: (rank, step, q chunk, k chunk) of every tile span, in order.
+    """
+    P = world_size
+    held = [list(range(P))]
+    recvs = {r: [e for e in trace.select(kind="recv", rank=r) if e.label.startswith(f"kv {phase}")] for r in range(P)}
+    for s in range(1, P):
+        held.append([held[s - 1][recvs[r][s - 1].peer] for r in range(P)])
+    tiles = [
+        (e.rank, e.extra["ring_step"], e.extra["q"], e.extra["k"])
+        for e in trace.select(kind="compute")
+        if e.extra.get("attn") == phase
+    ]
+    return {"held": held, "tiles": tiles, "world_size": P, "layout": layout}
+
+
+def tiles_per_rank(steps: dict) -> list[int]:
+    counts = [0] * steps["world_size"]
+    for rank, *_ in steps["tiles"]:
+        counts[rank] += 1
+    return counts
+
+
+def draw_ring_step(steps: dict, step: int, causal: bool = True):
+    """Left: the K/V block each rank holds at `step`. Right: the T x T score matrix in tiles, each done tile
+    coloured by the rank that computed it (this step's with a thick border), skipped ones left white."""
+    import plotly.graph_objects as go
+
+    P, layout = steps["world_size"], steps["layout"]
+    n = P * len(chunks_of(0, P, layout))  # tiles along each side of the score matrix
+    shapes, notes = [], []
+    for r in range(P):  # the K/V panel: one row per rank
+        src = steps["held"][step][r]
+        y = P - 1 - r
+        shapes.append(_rect(0, y * n / P, 2.6, (y + 0.9) * n / P, rank_color(src)))
+        held = ", ".join(f"c{c}" for c in chunks_of(src, P, layout))
+        notes.append(dict(x=1.3, y=(y + 0.45) * n / P, text=f"K/V of rank {src}<br>({held})", showarrow=False,
+                          font={"color": "white"}))  # fmt: skip
+        notes.append(dict(x=-0.1, y=(y + 0.45) * n / P, text=f"rank {r}", showarrow=False, xanchor="right"))
+    x0 = 4.0
+    done = {(q, k): (rank, s) for rank, s, q, k in steps["tiles"] if s <= step}
+    for q in range(n):
+        for k in range(n):
+            y = n - 1 - q
+            who = done.get((q, k))
+            color = "white" if who is None else rank_color(who[0])
+            width = 3.5 if who is not None and who[1] == step else 0.6
+            shapes.append(_rect(x0 + k, y, x0 + k + 1, y + 1, color, width))
+            if who is None and tile_mask(q, k, causal) == "skip":
+                notes.append(dict(x=x0 + k + 0.5, y=y + 0.5, text="·", showarrow=False, font={"color": "#999"}))
+    fig = go.Figure()
+    for r in range(P):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"rank {r}",
+                                 marker={"size": 14, "symbol": "square", "color": rank_color(r)}))  # fmt: skip
+    notes.append(dict(x=1.3, y=n + 0.3, text="<b>K/V block held</b>", showarrow=False))
+    notes.append(dict(x=x0 + n / 2, y=n + 0.3, text="<b>score tiles done (query row, key column)</b>", showarrow=False))
+    fig.update_layout(shapes=shapes, annotations=notes)
+    chunk_ticks = [x0 + k + 0.5 for k in range(n)]
+    fig.update_xaxes(range=[-1.2, x0 + n + 0.2], tickvals=chunk_ticks, ticktext=[f"k{k}" for k in range(n)])
+    fig.update_yaxes(range=[-0.2, n + 0.7], tickvals=[n - 1 - q + 0.5 for q in range(n)],
+                     ticktext=[f"q{q}" for q in range(n)], side="right", scaleanchor="x")  # fmt: skip
+    fig.update_xaxes(showgrid=False, zeroline=False)
+    fig.update_yaxes(showgrid=False, zeroline=False)
+    counts = [sum(1 for (rank, s, _, _) in steps["tiles"] if rank == r and s <= step) for r in range(P)]
+    title = f"Ring attention ({layout}) on {P} ranks, step {step} of {P - 1}: tiles so far per rank {counts}"
+    return style(fig, title, "key chunk", None, height=200 + 45 * n)
+
+
+def _rect(x0, y0, x1, y1, color, width=0.6):
+    return dict(type="rect", x0=x0, y0=y0, x1=x1, y1=y1, fillcolor=color, line={"color": "#333", "width": width})
+
+
+# ------------------------------------------------------------------------------------- Ulysses' all-to-all
+
+
+def ulysses_demo_rank_fn(heads: int, seq: int) -> dict:
+    """Rank code: seq_to_heads on a tensor whose values name their place: 100 x sequence block + head."""
+    rank, P = dist.get_rank(), dist.get_world_size()
+    head = torch.arange(heads, dtype=torch.float64).view(1, heads, 1, 1)
+    x = (100.0 * rank + head).expand(1, heads, seq // P, 1).contiguous()  # my block, all heads: [1, nh, T/P, 1]
+    y = seq_to_heads(x)  # [1, nh/P, T, 1]
+    return {"before": x[0, :, 0, 0], "after": y[0, :, :: seq // P, 0]}  # per head; per head and sequence block
+
+
+def ulysses_demo(world_size: int = 4, heads: int = 4, seq: int = 8) -> Results:
+    check_heads(heads, world_size)
+    return launch(ulysses_demo_rank_fn, world_size, heads, seq, echo=False)
+
+
+def draw_ulysses(results: Results):
+    """Before: rank r holds sequence block r of every head. After: rank r holds every block of head group r.
+    Each cell is coloured by the rank it came from (= its sequence block): the grid is transposed."""
+    from parlab import plots
+
+    P = len(results)
+    before_t = [[f"s{int(v // 100)} h{int(v % 100)}" for v in res["before"].tolist()] for res in results]
+    before_o = [[int(v // 100) for v in res["before"].tolist()] for res in results]
+    after_t = [[f"s{int(v // 100)} h{int(v % 100)}" for v in res["after"].T.reshape(-1).tolist()] for res in results]
+    after_o = [[int(v // 100) for v in res["after"].T.reshape(-1).tolist()] for res in results]
+    title = f"Ulysses' all-to-all on {P} ranks: (sequence block s, head h) pieces, coloured by origin rank"
+    fig = plots.chunk_grid(
+        [
+            ("before: my sequence block, all heads", before_t, before_o),
+            ("after: all blocks, my heads", after_t, after_o),
+        ],
+        title,
+    )
+    return fig.update_xaxes(title_text="pieces each rank holds")
+
+
+# ------------------------------------------------------------------------------------------- bytes vs theory
+
+
+def comm_rows(reports: dict[str, dict]) -> list[tuple[str, str, int | float, int | float]]:
+    """(method, what, measured per rank per step on rank 0, theory) for each method's attention traffic."""
+    rows = []
+    for method, rep in reports.items():
+        c = rep["comm"]
+        if method == "megatron-sp":
+            rows.append((method, "all-gather payload, layers", c["layers_all_gather_per_step"][0],
+                         c["layers_theory"]["all_gather"]))  # fmt: skip
+            rows.append((method, "reduce-scatter payload, layers", c["layers_reduce_scatter_per_step"][0],
+                         c["layers_theory"]["reduce_scatter"]))  # fmt: skip
+            rows.append((method, "sent (ring), layers", c["layers_sent_per_step"][0], c["tp_all_reduce_sent_per_step"]))
+        elif method == "ulysses":
+            rows.append((method, "all-to-all payload", c["all_to_all_per_step"][0], c["all_to_all_per_step_theory"]))
+        else:
+            for item in ("kv fwd", "kv bwd", "dkv bwd"):
+                rows.append((method, f"send {item}", c["send_per_step"][item][0], c["send_per_step_theory"][item]))
+        rows.append((method, "gradient all-reduce", c["grad_all_reduce_per_step"][0],
+                     c["grad_all_reduce_per_step_theory"]))  # fmt: skip
+    return rows
+
+
+def comm_figure(reports: dict[str, dict]):
+    """Measured bytes per rank per training step (bars) beside the theory (markers), per method and item."""
+    import plotly.graph_objects as go
+
+    rows = comm_rows(reports)
+    labels = [f"{m}: {what}" for m, what, _, _ in rows]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=labels, y=[r[2] for r in rows], name="measured (rank 0)", marker_color="#7B3294"))
+    marker = {"symbol": "line-ew-open", "size": 30, "line": {"width": 3}, "color": "black"}
+    fig.add_trace(go.Scatter(x=labels, y=[r[3] for r in rows], name="theory", mode="markers", marker=marker))
+    P = next(iter(reports.values()))["world_size"]
+    return style(fig, f"Communication per rank per training step, {P} ranks", None, "bytes", height=520)
+
+
+# ------------------------------------------------------------------------------ memory vs sequence length
+
+MEMORY_METHODS = ("single device", "megatron-sp", "ulysses", "ring")
+
+
+def memory_config(seq: int, dtype: str = "float64") -> GPTConfig:
+    return GPTConfig(vocab_size=64, seq_len=seq, hidden=32, heads=4, layers=1, dtype=dtype)
+
+
+def activations_rank_fn(method: str, seqs: list[int], batch: int) -> dict[int, int]:
+    """Rank code: saved activations (bytes) of one forward + loss of the GPT on this rank, per sequence length."""
+    out = {}
+    for T in seqs:
+        cfg = memory_config(T)
+        full = build_model(cfg)
+        x, y = make_batches(cfg, batch, 1)[0]
+        if method == "megatron-sp":
+            model = MegatronSPGPT(full)
+            with saved_activations(exclude=model) as saved:
+                model.loss(x, y)
+        else:
+            model = SequenceShardedGPT(full, method)
+            idx, targets, positions = shard_batch(x, y, method)
+            with saved_activations(exclude=model) as saved:
+                model.loss(idx, targets, positions, T)
+        out[T] = saved.bytes
+    return out
+
+
+def measure_activations(world_size: int = 4, seqs=(16, 32, 64, 128), batch: int = 1) -> dict[str, list[int]]:
+    """Saved activations per rank (rank 0; bytes) at each sequence length, for one device and each method."""
+    for T in seqs:
+        for method in ("megatron-sp", "ulysses", "ring"):
+            SPOptions(world_size=world_size, seq=T, method=method, layers=1).validate()
+    measured = {}
+    single = []
+    for T in seqs:
+        cfg = memory_config(T)
+        model = build_model(cfg)
+        x, y = make_batches(cfg, batch, 1)[0]
+        with saved_activations(exclude=model) as saved:
+            lm_loss(model(x), y)
+        single.append(saved.bytes)
+    measured["single device"] = single
+    for method in MEMORY_METHODS[1:]:
+        results = launch(activations_rank_fn, world_size, method, list(seqs), batch, echo=False)
+        measured[method] = [results[0][T] for T in seqs]
+    return measured
+
+
+def memory_figure(measured: dict[str, list[int]], seqs, world_size: int):
+    """Saved activations per rank against sequence length (log-log): attention scores grow as T^2 except in
+    ring attention, whose tiles are freed as it goes."""
+    import plotly.graph_objects as go
+
+    colors = {"single device": "#000000", "megatron-sp": "#E69F00", "ulysses": "#009E73", "ring": "#0072B2"}
+    fig = go.Figure()
+    for method, values in measured.items():
+        fig.add_trace(go.Scatter(x=list(seqs), y=values, name=method, mode="lines+markers",
+                                 line={"color": colors[method]},
+                                 hovertemplate="T=%{x}: %{y} bytes<extra>" + method + "</extra>"))  # fmt: skip
+    fig.update_xaxes(type="log", tickvals=list(seqs))
+    fig.update_yaxes(type="log")
+    title = f"Activation memory per rank (saved for backward, 1 layer), {world_size} ranks"
+    return style(fig, title, "sequence length T (tokens)", "bytes (rank 0)", height=480)
