@@ -16,8 +16,9 @@ within a group of at most nh ranks and ring attention across groups, for more ra
 
 from __future__ import annotations
 
+import math
+
 import torch
-import torch.nn.functional as F
 
 from parlab import comm
 
@@ -68,6 +69,17 @@ class HeadsToSeq(torch.autograd.Function):
         return seq_to_heads(grad.contiguous(), ctx.group, f"{ctx.label} bwd"), None, None
 
 
+def attention(q, k, v, causal: bool) -> torch.Tensor:
+    """Ordinary attention, written out as the reference GPT's (it saves the [B, nh/P, T, T] softmax for backward;
+    a fused kernel such as F.scaled_dot_product_attention's flash path would not, and works here as well)."""
+    T, hs = q.shape[-2], q.shape[-1]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(hs)  # [B, nh/P, T, T]
+    if causal:
+        future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    return scores.softmax(dim=-1) @ v
+
+
 def check_heads(heads: int, world_size: int) -> None:
     if heads % world_size:
         raise ValueError(
@@ -90,7 +102,7 @@ def ulysses_attention(q, k, v, causal: bool = True, group=None, label: str = "")
     kh = SeqToHeads.apply(k, group, f"{tag}k")
     vh = SeqToHeads.apply(v, group, f"{tag}v")
     with comm.span(f"attention {label}".strip(), "compute"):
-        yh = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)  # my heads, all T: [B, nh/P, T, hs]
+        yh = attention(qh, kh, vh, causal)  # my heads, all T: [B, nh/P, T, hs]
     return HeadsToSeq.apply(yh, group, f"{tag}out")  # [B, nh, T/P, hs]
 
 

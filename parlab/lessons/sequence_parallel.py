@@ -17,33 +17,66 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
+from parlab.check import Verdict, compare
 from parlab.launch import Results, launch
 from parlab.memory import saved_activations
 from parlab.models import GPTConfig, build_model, lm_loss, make_batches
 from parlab.plots import rank_color, style
-from parlab.ring_attention import chunks_of, ring_attention, sequence_split, tile_mask
+from parlab.ring_attention import chunks_of, ring_attention, sequence_split, tile_mask, zigzag_merge
 from parlab.runs.sequence_parallel import SPOptions
 from parlab.sequence_parallel import MegatronSPGPT, SequenceShardedGPT, shard_batch
-from parlab.ulysses import check_heads, seq_to_heads
+from parlab.ulysses import check_heads, seq_to_heads, ulysses_attention
 
 # ---------------------------------------------------------------------------------- ring attention, stepped
 
 
-def ring_demo_rank_fn(layout: str, causal: bool, seq: int, heads: int, head_size: int) -> torch.Tensor:
-    """Rank code: ring attention forward and backward on random q, k, v [1, nh, T, hs] (this rank's block)."""
-    rank, P = dist.get_rank(), dist.get_world_size()
+def attention_inputs(seq: int, heads: int = 4, head_size: int = 4, dtype=torch.float64) -> list[torch.Tensor]:
+    """The whole sequence's q, k, v and an upstream gradient dL/dout: [1, nh, T, hs] each (seeded)."""
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, heads, seq, head_size, generator=gen, dtype=torch.float64) for _ in range(3))
+    return [torch.randn(1, heads, seq, head_size, generator=gen, dtype=torch.float64).to(dtype) for _ in range(4)]
+
+
+def attention_rank_fn(method: str, layout: str, causal: bool, seq: int) -> list[torch.Tensor]:
+    """Rank code: ring or Ulysses attention, forward and backward, on this rank's block of the seeded inputs.
+    Returns [out, dq, dk, dv], this rank's blocks."""
+    rank, P = dist.get_rank(), dist.get_world_size()
+    q, k, v, dout = attention_inputs(seq)
     mine = [sequence_split(t, rank, P, 2, layout).requires_grad_() for t in (q, k, v)]
-    ring_attention(*mine, causal=causal, layout=layout).sum().backward()
-    return mine[0].grad
+    if method == "ulysses":
+        out = ulysses_attention(*mine, causal=causal)
+    else:
+        out = ring_attention(*mine, causal=causal, layout=layout)
+    (out * sequence_split(dout, rank, P, 2, layout)).sum().backward()
+    return [out.detach()] + [t.grad for t in mine]
 
 
 def ring_demo(world_size: int = 4, layout: str = "contiguous", causal: bool = True, seq: int = 16) -> Results:
     """Run ring attention on `world_size` ranks; the trace holds every tile span and every send/recv."""
     SPOptions(world_size=world_size, seq=seq, method="ring-zigzag" if layout == "zigzag" else "ring").validate()
-    return launch(ring_demo_rank_fn, world_size, layout, causal, seq, 2, 4, echo=False)
+    return launch(attention_rank_fn, world_size, "ring", layout, causal, seq, echo=False)
+
+
+def check_attention(results: Results, method: str, layout: str, causal: bool, seq: int = 16) -> list[Verdict]:
+    """The ranks' blocks put back in sequence order against scaled_dot_product_attention on the whole sequence:
+    output and the gradients of q, k, v."""
+    q, k, v, dout = attention_inputs(seq)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    (out * dout).sum().backward()
+    merge = (lambda b: zigzag_merge(b, 2)) if layout == "zigzag" else (lambda b: torch.cat(b, 2))
+    names = ("output", "dL/dq", "dL/dk", "dL/dv")
+    return [
+        compare(
+            f"{method} ({layout}, causal={causal}) {name}",
+            merge([r[i] for r in results]),
+            ref,
+            show=False,
+            against="sdpa on the whole sequence",
+        )  # fmt: skip
+        for i, (name, ref) in enumerate(zip(names, (out.detach(), q.grad, k.grad, v.grad), strict=True))
+    ]
 
 
 def ring_steps(trace, world_size: int, layout: str, phase: str = "fwd") -> dict:
@@ -91,15 +124,19 @@ def draw_ring_step(steps: dict, step: int, causal: bool = True):
         notes.append(dict(x=-0.1, y=(y + 0.45) * n / P, text=f"rank {r}", showarrow=False, xanchor="right"))
     x0 = 4.0
     done = {(q, k): (rank, s) for rank, s, q, k in steps["tiles"] if s <= step}
+    current = []  # this step's tiles get a thick border, drawn last so that no neighbour covers it
     for q in range(n):
+        y = n - 1 - q
+        notes.append(dict(x=x0 - 0.1, y=y + 0.5, text=f"q{q}", showarrow=False, xanchor="right"))
         for k in range(n):
-            y = n - 1 - q
             who = done.get((q, k))
             color = "white" if who is None else rank_color(who[0])
-            width = 3.5 if who is not None and who[1] == step else 0.6
-            shapes.append(_rect(x0 + k, y, x0 + k + 1, y + 1, color, width))
+            (current if who is not None and who[1] == step else shapes).append(
+                _rect(x0 + k, y, x0 + k + 1, y + 1, color, 3.5 if who is not None and who[1] == step else 0.6)
+            )
             if who is None and tile_mask(q, k, causal) == "skip":
                 notes.append(dict(x=x0 + k + 0.5, y=y + 0.5, text="·", showarrow=False, font={"color": "#999"}))
+    shapes += current
     fig = go.Figure()
     for r in range(P):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"rank {r}",
@@ -109,8 +146,7 @@ def draw_ring_step(steps: dict, step: int, causal: bool = True):
     fig.update_layout(shapes=shapes, annotations=notes)
     chunk_ticks = [x0 + k + 0.5 for k in range(n)]
     fig.update_xaxes(range=[-1.2, x0 + n + 0.2], tickvals=chunk_ticks, ticktext=[f"k{k}" for k in range(n)])
-    fig.update_yaxes(range=[-0.2, n + 0.7], tickvals=[n - 1 - q + 0.5 for q in range(n)],
-                     ticktext=[f"q{q}" for q in range(n)], side="right", scaleanchor="x")  # fmt: skip
+    fig.update_yaxes(range=[-0.2, n + 0.7], showticklabels=False, scaleanchor="x")
     fig.update_xaxes(showgrid=False, zeroline=False)
     fig.update_yaxes(showgrid=False, zeroline=False)
     counts = [sum(1 for (rank, s, _, _) in steps["tiles"] if rank == r and s <= step) for r in range(P)]
