@@ -34,8 +34,8 @@ ReduceOp = dist.ReduceOp
 _events: list[Event] = []
 
 # Hang diagnosis: parlab.launch sets `call_hook` in each rank to publish the traced call the rank is in:
-# call_hook(event, index, True) when it enters its call #index (or waits for it), call_hook(event, index, False)
-# when it leaves (an asynchronous call is then still in flight: its event.end is None). None elsewhere.
+# call_hook(event, index, state) with state "waiting" when the rank enters its call #index (or waits for it),
+# "in flight" when an asynchronous call has been issued, "done" once its data is here. None elsewhere.
 call_hook = None
 _calls = 0  # the traced communication calls this rank has made
 
@@ -104,14 +104,14 @@ class _TracedWork:
         self.work, self.event, self.tensor, self.index = work, event, tensor, index
 
     def wait(self) -> bool:
-        _hook(self.event, self.index, True)
+        _hook(self.event, self.index, "waiting")
         try:
             result = self.work.wait()
             _sync(self.tensor)
-            if self.event.end is None:
-                self.event.end = time.perf_counter()
         finally:
-            _hook(self.event, self.index, False)
+            _hook(self.event, self.index, "done")  # the data is here (or the wait failed): no rank to wait for
+        if self.event.end is None:
+            self.event.end = time.perf_counter()
         return result
 
     def is_completed(self) -> bool:
@@ -134,21 +134,25 @@ def _run(kind, call, tensor, nbytes, async_op, label="", peer=None, group=None):
     global _calls
     _calls += 1
     index = _calls
-    _hook(event, index, True)
+    _hook(event, index, "waiting")
     try:
         work = call()
-        if async_op:
-            return _TracedWork(work, event, tensor, index)
-        _sync(tensor)
-        event.end = time.perf_counter()
-        return None
-    finally:
-        _hook(event, index, False)
+        if not async_op:
+            _sync(tensor)
+    except BaseException:
+        _hook(event, index, "done")  # the call failed: the rank no longer waits in it
+        raise
+    if async_op:
+        _hook(event, index, "in flight")  # completes in the background until someone waits for it
+        return _TracedWork(work, event, tensor, index)
+    _hook(event, index, "done")  # the data is here: what follows waits for no other rank
+    event.end = time.perf_counter()
+    return None
 
 
-def _hook(event: Event, index: int, entering: bool) -> None:
+def _hook(event: Event, index: int, state: str) -> None:
     if call_hook is not None:
-        call_hook(event, index, entering)
+        call_hook(event, index, state)
 
 
 # ------------------------------------------------------------------------------------------------ collectives

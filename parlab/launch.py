@@ -677,13 +677,13 @@ class _CallBoard:
     def __init__(self, slot: memoryview):
         self.slot, self.seq, self.call, self.pending = slot, 0, None, {}
 
-    def hook(self, event, index: int, entering: bool) -> None:
-        """comm.call_hook: the rank enters (or waits for) traced call #index, or leaves it."""
-        if entering:
+    def hook(self, event, index: int, state: str) -> None:
+        """comm.call_hook: the rank is "waiting" in traced call #index, has it "in flight", or is "done" with it."""
+        if state == "waiting":
             self.call = self._as_dict(event, index)
         else:
             self.call = None
-            if event.end is None:  # an asynchronous call: in flight until someone waits for it
+            if state == "in flight":  # an asynchronous call: it may serve a peer's call until it is waited for
                 self.pending[index] = self._as_dict(event, index)
                 if len(self.pending) > self.MAX_PENDING:
                     self.pending.pop(next(iter(self.pending)))
