@@ -27,6 +27,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+from parlab import pace
 from parlab.trace import Event
 
 ReduceOp = dist.ReduceOp
@@ -111,11 +112,13 @@ class _TracedWork:
         finally:
             _hook(self.event, self.index, "done")  # the data is here (or the wait failed): no rank to wait for
         if self.event.end is None:
+            pace.hold_comm(self.event)  # an emulated link: the data arrives when the link model says
             self.event.end = time.perf_counter()
         return result
 
     def is_completed(self) -> bool:
-        return self.work.is_completed()
+        # Under an emulated link (parlab.pace) the data counts as arrived only when the link model says so.
+        return self.work.is_completed() and time.perf_counter() >= pace.comm_ready_at(self.event)
 
 
 def _run(kind, call, tensor, nbytes, async_op, label="", peer=None, group=None):
@@ -146,6 +149,7 @@ def _run(kind, call, tensor, nbytes, async_op, label="", peer=None, group=None):
         _hook(event, index, "in flight")  # completes in the background until someone waits for it
         return _TracedWork(work, event, tensor, index)
     _hook(event, index, "done")  # the data is here: what follows waits for no other rank
+    pace.hold_comm(event)
     event.end = time.perf_counter()
     return None
 
@@ -259,10 +263,17 @@ def span(label: str, kind: str = "compute", **extra) -> Iterator[Event]:
     """Record the code inside the `with` block as a compute span ("F mb3", kind="forward") on the timeline."""
     event = Event(_rank(), kind, time.perf_counter(), label=label, extra=extra)
     _events.append(event)
+    pace.enter_compute(event)
+    finished = False
     try:
         yield event
+        finished = True
     finally:
         # GPU kernels run asynchronously: wait for them, or the span would end when they were queued.
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
+        if finished:
+            pace.hold_compute(event)  # an emulated device: held to its modelled duration (parlab.pace)
+        else:
+            pace.leave_compute(event)
         event.end = time.perf_counter()

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from parlab import comm
+from parlab import comm, pace
 from parlab.launch import progress
 from parlab.models import lm_loss
 
@@ -142,6 +142,7 @@ class BucketedDP:
         ]
         self.bucket_of = {id(p): b for b in self.buckets for p in b.params}  # parameter -> its bucket
         self.next_to_start = 0  # the next bucket index to all-reduce this step
+        self.numel, self.arrived = sum(b.numel for b in self.buckets), 0  # elements whose gradient has arrived
         self.sync = True  # False inside no_sync(): accumulate locally, communicate nothing
         self.hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for b in self.buckets for p in b.params]
 
@@ -153,6 +154,8 @@ class BucketedDP:
             return
         bucket = self.bucket_of[id(param)]
         bucket.ready.add(id(param))
+        self.arrived += param.numel()
+        pace.reached(self.arrived / self.numel)  # an emulated device: backward has done this share of its work
         self._start_ready_buckets()
         self._note_finished()
 
@@ -194,7 +197,7 @@ class BucketedDP:
                 offset += p.numel()
             bucket.ready.clear()
             bucket.flat, bucket.work = None, None
-        self.next_to_start = 0
+        self.next_to_start, self.arrived = 0, 0
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:

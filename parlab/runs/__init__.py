@@ -23,6 +23,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from parlab import pace
 from parlab.launch import Results, init_from_env, launch, under_torchrun
 from parlab.runs.options import RunOptions
 from parlab.trace import Trace
@@ -94,8 +95,14 @@ def launch_scheme(name: str, **options) -> tuple[Results, dict]:
     """
     scheme = get_scheme(name)
     opts = scheme.make_options(**options)  # bad options are refused here, before any process starts
-    results = launch(scheme.rank_fn, opts.world_size, opts, echo=False)
+    results = launch(run_rank, opts.world_size, scheme.rank_fn, opts, echo=False)
     return results, checked_report(scheme, opts, results)
+
+
+def run_rank(rank_fn: Callable[[Any], Any], opts: RunOptions) -> Any:
+    """What each rank runs: the scheme's rank code, paced when the options ask for an emulated device and link."""
+    with pace.paced(opts.pace_model()):
+        return rank_fn(opts)
 
 
 def run_scheme(name: str, **options) -> dict | None:
@@ -114,6 +121,15 @@ def checked_report(scheme: Scheme, opts: RunOptions, results: Results) -> dict:
     missing = [k for k in REQUIRED_KEYS if k not in report]
     if missing:
         raise RuntimeError(f"scheme {scheme.name!r} returned a report without {missing}")
+    model = opts.pace_model()
+    report["paced"] = None if model is None else model.describe()
+    if model is not None:  # every figure of a paced run says so, and whether the machine kept up with the pace
+        overran = pace.overruns(results.trace.events)
+        report["paced_overruns"] = overran
+        note = f"paced run ({model.describe()}): times are modelled, data and bytes are real"
+        if overran:
+            note += f"; {overran} compute spans took longer than modelled (pace too fast for this machine)"
+        report["verdicts"] = [*report["verdicts"], note]
     return report
 
 
@@ -122,7 +138,7 @@ def _run_under_torchrun(scheme: Scheme, opts: RunOptions) -> Results | None:
     from parlab import comm
 
     comm.reset_trace()
-    value = scheme.rank_fn(opts)
+    value = run_rank(scheme.rank_fn, opts)
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object((value, comm.trace_events()), gathered, dst=0)
     rank = dist.get_rank()

@@ -20,16 +20,18 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from parlab.models import DTYPES, GPTConfig
+from parlab.pace import Pace
+from parlab.pace import parse as parse_pace
 
 
-def option(default: Any, help: str, *, flag: str | None = None, choices=None, parse=None) -> Any:
+def option(default: Any, help: str, *, flag: str | None = None, choices=None, parse=None, const=None) -> Any:
     """A dataclass field that is also a command-line option.
 
     flag: the option's name on the command line (default: --name-with-dashes). parse: a function from the
     command-line string to the value (its ValueError becomes a clear CLI error). A bool option with default
-    False is a --flag; with default True it is a --no-flag.
+    False is a --flag; with default True it is a --no-flag. const: the value of the flag given alone (--pace).
     """
-    meta = {"help": help, "flag": flag, "choices": choices, "parse": parse}
+    meta = {"help": help, "flag": flag, "choices": choices, "parse": parse, "const": const}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -56,6 +58,12 @@ class RunOptions:
     dtype: str = option("float64", "float64 (exactness is the lesson) or float32", choices=sorted(DTYPES))
     steps: int = option(3, "training steps")
     seed: int = option(0, "seed of the model's weights and of the data")
+    pace: str = option(
+        "",
+        "emulate a device and a link (parlab.pace): alone, the default model; or e.g. "
+        "unit=20ms,alpha=1ms,bandwidth=50MB/s (unit: one forward pass)",
+        const="default",
+    )
 
     def validate(self) -> None:
         """Raise a clear ValueError for options that cannot work: called before any process starts."""
@@ -63,6 +71,11 @@ class RunOptions:
         positive("steps", self.steps)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
+        self.pace_model()  # a pace that does not parse
+
+    def pace_model(self) -> Pace | None:
+        """The emulated device and link of this run (None: not paced)."""
+        return parse_pace(self.pace)
 
     def replace(self, **changes) -> RunOptions:
         return dataclasses.replace(self, **changes)
@@ -95,6 +108,7 @@ class RunOptions:
                 )
                 continue
             parse = meta.get("parse") or _parser_for(f.type, default)
+            extra = {"nargs": "?", "const": meta["const"]} if meta.get("const") is not None else {}
             parser.add_argument(
                 flag,
                 dest=f.name,
@@ -102,6 +116,7 @@ class RunOptions:
                 default=default,
                 choices=meta.get("choices"),
                 help=meta.get("help"),
+                **extra,
             )
 
 

@@ -1,0 +1,75 @@
+"""The emulated device and link (parlab.pace): spans and messages held to the model, data and bytes untouched."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import parlab
+from parlab import comm, pace
+from parlab.runs import run_scheme
+from parlab.runs.pipeline import run_pipeline
+
+
+def test_parse_reads_units_and_refuses_nonsense():
+    assert pace.parse("") is None
+    assert pace.parse("default") == pace.Pace()
+    model = pace.parse("unit=20ms, alpha=2ms, bandwidth=10MB/s")
+    assert model == pace.Pace(unit=0.02, alpha=0.002, bandwidth=10e6)
+    assert model.compute_seconds("backward") == pytest.approx(0.04) and model.compute_seconds("optimizer") == 0
+    assert model.comm_seconds(10_000) == pytest.approx(0.002 + 0.001)
+    for bad, message in [("unit=fast", "expected 'default'"), ("unit=0ms", "unit=0.0 must be > 0")]:
+        with pytest.raises(ValueError, match=message):
+            pace.parse(bad)
+
+
+def paced_rank() -> dict:
+    """Rank code: one forward-like span, one backward-like span that reports its progress, one all-reduce."""
+    x = torch.ones(1000, dtype=torch.float64)  # 8000 bytes
+    with pace.paced(pace.Pace(unit=0.05, alpha=0.01, bandwidth=1e6)):  # all-reduce: 10 ms + 8 ms
+        with comm.span("F0", kind="forward"):
+            pass  # no real work: the span lasts its modelled 50 ms
+        with comm.span("B0", kind="backward") as backward:
+            pace.reached(0.5)  # halfway through the backward's work
+            halfway = time.perf_counter() - backward.start
+        comm.all_reduce(x)
+    return {"sum": x[0].item(), "halfway": halfway}
+
+
+def test_paced_spans_and_messages_last_their_modelled_time_and_the_data_stays_real():
+    results = parlab.launch(paced_rank, 2, echo=False)
+    assert [r["sum"] for r in results] == [2.0, 2.0]
+    for r in results:
+        assert 0.05 <= r["halfway"] < 0.09  # 0.5 x the backward's 100 ms
+    for e in results.trace.events:
+        modelled = {"forward": 0.05, "backward": 0.1, "all_reduce": 0.018}[e.kind]
+        assert e.duration >= modelled - 1e-4, (e.kind, e.duration)
+        assert e.extra.get("paced") and "overrun" not in e.extra
+    assert results.trace.bytes_per_rank() == {"all_reduce": [8000, 8000]}
+
+
+def slow_rank() -> float:
+    with pace.paced(pace.Pace(unit=0.001)):
+        with comm.span("F0", kind="forward") as span:
+            time.sleep(0.02)  # real work longer than the modelled 1 ms
+    return span.extra["overrun"]
+
+
+def test_a_span_that_does_not_fit_its_model_is_marked():
+    assert all(overrun > 0.01 for overrun in parlab.launch(slow_rank, 1, echo=False))
+
+
+def test_a_paced_scheme_run_matches_one_device_and_says_it_was_paced():
+    _, report = run_pipeline("1f1b", 2, 2, steps=1, batch=4, layers=2, pace="unit=10ms,alpha=0.1ms,bandwidth=1GB/s")
+    assert report["passed"], report["verdicts"]
+    assert report["paced"].startswith("emulated device: F = 10 ms") and report["paced_overruns"] >= 0
+    assert report["verdicts"][-1].startswith("paced run (emulated device")
+    assert report["bubble_ideal_fraction"] == "1/3"
+
+
+def test_a_bad_pace_is_refused_before_launch(monkeypatch):
+    monkeypatch.setattr("parlab.runs.launch", lambda *a, **k: pytest.fail("launched"))
+    with pytest.raises(ValueError, match="pace 'slow'"):
+        run_scheme("collectives", world_size=2, pace="slow")
