@@ -1,0 +1,323 @@
+"""Run and check ZeRO (parlab/zero.py): `python -m parlab run zero --stage {1,2,3} [--mixed-precision] --world N`.
+
+The ranks train with our ZeRO (traced), then with PyTorch's own sharded training on the same data (untraced):
+torch.distributed.optim.ZeroRedundancyOptimizer for stage 1, FSDP2 (torch.distributed.fsdp.fully_shard) with
+reshard_after_forward=False for stage 2 and True for stage 3. The parent trains one device on the whole batch
+(the same mixed-precision recipe under --mixed-precision) and compares; it also sets the bytes each rank held
+beside the paper's formulas, and the bytes it communicated beside one DP all-reduce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from parlab import comm
+from parlab.check import check_equal, compare
+from parlab.data_parallel import shard_batch
+from parlab.launch import Results
+from parlab.models import GPT, build_model, lm_loss, make_batches, train_single_device
+from parlab.runs import Scheme, launch_scheme
+from parlab.runs.options import ModelOptions, option
+from parlab.zero import (
+    STAGES,
+    check_reducible,
+    mixed_precision_single_device,
+    train_zero,
+    zero_comm_theory,
+    zero_memory,
+)
+
+COMPONENTS = ("params", "grads", "optimizer")
+# Mixed precision against the same recipe on one device: bf16 keeps ~3 significant digits, so the ranks' sum of
+# gradients differs from one device's in the last bits, and Adam (m / sqrt(v)) turns an element whose gradient is
+# ~0 (the attention key biases' exact gradient is 0) into a full step of +-lr either way. So: the loss of each step
+# within 4e-2 (bf16's spacing at a loss of ~3.5 is 1.6e-2), and 99% of the parameters within 1e-4 (measured on the
+# reference GPT: under 1% of the elements move by more).
+MIXED_LOSS_TOL, MIXED_PARAM_TOL, MIXED_QUANTILE = 4e-2, 1e-4, 0.99
+
+
+def param_count(cfg) -> int:
+    """Psi of the reference GPT for `cfg`, without allocating it (built on the meta device)."""
+    with torch.device("meta"):
+        model = GPT(cfg)
+    return sum(p.numel() for p in model.parameters())
+
+
+@dataclass
+class ZeROOptions(ModelOptions):
+    stage: int = option(1, "ZeRO stage: 1 (optimizer states), 2 (+ gradients), 3 (+ parameters)")
+    mixed_precision: bool = option(False, "compute copy in --compute-dtype, fp32 master weights and Adam states")
+    compute_dtype: str = option("bfloat16", "the compute copy under --mixed-precision: bfloat16, or float16")
+    loss_scale: float = option(1024.0, "float16 only: the initial loss scale (halved on overflow)")
+    prefetch: bool = option(False, "stage 3: all-gather the next layer's parameters one layer early")
+    reference: bool = option(True, "also train with PyTorch's own (ZeroRedundancyOptimizer / FSDP2) and compare")
+    optimizer: str = option("adam", "ZeRO shards Adam's states: adam only", choices=["adam"])
+    lr: float = option(1e-3, "learning rate")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.stage not in STAGES:
+            raise ValueError(f"stage={self.stage!r} must be one of {STAGES}")
+        if self.optimizer != "adam":
+            raise ValueError(f"optimizer={self.optimizer!r}: ZeRO here shards Adam's states; use adam")
+        if self.batch % self.world_size:
+            raise ValueError(f"global batch={self.batch} is not divisible by world_size={self.world_size}")
+        psi = param_count(self.gpt_config())
+        if self.world_size > psi:
+            raise ValueError(f"world_size={self.world_size} is more than the {psi} parameters to shard")
+        check_reducible(self.grad_dtype())  # the gradients are reduce-scattered in this dtype
+        if self.stage == 3 and self.tied:
+            raise ValueError(
+                "stage 3 gathers one layer at a time; a weight shared by two layers (--tied) is not supported"
+            )
+        if self.mixed_precision and self.compute_dtype == "float16" and self.loss_scale <= 0:
+            raise ValueError(f"loss_scale={self.loss_scale} must be > 0")
+
+    def grad_dtype(self) -> torch.dtype:
+        """The dtype of the compute copy and of the gradients."""
+        if not self.mixed_precision:
+            return self.gpt_config().torch_dtype
+        dtype = getattr(torch, self.compute_dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"compute_dtype={self.compute_dtype!r} is not a torch dtype")
+        return dtype
+
+    def gpt_config(self):
+        cfg = super().gpt_config()  # mixed precision: the master weights (the model's dtype) are fp32
+        return dataclasses.replace(cfg, dtype="float32") if self.mixed_precision else cfg
+
+    def zero_kwargs(self) -> dict:
+        fp16 = self.mixed_precision and self.grad_dtype() == torch.float16
+        return {
+            "stage": self.stage,
+            "lr": self.lr,
+            "compute_dtype": self.grad_dtype() if self.mixed_precision else None,
+            "loss_scale": self.loss_scale if fp16 else None,
+            "prefetch": self.prefetch,
+        }
+
+
+# ------------------------------------------------------------------------------ PyTorch's own, for comparison
+
+
+def reference_name(opts: ZeROOptions) -> str | None:
+    """The PyTorch implementation this run is compared with (None: none applies, see `reference_note`)."""
+    if not opts.reference or reference_note(opts):
+        return None
+    return "torch ZeroRedundancyOptimizer" if opts.stage == 1 else "torch FSDP2 fully_shard"
+
+
+def reference_note(opts: ZeROOptions) -> str:
+    """Why no PyTorch implementation is compared (empty when one is)."""
+    if opts.mixed_precision and opts.stage == 1:
+        return "ZeroRedundancyOptimizer keeps no fp32 master copy of bf16/fp16 parameters: not the same recipe"
+    if opts.mixed_precision and opts.grad_dtype() == torch.float16:
+        return "FSDP2 has no loss scaling of its own: not the same fp16 recipe"
+    return ""
+
+
+def train_torch_reference(opts: ZeROOptions, batches) -> dict:
+    """Rank code: the same training with PyTorch's sharded optimizers (untraced: they call torch.distributed).
+
+    stage 1: DistributedDataParallel + ZeroRedundancyOptimizer(Adam); stage 2: FSDP2 fully_shard per layer,
+    reshard_after_forward=False (parameters stay gathered between forward and backward: ZeRO-2's memory);
+    stage 3: fully_shard with reshard_after_forward=True. Mixed precision: FSDP2's MixedPrecisionPolicy."""
+    P, rank = comm.group_size(), comm.group_rank()
+    model = build_model(opts.gpt_config(), opts.seed)
+    if opts.stage == 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(model)
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=opts.lr)
+    else:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(opts.grad_dtype(), opts.grad_dtype()) if opts.mixed_precision else None
+        kwargs = {"reshard_after_forward": opts.stage == 3, **({"mp_policy": mp} if mp else {})}
+        for block in model.blocks:
+            fully_shard(block, **kwargs)
+        net = fully_shard(model, **kwargs)
+        opt = torch.optim.Adam(model.parameters(), lr=opts.lr)
+    losses = []
+    for x, y in batches:
+        x_r, y_r = shard_batch(x, y, rank, P)
+        loss = lm_loss(net(x_r), y_r)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    full = {n: p.full_tensor() if hasattr(p, "full_tensor") else p for n, p in model.named_parameters()}
+    return {"losses": losses, "params": {n: p.detach().clone() for n, p in full.items()}}
+
+
+# ------------------------------------------------------------------------------------------ rank and report
+
+
+def zero_rank(opts: ZeROOptions) -> dict:
+    """Rank code: our ZeRO (traced), then PyTorch's (untraced) on the same data unless opts.reference is False."""
+    cfg = opts.gpt_config()
+    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)  # global [B, T], the same on every rank
+    out = train_zero(build_model(cfg, opts.seed), batches, **opts.zero_kwargs())
+    if reference_name(opts):
+        out["reference"] = train_torch_reference(opts, batches)
+    return out
+
+
+def bytes_formula(opts: ZeROOptions, psi: int) -> dict[str, float]:
+    """The paper's per-rank bytes for this run: params, grads, optimizer states (K = 3 x the master's bytes:
+    master weights, m, v; 12 under mixed precision) and their total."""
+    elem = opts.grad_dtype().itemsize
+    K = 3 * opts.gpt_config().dtype_bytes
+    return zero_memory(psi, opts.world_size, K=K, param_bytes=elem, grad_bytes=elem)[opts.stage]
+
+
+def zero_report(opts: ZeROOptions, results: Results) -> dict:
+    """The single-device reference on the same global batches, the comparisons, the bytes held and moved."""
+    P, K = opts.world_size, opts.steps
+    cfg = opts.gpt_config()
+    batches = make_batches(cfg, opts.batch, K, opts.seed)
+    zkw = opts.zero_kwargs()
+    if opts.mixed_precision:
+        single = mixed_precision_single_device(
+            build_model(cfg, opts.seed), batches, lr=opts.lr, compute_dtype=zkw["compute_dtype"],
+            loss_scale=zkw["loss_scale"],
+        )  # fmt: skip
+        single_losses, single_params = single["losses"], single["params"]
+    else:
+        single = train_single_device(cfg, batches, opts.seed, "adam", opts.lr)
+        single_losses, single_params = single.losses, single.params
+
+    loss_parallel = [sum(r["losses"][k] for r in results) / P for k in range(K)]
+    params = [r["params"] for r in results]
+    verdicts = _numeric_verdicts(opts, loss_parallel, single_losses, params, [single_params] * P, "single device")
+    ref = reference_name(opts)
+    loss_ref = None
+    if ref:
+        refs = [r["reference"] for r in results]
+        loss_ref = [sum(d["losses"][k] for d in refs) / P for k in range(K)]
+        verdicts += _numeric_verdicts(opts, loss_parallel, loss_ref, params, [d["params"] for d in refs], ref)
+
+    note = [f"not compared with PyTorch's own: {reference_note(opts)}"] if opts.reference and not ref else []
+
+    # Memory: what each rank held just before its optimizer step, beside the formula (padding itemised).
+    psi = sum(p.numel() for p in results[0]["params"].values())
+    pad = results[0]["padding"]
+    formula = bytes_formula(opts, psi)
+    formula_padded = bytes_formula(opts, psi + pad)  # the flat buffers hold Psi + padding numbers
+    measured = {c: [r["steady"][c] for r in results] for c in COMPONENTS}
+    memory_ok, memory_lines = [], []
+    for c in COMPONENTS:  # every rank holds exactly formula(Psi + padding), and that is within 1% of formula(Psi)
+        exact = all(check_equal(c, m, formula_padded[c], show=False).passed for m in measured[c])
+        off = max(abs(m - formula[c]) for m in measured[c]) / formula[c]
+        memory_ok.append(exact and off <= 0.01)
+        memory_lines.append(
+            f"{c} per rank: measured {measured[c][0]:,} bytes = formula {formula[c]:,.0f} + padding "
+            f"{formula_padded[c] - formula[c]:,.0f} ({100 * off:.2f}% off, within 1%): "
+            f"{'PASS' if memory_ok[-1] else 'FAIL'}"
+        )
+
+    # Communication per step: payloads counted by parlab.comm (the final check gather left out), ring wire bytes.
+    events = [e for e in results.trace.events if not e.is_compute and not e.label.startswith("check")]
+    payload = {kind: [0] * P for kind in ("reduce_scatter", "all_gather")}
+    for e in events:
+        if e.kind in payload:
+            payload[e.kind][e.rank] += e.bytes / K
+    wire = [payload["reduce_scatter"][r] * (P - 1) / P + payload["all_gather"][r] * (P - 1) for r in range(P)]
+    theory = zero_comm_theory(psi, P, opts.grad_dtype().itemsize, opts.stage)
+    ratio = wire[0] / theory["dp_all_reduce_wire_bytes"]
+    comm_ok = abs(ratio - theory["theory_ratio"]) <= 0.01 * theory["theory_ratio"]
+    comm_line = (
+        f"wire bytes per step (ring): measured {wire[0]:,.0f} = {ratio:.3f} x one DP all-reduce "
+        f"({theory['dp_all_reduce_wire_bytes']:,.0f}); theory {theory['theory_ratio']:.1f}x: "
+        f"{'PASS' if comm_ok else 'FAIL'}"
+    )
+
+    worst = max(verdicts, key=lambda v: v.max_abs_err)
+    peak = {k: max(r["peak"][k] for r in results) for k in results[0]["peak"]}
+    report = {
+        "scheme": "zero",
+        "world_size": P,
+        "passed": all(v.passed for v in verdicts) and all(memory_ok) and comm_ok,
+        "max_abs_err": worst.max_abs_err,
+        "tol": worst.tol,
+        "comm": {
+            **results.trace.bytes_per_rank(),
+            "reduce_scatter_per_step": payload["reduce_scatter"],
+            "all_gather_per_step": payload["all_gather"],
+            "wire_bytes_per_step": wire,
+            **theory,
+            "measured_ratio": ratio,
+        },
+        "verdicts": [v.line for v in verdicts] + note + memory_lines + [comm_line],
+        "stage": opts.stage,
+        "mixed_precision": opts.mixed_precision,
+        "compute_dtype": str(opts.grad_dtype()).removeprefix("torch."),
+        "param_count": psi,
+        "padding": pad,
+        "bytes_per_rank": measured,
+        "bytes_formula": {c: formula[c] for c in COMPONENTS},
+        "bytes_formula_padded": {c: formula_padded[c] for c in COMPONENTS},
+        "peak_bytes": peak,
+        "steps": K,
+        "batch": opts.batch,
+        "loss_single": single_losses,
+        "loss_parallel": loss_parallel,
+        "loss_reference": loss_ref,
+        "reference": ref,
+        "reference_note": reference_note(opts) if opts.reference else "",
+        "skipped_steps": results[0]["skipped_steps"],
+        "units": results[0]["units"],
+    }
+    if opts.stage == 3:
+        report["gathered_params_peak"] = peak["gathered params"]
+    return report
+
+
+def _numeric_verdicts(opts, loss_ours, loss_ref, params_ours, params_ref, against: str) -> list:
+    """Loss of each step and parameters after K steps, ours against a reference (one device, or PyTorch's)."""
+    K, losses = opts.steps, lambda values: torch.tensor(values, dtype=torch.float64)
+    if not opts.mixed_precision:
+        return [
+            compare(
+                f"loss of each of {K} steps",
+                losses(loss_ours),
+                losses(loss_ref),
+                show=False,
+                against=against,
+                tol=1e-10 if opts.dtype == "float64" else 1e-5,
+            ),  # fmt: skip
+            compare(f"parameters after {K} steps, every rank", params_ours, params_ref, show=False, against=against),
+        ]
+    quantiles = []
+    for ours, ref in zip(params_ours, params_ref, strict=True):
+        errors = torch.cat([(ours[n].double() - ref[n].double()).abs().reshape(-1) for n in ref])
+        quantiles.append(torch.quantile(errors, MIXED_QUANTILE).item())
+    dtype = str(opts.grad_dtype()).removeprefix("torch.")
+    return [
+        compare(f"loss of each of {K} steps ({dtype} compute)", losses(loss_ours), losses(loss_ref), MIXED_LOSS_TOL,
+                show=False, against=against),  # fmt: skip
+        compare(f"parameters after {K} steps, {MIXED_QUANTILE:.0%} of the elements ({dtype} compute), every rank",
+                torch.tensor(quantiles), torch.zeros(len(quantiles)), MIXED_PARAM_TOL, show=False, against=against),
+    ]  # fmt: skip
+
+
+def run_zero(world_size: int = 4, **options) -> tuple[Results, dict]:
+    """Run ZeRO on live ranks; returns (results, report), the report being what `python -m parlab run zero` prints.
+
+    options: any ZeROOptions field (stage, mixed_precision, compute_dtype, prefetch, reference, steps, batch, ...)."""
+    return launch_scheme("zero", world_size=world_size, **options)
+
+
+SCHEMES = [
+    Scheme(
+        "zero",
+        "ZeRO stages 1-3 (+ mixed precision): memory per rank vs the paper; vs one device and torch's own",
+        ZeROOptions,
+        zero_rank,
+        zero_report,
+    )
+]
