@@ -52,10 +52,19 @@ def attention_rank_fn(method: str, layout: str, causal: bool, seq: int) -> list[
     return [out.detach()] + [t.grad for t in mine]
 
 
+def attention_demo(
+    method: str = "ring", world_size: int = 4, layout: str = "contiguous", causal: bool = True, seq: int = 16
+) -> Results:
+    """Run ring or Ulysses attention on `world_size` ranks (results[r] = [out, dq, dk, dv] of rank r's block);
+    for ring attention the trace holds every tile span and every send/recv."""
+    name = "ring-zigzag" if layout == "zigzag" else method
+    SPOptions(world_size=world_size, seq=seq, heads=attention_inputs(seq)[0].shape[1], method=name).validate()
+    return launch(attention_rank_fn, world_size, method, layout, causal, seq, echo=False)
+
+
 def ring_demo(world_size: int = 4, layout: str = "contiguous", causal: bool = True, seq: int = 16) -> Results:
     """Run ring attention on `world_size` ranks; the trace holds every tile span and every send/recv."""
-    SPOptions(world_size=world_size, seq=seq, method="ring-zigzag" if layout == "zigzag" else "ring").validate()
-    return launch(attention_rank_fn, world_size, "ring", layout, causal, seq, echo=False)
+    return attention_demo("ring", world_size, layout, causal, seq)
 
 
 def check_attention(results: Results, method: str, layout: str, causal: bool, seq: int = 16) -> list[Verdict]:
