@@ -411,6 +411,26 @@ def test_each_rank_publishes_its_calls_through_the_comm_hook(clean):
     ]
 
 
+def test_the_call_board_forgets_asynchronous_calls_once_waited():
+    slot = memoryview(bytearray(launch_module.SLOT_BYTES))
+    board = launch_module._CallBoard(slot)
+
+    def state():
+        length = int.from_bytes(slot[8:12], "little")
+        return json.loads(bytes(slot[12 : 12 + length]))
+
+    event = parlab.Event(0, "send", 0.0, bytes=8, peer=1)
+    board.hook(event, 1, "waiting")
+    assert state()["call"]["kind"] == "send" and state()["call"]["i"] == 1
+    board.hook(event, 1, "in flight")
+    assert state()["call"] is None and [c["i"] for c in state()["pending"]] == [1]
+    board.hook(event, 1, "waiting")
+    board.hook(event, 1, "done")
+    assert state() == {"call": None, "pending": [], "done": False}
+    board.publish(done=True)
+    assert state()["done"] and int.from_bytes(slot[0:8], "little") % 2 == 0
+
+
 def test_the_progress_line_says_which_rank_waits_in_which_call(clean, monkeypatch, capsys):
     monkeypatch.setattr(launch_module._ProgressLine, "FORCE", True)
     monkeypatch.setattr(launch_module._ProgressLine, "DELAY", 0.0)
