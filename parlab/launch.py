@@ -240,15 +240,21 @@ class _RankServer:
         return not self.dead and self.process.poll() is None
 
     def close(self) -> None:
+        if not self.ready.is_set():  # still importing torch, with no rank yet: nothing to stop gently
+            self.process.kill()
         try:
             self.socket.shutdown(socket.SHUT_RDWR)  # the server reads EOF and exits; its ranks die with it
         except OSError:
             pass
+        interrupted = None
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.wait()
+        except KeyboardInterrupt as exc:  # never leave the server behind, even on a second Ctrl-C
+            self.process.kill()
+            interrupted = exc
+        self.process.wait()
         self.outbox.put(None)
         for thread in self.threads:
             thread.join(timeout=5)
@@ -260,6 +266,8 @@ class _RankServer:
                 os.remove(path)
             except OSError:
                 pass
+        if interrupted is not None:
+            raise interrupted
 
 
 _server: _RankServer | None = None
@@ -295,14 +303,16 @@ def warm_up(wait: bool = False) -> None:
     parlab calls this at import in a Jupyter kernel, or anywhere when PARLAB_WARM=1. `wait`: block until the
     server is ready. It returns at once if a server is already running."""
     server = _get_server(warm=True)
+    server.warm = True  # asked for: a launch interrupted while it starts leaves it running
     if wait:
         server.wait_ready()
 
 
 def shutdown() -> None:
     """Stop the rank server (it restarts at the next launch). Called automatically at exit."""
-    if _server is not None:
-        _retire(_server)
+    server = _server
+    if server is not None:
+        _retire(server)
 
 
 def _retire(server: _RankServer) -> None:
@@ -430,7 +440,8 @@ def launch(
         "seed": seed,
         "slot_bytes": SLOT_BYTES,
     }
-    request = pickle.dumps({"job": job})
+    job_id, request = job["id"], pickle.dumps({"job": job})
+    del job  # the pickled request is what travels: no second copy of a large closure while the ranks run
     with _lock:
         server = _get_server()
         try:
@@ -445,7 +456,7 @@ def launch(
         started = time.perf_counter()
         server.outbox.put(request)
         del request
-        report, stopped, calls = _wait_for_report(server, job["id"], timeout, world_size)
+        report, stopped, calls = _wait_for_report(server, job_id, timeout, world_size)
         seconds = time.perf_counter() - started
     return _results_from(report, stopped, calls, world_size, timeout, seconds, echo, seed)
 
