@@ -22,7 +22,7 @@ import torch.distributed as dist
 from parlab import comm
 from parlab.check import check_equal, compare
 from parlab.launch import Results
-from parlab.models import build_model, lm_loss, make_batches, make_optimizer, train_single_device
+from parlab.models import build_model, lm_loss, make_batches, make_optimizer, synthetic_corpus, train_single_device
 from parlab.parameter_server import (
     MODES,
     SERVER,
@@ -55,9 +55,15 @@ class PSOptions(ModelOptions):
         check_setup(self.world_size, self.straggler, self.slowdown, self.batch)
 
 
-def eval_batch(opts: PSOptions):
-    """A fixed batch no step trains on, for loss curves that every mode and version is measured on."""
-    return make_batches(opts.gpt_config(), opts.batch, 1, opts.seed + 1000)[0]
+def eval_batch(opts: PSOptions, rows: int = 64):
+    """A fixed batch of the training corpus, drawn apart from the training batches, on which every version
+    theta_v of every mode is measured (the loss curves)."""
+    cfg = opts.gpt_config()
+    corpus = synthetic_corpus(cfg.vocab_size, seed=opts.seed)
+    starts = torch.randint(len(corpus) - cfg.seq_len - 1, (rows,), generator=torch.Generator().manual_seed(10**6))
+    x = torch.stack([corpus[s : s + cfg.seq_len] for s in starts])  # [rows, T]
+    y = torch.stack([corpus[s + 1 : s + cfg.seq_len + 1] for s in starts])  # [rows, T]
+    return x, y
 
 
 def ps_rank(opts: PSOptions) -> dict:
