@@ -46,7 +46,8 @@ from parlab.models import lm_loss
 STAGES = (1, 2, 3)
 K_MIXED = 12  # fp32 master weight + Adam m + Adam v: 4 + 4 + 4 bytes per parameter (the paper's K)
 
-# What each backend can reduce (sum). gloo refuses the float8 types, for example ("Invalid scalar type").
+# What each backend can reduce (sum), of the dtypes parlab offers; gloo refuses the float8 types, for example
+# ("Invalid scalar type").
 REDUCIBLE = {
     "gloo": {torch.float64, torch.float32, torch.bfloat16, torch.float16},
     "nccl": {torch.float64, torch.float32, torch.bfloat16, torch.float16},
@@ -80,7 +81,7 @@ class Unit:
     ready: set[int] = field(default_factory=set)  # stages 2, 3: parameters whose gradient arrived
     reduce_work: tuple | None = None  # stages 2, 3: (work, flat gradient) of its reduce-scatter in flight
 
-    def piece(self, flat: torch.Tensor, rank: int) -> torch.Tensor:
+    def shard_of(self, flat: torch.Tensor, rank: int) -> torch.Tensor:
         """Rank `rank`'s slice of this unit's flat buffer [N*S_u] -> [S_u] (a view)."""
         return flat[rank * self.shard_numel : (rank + 1) * self.shard_numel]
 
@@ -91,10 +92,12 @@ def plan_units(model: nn.Module, world_size: int) -> list[Unit]:
     total = sum(p.numel() for p in model.parameters())
     if N > total:
         raise ValueError(f"N={N} ranks is more than the {total} parameters: some shards would be empty")
-    layers = []
+    layers = []  # (name, module): the model's children in order, a ModuleList's children one by one
     for name, child in model.named_children():
-        layers += [(f"{name}.{k}", c) for k, c in child.named_children()] if isinstance(child, nn.ModuleList) else []
-        layers += [] if isinstance(child, nn.ModuleList) else [(name, child)]
+        if isinstance(child, nn.ModuleList):
+            layers += [(f"{name}.{k}", c) for k, c in child.named_children()]
+        else:
+            layers.append((name, child))
     units, seen, offset = [], set(), 0
     for name, module in layers:
         named = [(f"{name}.{n}", p) for n, p in module.named_parameters() if id(p) not in seen]
@@ -110,7 +113,7 @@ def plan_units(model: nn.Module, world_size: int) -> list[Unit]:
 
 def flatten(tensors: list[torch.Tensor], padded: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """The tensors side by side, zero-padded: [padded]."""
-    flat = torch.zeros(padded, dtype=dtype or tensors[0].dtype)
+    flat = torch.zeros(padded, dtype=dtype or tensors[0].dtype, device=tensors[0].device)
     flat[: sum(t.numel() for t in tensors)] = torch.cat([t.detach().reshape(-1) for t in tensors])
     return flat
 
@@ -169,7 +172,7 @@ class ZeRO:
         N, r = self.N, self.rank
         S = sum(u.shard_numel for u in self.units)  # rank r's flat shard: its piece of every unit
         # The optimizer states of rank r's shard only: the master weights, Adam m and v, [S] each (K bytes/param).
-        self.master = torch.cat([u.piece(flatten(u.params, N * u.shard_numel), r) for u in self.units])
+        self.master = torch.cat([u.shard_of(flatten(u.params, N * u.shard_numel), r) for u in self.units])
         self.m, self.v = torch.zeros_like(self.master), torch.zeros_like(self.master)
         # The compute copy: each unit's parameters become views of a flat buffer [N*S_u] in the compute dtype.
         for u in self.units:
@@ -185,13 +188,13 @@ class ZeRO:
                     p.grad = u.grad_flat[offset : offset + p.numel()].view_as(p)
                     offset += p.numel()
         else:
-            self.grad_shard = torch.zeros(S, dtype=self.compute_dtype)
+            self.grad_shard = torch.zeros(S, dtype=self.compute_dtype, device=self.master.device)
             self.to_reduce = len(self.units) - 1  # units are reduce-scattered last to first, on every rank
             for u in self.units:
                 self.hooks += [p.register_post_accumulate_grad_hook(self._grad_ready) for p in u.params]
             self.unit_of = {id(p): u for u in self.units for p in u.params}
         if stage == 3:
-            self.param_shard = torch.cat([u.piece(u.flat, r).clone() for u in self.units])  # [S] persistent
+            self.param_shard = torch.cat([u.shard_of(u.flat, r).clone() for u in self.units])  # [S] persistent
             for k, u in enumerate(self.units):
                 self._free(u)
                 self.hooks.append(u.module.register_forward_pre_hook(lambda mod, args, k=k: self._before_forward(k)))
@@ -214,8 +217,7 @@ class ZeRO:
             u.gather_work.wait()
             u.gather_work = None
 
-    def _free(self, k_or_unit) -> None:
-        u = self.units[k_or_unit] if isinstance(k_or_unit, int) else k_or_unit
+    def _free(self, u: Unit) -> None:
         u.flat.untyped_storage().resize_(0)  # the parameters' storage (and every view of it) is gone
 
     def _before_forward(self, k: int) -> None:
@@ -224,7 +226,7 @@ class ZeRO:
             self._gather(k + 1, "prefetch", wait=False)  # the next layer's all-gather overlaps this forward
 
     def _after_forward(self, k: int, out: torch.Tensor) -> None:
-        self._free(k)
+        self._free(self.units[k])
         if torch.is_grad_enabled() and out.requires_grad:  # gather again when backward reaches this unit
             out.register_hook(lambda grad, k=k: self._before_backward(k))
 
@@ -283,7 +285,7 @@ class ZeRO:
         if self.stage == 1:
             grad_shard = []
             for u in self.units:  # rank r's shard of the unit's gradient <- sum over ranks, in place
-                mine = u.piece(u.grad_flat, r)
+                mine = u.shard_of(u.grad_flat, r)
                 comm.reduce_scatter_tensor(mine, u.grad_flat, group=self.group, label=f"grads {u.name}")
                 grad_shard.append(mine)
             grad = torch.cat(grad_shard).to(self.master_dtype)  # [S]
@@ -308,7 +310,7 @@ class ZeRO:
             self.param_shard.copy_(new)  # gathered again at the next forward
             return True
         for u in self.units:  # every rank's updated shard -> the full flat parameters, in place
-            mine = u.piece(u.flat, r)
+            mine = u.shard_of(u.flat, r)
             mine.copy_(new[u.offset : u.offset + u.shard_numel])
             comm.all_gather_into_tensor(u.flat, mine, group=self.group, label=f"params {u.name}")
         return True
@@ -437,25 +439,3 @@ def zero_comm_theory(psi: int, N: int, elem_bytes: int, stage: int) -> dict:
         "theory_wire_bytes": zero_wire,
         "theory_ratio": zero_wire / all_reduce,
     }
-
-
-def mixed_precision_single_device(model, batches, *, lr, compute_dtype, loss_scale=None, loss_fn=None) -> dict:
-    """The same mixed-precision recipe on one device: master weights in the model's dtype, a compute copy in
-    `compute_dtype`, Adam (torch.optim.Adam) on the master weights. The reference for mixed-precision ZeRO."""
-    loss_fn = loss_fn or (lambda model, x, y: lm_loss(model(x), y))
-    master = [p.detach().clone() for p in model.parameters()]
-    opt = torch.optim.Adam(master, lr=lr)
-    model.to(compute_dtype)
-    losses = []
-    for x, y in batches:
-        loss = loss_fn(model, x, y)
-        model.zero_grad(set_to_none=True)
-        (loss * (loss_scale or 1)).backward()
-        for w, p in zip(master, model.parameters(), strict=True):
-            w.grad = p.grad.to(w.dtype) / (loss_scale or 1)
-        opt.step()
-        with torch.no_grad():
-            for w, p in zip(master, model.parameters(), strict=True):
-                p.copy_(w)
-        losses.append(loss.item())
-    return {"losses": losses, "params": {n: w for (n, _), w in zip(model.named_parameters(), master, strict=True)}}

@@ -12,6 +12,7 @@ import torch
 
 from parlab import launch
 from parlab.data_parallel import train_data_parallel
+from parlab.lessons import zero as lesson
 from parlab.models import GPTConfig, build_model, make_batches, train_single_device
 from parlab.runs import get_scheme
 from parlab.runs.zero import run_zero
@@ -161,13 +162,43 @@ def test_stage_3_gathers_before_forward_and_backward_and_frees_after(report_floa
     assert report["gathered_params_peak"] < report["param_count"] * 8 / 2
 
 
-def test_stage_3_prefetch_is_on_the_timeline():
-    results, report = run_zero(2, stage=3, prefetch=True, steps=1, reference=False)
+def test_stage_3_prefetch_is_on_the_timeline_and_in_the_memory_bars():
+    results, report = run_zero(2, stage=3, prefetch=True, steps=2, reference=False)
     assert report["passed"], report["verdicts"]
     labels = [e.label for e in results.trace.select(kind="all_gather", rank=0)]
     assert any(label.startswith("prefetch ") for label in labels)
     assert any(label.startswith("prefetch (bwd) ") for label in labels)
     assert report["gathered_params_peak"] > max(n for _, n, _ in report["units"]) * 8  # two layers at once
+    # The lesson's timeline of step 2 holds that step's gathers, its reduce-scatters and its Adam span only.
+    fig = lesson.draw_step(results.trace, step=1, title="stage 3")
+    bars = {trace.name: trace for trace in fig.data}
+    assert {"forward", "backward", "optimizer step", "all-gather", "reduce-scatter"} <= set(bars)
+    assert len(bars["all-gather"].x) == 2 * 2 * 6  # 2 ranks x (forward + backward) x 6 layers
+    assert any(text.startswith("prefetch") for text in bars["all-gather"].text)
+    assert not any(text.startswith("check") for text in bars["all-gather"].text)
+    # The memory bars: one stacked bar per rank, the gathered-parameter peak on top, the formula marked.
+    held = [{**r["steady"], "gathered params": r["peak"]["gathered params"]} for r in results]
+    fig = lesson.draw_memory({"stage 3": held}, {"stage 3": sum(report["bytes_formula"].values())})
+    names = [trace.name for trace in fig.data]
+    assert names[:4] == ["parameters", "gradients", "optimizer states (master, m, v)", "gathered parameters (peak)"]
+    assert list(fig.data[0].y) == [report["bytes_per_rank"]["params"][0] / 1e3] * 2
+    assert fig.data[-1].y[0] == pytest.approx(sum(report["bytes_formula"].values()) / 1e3)
+
+
+def test_calculator_figure_and_lines():
+    lines = lesson.calculator_lines(7.5e9, 64)
+    assert [line.split("=")[-1].strip() for line in lines] == ["120.0 GB", "31.4 GB", "16.6 GB", "1.9 GB"]
+    fig = lesson.draw_calculator(7.5e9, 64)
+    stacked = [sum(trace.y[s] for trace in fig.data[:3]) for s in range(4)]
+    assert stacked == pytest.approx([120, 31.40625, 16.640625, 1.875])
+
+
+def test_dp_holds_the_same_full_state_on_every_rank():
+    ranks = lesson.run_dp_memory(2, GPTConfig(**{**TINY.__dict__, "dtype": "float32"}))
+    psi = sum(p.numel() for p in build_model(TINY).parameters())
+    for r in ranks:
+        assert r["held"] == {"params": 2 * psi, "grads": 2 * psi, "optimizer": 12 * psi}
+        assert r["m"].equal(ranks[0]["m"])
 
 
 # ------------------------------------------------------------------------------------------------ bad input

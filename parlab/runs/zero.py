@@ -24,7 +24,6 @@ from parlab.runs.options import ModelOptions, option
 from parlab.zero import (
     STAGES,
     check_reducible,
-    mixed_precision_single_device,
     train_zero,
     zero_comm_theory,
     zero_memory,
@@ -100,7 +99,29 @@ class ZeROOptions(ModelOptions):
         }
 
 
-# ------------------------------------------------------------------------------ PyTorch's own, for comparison
+# ------------------------------------------------------------------------------------------- the references
+
+
+def mixed_precision_single_device(model, batches, *, lr, compute_dtype, loss_scale=None, loss_fn=None) -> dict:
+    """The same mixed-precision recipe on one device: master weights in the model's dtype, a compute copy in
+    `compute_dtype`, Adam (torch.optim.Adam) on the master weights. The reference for mixed-precision ZeRO."""
+    loss_fn = loss_fn or (lambda model, x, y: lm_loss(model(x), y))
+    master = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.Adam(master, lr=lr)
+    model.to(compute_dtype)
+    losses = []
+    for x, y in batches:
+        loss = loss_fn(model, x, y)
+        model.zero_grad(set_to_none=True)
+        (loss * (loss_scale or 1)).backward()
+        for w, p in zip(master, model.parameters(), strict=True):
+            w.grad = p.grad.to(w.dtype) / (loss_scale or 1)
+        opt.step()
+        with torch.no_grad():
+            for w, p in zip(master, model.parameters(), strict=True):
+                p.copy_(w)
+        losses.append(loss.item())
+    return {"losses": losses, "params": {n: w for (n, _), w in zip(model.named_parameters(), master, strict=True)}}
 
 
 def reference_name(opts: ZeROOptions) -> str | None:
