@@ -203,3 +203,31 @@ def test_cli_json_sync_world_4_passes():
     assert report["server_bytes"] == 3 * report["worker_bytes"][0] and len(report["worker_bytes"]) == 3
     assert report["staleness"] == [0] * 9 and report["max_abs_err"] <= 1e-10
     assert any("matches all-reduce DP" in line for line in report["verdicts"])
+
+
+# ------------------------------------------------------------------------------------------ the lesson's figures
+
+
+def test_lesson_figures_carry_the_measured_numbers(sync_straggler, async_straggler):
+    from parlab.lessons import parameter_server as lesson
+
+    results, report = sync_straggler
+    bars = {trace.name: dict(zip(trace.x, trace.y, strict=True)) for trace in lesson.draw_traffic(report).data}
+    measured = bars["parameter server, measured"]
+    assert measured["server"] == pytest.approx(3 * measured["worker 1"])  # MB over the run
+    assert measured["server"] == pytest.approx(report["server_bytes"] / 1e6)
+    assert bars["all-reduce payload (measured)"]["DP rank 2"] == pytest.approx(3 * report["grad_bytes"] / 1e6)
+    # The timelines: the server's phase has the pulls and pushes, the DP phase the all-reduces, each its own.
+    ps_trace, dp_trace = lesson.phase_trace(results, "ps"), lesson.phase_trace(results, "dp")
+    assert not ps_trace.select(kind="all_reduce") and len(ps_trace.select(kind="send", rank=0)) == 3 * 4
+    assert not dp_trace.select(kind="send") and not dp_trace.select(rank=0) and dp_trace.select(kind="all_reduce")
+    first_two = lesson.draw_timeline(results, "t", steps=2)
+    names = {trace.name for trace in first_two.data}
+    assert {"forward", "backward", "send", "recv", "compute", "optimizer step"} <= names
+    pushes = [t for t in first_two.data if t.name == "send"][0]
+    assert 0 < len(pushes.x) < len(ps_trace.select(kind="send"))  # cut after step 2
+    _, async_report = async_straggler
+    histogram = lesson.draw_staleness(async_report)
+    assert sum(len(t.x) for t in histogram.data) == 9 and "straggler" in histogram.data[2].name
+    curves = lesson.draw_loss_curves({"sync": report, "async": async_report}, x="updates")
+    assert [len(t.y) for t in curves.data] == [4, 10]  # theta_0 .. theta_3, theta_0 .. theta_9

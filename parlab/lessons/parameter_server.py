@@ -30,12 +30,27 @@ def phase_trace(results: Results, phase: str = "ps") -> Trace:
     return Trace(events, results.trace.world_size)
 
 
-def draw_timeline(results: Results, title: str, phase: str = "ps"):
+def draw_timeline(results: Results, title: str, phase: str = "ps", steps: int | None = None):
     """Plotly timeline of one phase (parlab.plots.timeline): forward, backward, the straggler's delay and the
-    server's updates above; pulls, pushes (send/recv) or all-reduces below. Times measured in the ranks."""
+    server's updates above; pulls, pushes (send/recv) or all-reduces below. Times measured in the ranks.
+
+    steps: draw only the beginning of the run, until the server has applied `steps` x (updates per synchronous
+    step) updates ("ps": 1 per step in sync mode, N in async mode) or worker 1 has finished `steps` all-reduces
+    ("dp")."""
     from parlab import plots
 
-    return plots.timeline(phase_trace(results, phase), title, show_labels=False)
+    trace = phase_trace(results, phase)
+    if steps is not None:
+        if phase == "ps":
+            times = results[0]["update_times"]  # sync: one per step; async: one per gradient (N per "step")
+            asynchronous = len(times) == len(results[0]["updates"])
+            index = steps * (len(results) - 1) if asynchronous else steps
+            cutoff = times[min(index, len(times)) - 1]
+        else:
+            reduces = [e.end for e in trace.select(kind="all_reduce", rank=1)]
+            cutoff = reduces[min(steps, len(reduces)) - 1]
+        trace = Trace([e for e in trace.events if e.start <= cutoff], trace.world_size)
+    return plots.timeline(trace, title, show_labels=False)
 
 
 def traffic_table(report: dict) -> list[tuple[str, str, float]]:
