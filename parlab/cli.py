@@ -4,6 +4,7 @@
     python -m parlab run SCHEME --world N [--json]     run one scheme, print its verdict lines (or one JSON object)
     python -m parlab tour [--world N]                  every scheme that runs at world size N, one verdict line each
     python -m parlab grade NOTEBOOK... [--json]        re-execute lab notebooks, print a score table
+    python -m parlab plan --layers L --hidden H ...     which DP x TP x PP (+ SP, ZeRO, offload) fits a cluster
 
 The same `run` works as one rank of a torchrun job, on one machine or many:
     torchrun --standalone --nproc-per-node 4 -m parlab run collectives
@@ -46,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     tour = commands.add_parser("tour", help="run every scheme that accepts the world size, one verdict line each")
     tour.add_argument("--world", type=int, default=4, help="number of ranks (default 4)")
     grade.build_parser(commands.add_parser("grade", help="re-execute lab notebooks and score their checks"))
+    plan = commands.add_parser("plan", help="estimate memory and communication of every way to parallelise a model")
+    add_plan_arguments(plan)
     run = commands.add_parser("run", help="run one scheme and check it against a single device")
     schemes = run.add_subparsers(dest="scheme", required=True, metavar="SCHEME", parser_class=_Parser)
     for name, scheme in all_schemes().items():
@@ -58,6 +61,41 @@ def build_parser() -> argparse.ArgumentParser:
 def _error(message: str) -> int:
     print(f"parlab: error: {message}", file=sys.stderr)
     return 2
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    model = parser.add_argument_group("the model (a GPT)")
+    for name, default in (("layers", 96), ("hidden", 12288), ("heads", 96), ("seq", 2048), ("vocab", 51200)):
+        model.add_argument(f"--{name}", type=int, default=default, help=f"(default {default}: GPT-3 175B)")
+    model.add_argument("--untied", action="store_true", help="a separate LM head matrix (default: tied)")
+    cluster = parser.add_argument_group("the cluster and the batch")
+    cluster.add_argument("--devices", type=int, default=1024)
+    cluster.add_argument("--memory", type=float, default=80, help="GB per device (default 80)")
+    cluster.add_argument("--devices-per-node", type=int, default=8)
+    cluster.add_argument("--batch", type=int, default=1536, help="global batch, sequences")
+    cluster.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch")
+    parser.add_argument("--top", type=int, default=10, help="how many plans to print")
+
+
+def plan(args: argparse.Namespace) -> int:
+    from parlab.planner import Cluster, ModelSpec, describe, plans
+
+    sizes = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq", "vocab", "devices", "batch", "top")}
+    bad = [f"--{k.replace('_', '-')} {v}" for k, v in {**sizes, "micro_batch": args.micro_batch}.items() if v < 1]
+    if bad or args.memory <= 0:
+        return _error(f"{', '.join(bad) or f'--memory {args.memory}'}: must be positive")
+    model = ModelSpec(args.layers, args.hidden, args.heads, args.seq, args.vocab, tied=not args.untied)
+    cluster = Cluster(args.devices, args.memory * 1e9, args.devices_per_node)
+    found = plans(model, cluster, args.batch, args.micro_batch)
+    if not found:
+        return _error("no DP x TP x PP divides this model, cluster and batch (check heads, layers, batch)")
+    print(
+        f"{model.params() / 1e9:.1f}B parameters on {args.devices} devices of {args.memory:g} GB; "
+        f"{sum(e.fits for e in found)} of {len(found)} plans fit (mixed precision Adam: 2 + 2 + 12 bytes/param)"
+    )
+    for estimate in found[: args.top]:
+        print(describe(estimate))
+    return 0
 
 
 def tour(world_size: int) -> int:
@@ -94,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         return grade.run(args)
     if args.command == "tour":
         return tour(args.world)
+    if args.command == "plan":
+        return plan(args)
     options = {k: v for k, v in vars(args).items() if k not in ("command", "scheme", "json")}
     try:
         report = run_scheme(args.scheme, **options)

@@ -69,11 +69,14 @@ class Stage(nn.Module):
 
     Stage 0 also embeds: input idx [b, T] (token ids) -> [b, T, H]. Other stages take [b, T, H].
     The last stage also applies ln_f and lm_head: output logits [b, T, V]. Other stages output [b, T, H].
+    loss_fn(logits, targets): the last stage's mean loss over a micro-batch (default: lm_loss). `model` may also be
+    a TensorParallelGPT (same module names): then each stage holds this rank's TP slices of its blocks, and its
+    loss is the vocab-parallel one (TensorParallelGPT.loss_from_logits).
     """
 
-    def __init__(self, model: GPT, index: int, num_stages: int, layers: range):
+    def __init__(self, model: GPT, index: int, num_stages: int, layers: range, loss_fn=lm_loss):
         super().__init__()
-        self.cfg = model.cfg
+        self.cfg, self.loss_fn = model.cfg, loss_fn
         self.index, self.first, self.last, self.layers = index, index == 0, index == num_stages - 1, layers
         self.blocks = nn.ModuleList(model.blocks[i] for i in layers)
         self.embedding = nn.ModuleDict({"wte": model.wte, "wpe": model.wpe}) if self.first else None
@@ -165,7 +168,7 @@ def run_step(
             with comm.span(tag, kind="forward", mb=a.mb, chunk=a.chunk, step=step), saved_activations(weights) as saved:
                 out = stage(inp)  # [b, T, H], or logits [b, T, V] on the last stage
                 if s == last:
-                    out = lm_loss(out, ys[a.mb]) / m  # scaled: the m losses add up to the global mean
+                    out = stage.loss_fn(out, ys[a.mb]) / m  # scaled: the m losses add up to the global mean
             for h in hooks:
                 h.remove()
             if s == last:
@@ -224,13 +227,15 @@ def _capture_module_outputs(stage: Stage, captured: list) -> list:
 # ------------------------------------------------------------------------------------------ the training run
 
 
-def build_stages(model: GPT, schedule: Schedule, rank: int, split: Sequence[int] | None = None) -> dict[int, Stage]:
+def build_stages(
+    model: GPT, schedule: Schedule, rank: int, split: Sequence[int] | None = None, loss_fn=lm_loss
+) -> dict[int, Stage]:
     """Pipeline rank `rank`'s stages, by chunk: chunk k is virtual stage k p + rank (its blocks from `split`)."""
     layer_ranges = split_layers(model.cfg.layers, schedule.num_stages, split)
     stages = {}
     for k in range(schedule.v):
         s = schedule.stage(rank, k)
-        stages[k] = Stage(model, s, schedule.num_stages, layer_ranges[s])
+        stages[k] = Stage(model, s, schedule.num_stages, layer_ranges[s], loss_fn)
     return stages
 
 

@@ -369,7 +369,11 @@ class TensorParallelGPT(nn.Module):
         return self.lm_head(self.ln_f(x))  # f inside (1 all-reduce bwd): [B, T, V/P]
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return vocab_parallel_cross_entropy(self(idx), targets, self.wte.vocab_start, self.group)  # 3 of B x T
+        return self.loss_from_logits(self(idx), targets)
+
+    def loss_from_logits(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean loss from this rank's vocabulary columns of the logits: 3 all-reduces of B x T numbers."""
+        return vocab_parallel_cross_entropy(logits, targets, self.wte.vocab_start, self.group)
 
 
 def split_dims(model: nn.Module) -> dict[str, int | None]:

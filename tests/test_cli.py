@@ -68,3 +68,12 @@ def test_tour_at_world_3_runs_what_accepts_3_and_says_why_it_skipped_the_rest():
     assert all(line.endswith(": PASS") for line in ran.values()), lines
     assert "heads=4 is not divisible by world_size=3" in skipped["tp"]
     assert "not divisible by world_size=3" in skipped["dp"]
+
+
+def test_plan_prints_the_best_plans_and_refuses_nonsense(capsys):
+    assert main(["plan", "--top", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("174.6B parameters on 1024 devices of 80 GB") and len(lines) == 3
+    assert lines[1].startswith("DP 16 x TP 8 x PP 8") and "fits" in lines[1]
+    assert main(["plan", "--layers", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "parlab: error: --layers 0: must be positive"

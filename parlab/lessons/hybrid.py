@@ -1,0 +1,131 @@
+"""Lesson 07 (notebooks/07_hybrid.ipynb): the device mesh drawn from a run, each axis' traffic, the planner.
+
+The scheme is parlab/hybrid.py (run and checked by parlab/runs/hybrid.py); the planner is parlab/planner.py.
+This module draws what a run did and tabulates what the planner estimates:
+
+    the mesh            `mesh_figure`: every rank at its (dp, pp, tp) place, what it holds, its groups
+    traffic per axis    `axis_traffic_figure`: bytes each rank moved on each axis, measured beside the theory
+    the planner         `plan_table`: the best plans for a model and a cluster, one line each
+"""
+
+from __future__ import annotations
+
+from parlab.hybrid import AXES
+from parlab.mesh import axis_groups
+from parlab.pipeline import split_layers
+from parlab.planner import Cluster, ModelSpec, describe, plans
+
+
+def rank_places(report: dict) -> list[dict]:
+    """For each rank of a hybrid run: its coordinates, its groups on each axis and what it holds."""
+    axes = report["mesh"]["axes"]
+    stages = split_layers(report["layers"], axes["pp"])
+    rows = []
+    for rank, coords in enumerate(report["mesh"]["coords"]):
+        groups = {axis: next(g for g in axis_groups(axes, axis) if rank in g) for axis in AXES}
+        blocks = stages[coords["pp"]]
+        holds = f"blocks {blocks.start}-{blocks.stop - 1}" + (", embeddings" if coords["pp"] == 0 else "")
+        holds += ", LM head" if coords["pp"] == axes["pp"] - 1 else ""
+        rows.append({"rank": rank, **coords, "groups": groups, "holds": holds})
+    return rows
+
+
+def mesh_figure(report: dict):
+    """The mesh of a hybrid run: one panel per data-parallel replica, pipeline stages as rows, tensor-parallel
+    ranks as columns. Each cell: the rank, the blocks it holds and its 1/T slice; hover: its group on each axis
+    and the bytes it moved on each axis (measured)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from parlab.plots import rank_color, style
+
+    axes = report["mesh"]["axes"]
+    D, S, T = axes["dp"], axes["pp"], axes["tp"]
+    measured = report["comm"]["per_axis_measured"]
+    fig = make_subplots(rows=1, cols=D, subplot_titles=[f"replica dp = {d}" for d in range(D)], horizontal_spacing=0.06)
+    for place in rank_places(report):
+        r = place["rank"]
+        text = f"<b>rank {r}</b><br>{place['holds']}<br>TP slice {place['tp'] + 1}/{T}"
+        hover = "<br>".join(
+            [f"rank {r}: dp {place['dp']}, pp {place['pp']}, tp {place['tp']}", place["holds"]]
+            + [f"{axis} group {place['groups'][axis]}: {measured[axis][r]} bytes" for axis in AXES]
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=[place["tp"]],
+                y=[place["pp"]],
+                mode="markers+text",
+                text=[text],
+                textposition="middle center",
+                marker={"symbol": "square", "size": 120, "color": rank_color(r), "opacity": 0.35},
+                hovertext=[hover],
+                hoverinfo="text",
+                showlegend=False,
+            ),
+            row=1,
+            col=place["dp"] + 1,
+        )
+    fig.update_xaxes(range=[-0.6, T - 0.4], tickvals=list(range(T)), title_text="tp (tensor parallel)")
+    fig.update_yaxes(range=[S - 0.4, -0.6], tickvals=list(range(S)), title_text="pp (pipeline stage)", col=1)
+    fig.update_yaxes(range=[S - 0.4, -0.6], tickvals=list(range(S)))
+    title = f"Device mesh dp {D} x pp {S} x tp {T} = {D * S * T} ranks: who holds what"
+    return style(fig, title, height=200 + 170 * S)
+
+
+def axis_traffic_figure(report: dict):
+    """Bytes each rank moved on each axis during the run (measured from the trace: each call's mesh axis), one
+    panel per axis, bars, with the theory as black markers."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from parlab.plots import kind_color, style
+
+    measured, theory = report["comm"]["per_axis_measured"], report["comm"]["per_axis_theory"]
+    what = {
+        "dp": "dp: all-reduce of the gradients",
+        "pp": "pp: activations and gradients sent",
+        "tp": "tp: the Megatron all-reduces",
+    }
+    fig = make_subplots(
+        rows=3, cols=1, shared_xaxes=True, subplot_titles=[what[a] for a in AXES], vertical_spacing=0.08
+    )
+    ranks = [f"rank {r}" for r in range(report["world_size"])]
+    colours = {"dp": kind_color("all_reduce"), "pp": kind_color("send"), "tp": "#7B3294"}
+    for row, axis in enumerate(AXES, start=1):
+        fig.add_trace(
+            go.Bar(
+                name=f"{axis} measured",
+                x=ranks,
+                y=measured[axis],
+                marker_color=colours[axis],
+                hovertemplate="%{x}: %{y} bytes measured<extra></extra>",
+            ),
+            row=row,
+            col=1,
+        )
+        fig.add_trace(
+            go.Scatter(
+                name="theory",
+                showlegend=row == 1,
+                x=ranks,
+                y=theory[axis],
+                mode="markers",
+                marker={"color": "black", "symbol": "line-ew-open", "size": 28, "line": {"width": 3}},
+                hovertemplate="%{x}: %{y} bytes in theory<extra></extra>",
+            ),
+            row=row,
+            col=1,
+        )
+        fig.update_yaxes(title_text="bytes", row=row, col=1)
+    return style(fig, f"Bytes each rank moved on each axis in {report['steps']} steps", height=720)
+
+
+def plan_table(
+    layers: int, hidden: int, heads: int, seq: int, vocab: int, devices: int, memory_gb: float, batch: int, top=8
+) -> list[str]:
+    """The planner's best plans for a (tied-embedding) GPT on `devices` devices of `memory_gb` GB."""
+    model = ModelSpec(layers, hidden, heads, seq, vocab, tied=True)
+    found = plans(model, Cluster(devices, memory_gb * 1e9), batch)
+    fitting = sum(e.fits for e in found)
+    head = f"{model.params() / 1e9:.2f}B parameters, {devices} x {memory_gb:g} GB: {fitting} of {len(found)} plans fit"
+    return [head] + [describe(e) for e in found[:top]]
