@@ -71,7 +71,11 @@ def ps_rank(opts: PSOptions) -> dict:
     False). The server also measures the loss of every version theta_v on a fixed batch, after training."""
     cfg, P = opts.gpt_config(), opts.world_size
     batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)  # global [B, T], the same on every rank
-    workers = dist.new_group(list(range(1, P))) if opts.dp else None  # every rank takes part in creating it
+    # The asynchronous server's any-source receive needs gloo (NCCL has none): under NCCL (one GPU per rank) the
+    # ranks talk over gloo groups instead, on the CPU. Every rank takes part in creating a group.
+    backend = "gloo" if dist.get_backend() == "nccl" else None
+    everyone = dist.new_group(backend="gloo") if backend else None
+    workers = dist.new_group(list(range(1, P)), backend=backend) if opts.dp else None
     model = build_model(cfg, opts.seed)
     optimizer = make_optimizer(model.parameters(), opts.optimizer, opts.lr)
     out = train_parameter_server(
@@ -81,6 +85,7 @@ def ps_rank(opts: PSOptions) -> dict:
         mode=opts.mode,
         straggler=opts.straggler,
         slowdown=opts.slowdown,
+        group=everyone,
         keep_history=comm.group_rank() == SERVER,
     )
     if out["role"] == "server":
