@@ -227,3 +227,37 @@ def test_cli_ring_zigzag_json():
         assert key in report
     assert report["passed"] is True and report["scheme"] == "ring-zigzag"
     assert report["tiles_computed_per_rank"] == [9, 9, 9, 9]
+
+
+# ------------------------------------------------------------------------------------- the lesson's figure data
+
+
+@pytest.mark.parametrize("layout, tiles", [("contiguous", [1, 2, 3, 4]), ("zigzag", [9, 9, 9, 9])])
+def test_ring_steps_are_read_from_the_trace(layout, tiles):
+    from parlab.lessons import sequence_parallel as lesson
+
+    steps = lesson.ring_steps(lesson.ring_demo(4, layout).trace, 4, layout)
+    assert steps["held"] == [[(r - s) % 4 for r in range(4)] for s in range(4)]  # followed through the recvs
+    assert lesson.tiles_per_rank(steps) == tiles
+    n = 4 * (2 if layout == "zigzag" else 1)
+    assert {(q, k) for _, _, q, k in steps["tiles"]} == {(q, k) for q in range(n) for k in range(q + 1)}  # causal
+    fig = lesson.draw_ring_step(steps, 3)
+    assert f"tiles so far per rank {tiles}" in fig.layout.title.text
+
+
+def test_ulysses_demo_is_a_transpose():
+    from parlab.lessons import sequence_parallel as lesson
+
+    results = lesson.ulysses_demo(4, heads=4, seq=8)
+    for r, held in enumerate(results):
+        assert held["before"].tolist() == [100.0 * r + h for h in range(4)]  # block r, every head
+        assert held["after"].tolist() == [[100.0 * s + r for s in range(4)]]  # every block, head r
+
+
+def test_ring_activation_memory_grows_linearly_with_the_sequence():
+    from parlab.lessons import sequence_parallel as lesson
+
+    ring = parlab.launch(lesson.activations_rank_fn, 4, "ring", [16, 32, 64], 1, echo=False)[0]
+    ulysses = parlab.launch(lesson.activations_rank_fn, 4, "ulysses", [16, 32, 64], 1, echo=False)[0]
+    assert ring[64] - ring[32] == 2 * (ring[32] - ring[16])  # linear: only [B, T/P, ...] blocks are saved
+    assert ulysses[64] - ulysses[32] > 2 * (ulysses[32] - ulysses[16])  # its [B, nh/P, T, T] softmax grows as T^2
