@@ -1,0 +1,528 @@
+"""Heterogeneous offload: the optimizer state in host memory (ZeRO-Offload) or on disk (ZeRO-Infinity).
+
+Notation (lesson 06; lesson 05's): N data-parallel ranks, Psi parameters, b_c bytes per number of the compute copy
+(the model's parameters and gradients), b_m bytes per number of the master weights and of Adam's m and v. The flat
+layout is ZeRO's (parlab/zero.py): each layer (unit) is a flat buffer padded to N x S_u, rank r owns elements
+[r*S_u, (r+1)*S_u) of every unit; S = sum S_u is rank r's shard, N*S the padded Psi.
+
+Three places a number can live: the DEVICE (the accelerator: fast, small), the HOST (CPU memory: large, and a CPU
+runs Adam well enough), the DISK (NVMe: larger still, slower). ZeRO-2 keeps everything on the device; offload moves
+what is touched once per step (gradients in, optimizer step, parameters out) off it:
+
+    target   device                    host                              disk
+    none     b_c N S + b_c S + 3 b_m S  -                                 -           (ZeRO-2, the reference)
+    cpu      b_c N S                    b_m S grads + 3 b_m S master,m,v  -           (Ren et al. 2021, ZeRO-Offload)
+    disk     b_c N S                    b_m S grads + read-ahead buffers  3 b_m S     (Rajbhandari et al. 2021)
+
+plus, on the device during backward, the gradient buckets in flight (at most two units' full gradients and their
+reduce-scatter outputs, `bucket_bytes`). Activations are not model states and are not counted here.
+
+One step, the cpu target (ZeRO-Offload):
+    forward, backward on the device; as soon as backward has produced a unit's gradients (a post-accumulate-grad
+    hook), its reduce-scatter starts (rank r gets the sum of shard r); once it is done, the COPY ENGINE moves the
+    shard to the host ("offload", kind on the timeline), while backward goes on with earlier layers.
+    after backward: per unit, Adam on the host (kind "optimizer") on master, m, v and the host gradient / N; the
+    copy engine moves the updated shard back to the device ("upload"), then an all-gather rebuilds the unit's full
+    parameters on every rank. Adam of unit k overlaps the upload of unit k-1 and the all-gather of unit k-2.
+The disk target (ZeRO-Infinity) keeps master, m and v in three memory-mapped files per rank; the copy engine reads
+unit k+1's state ("disk_read") while Adam steps unit k, and writes unit k back ("disk_write") after.
+
+The copy engine is one background thread with a queue: it stands for a GPU's copy stream / DMA engine and an NVMe
+queue. Operations it runs land on the timeline with the times the thread measured. Under parlab.pace, a copy of n
+bytes is held to the link model's alpha + n / bandwidth (the PCIe or NVMe link, modelled like the network).
+
+The disk folder is always removed: `offload_folder` (a context manager, with an atexit handler too) removes it after
+success, an exception or a Ctrl-C; the parent process owns the run's folder, so ranks killed by a timeout (SIGKILL:
+no finally runs there) leave nothing either, and `sweep_orphans` removes folders whose owning process is gone.
+
+Numerics: the same arithmetic on the same numbers in every target (only WHERE the numbers live changes), so the
+three targets end with identical parameters, and equal one device running torch.optim.Adam (float64 <= 1e-10).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from parlab import comm, pace
+from parlab.data_parallel import shard_batch
+from parlab.launch import progress
+from parlab.memory import MemoryLedger, tensor_bytes
+from parlab.models import lm_loss
+from parlab.zero import adam_step, flatten, plan_units
+
+TARGETS = ("none", "cpu", "disk")
+PLACES = ("device", "host", "disk")
+FOLDER_PREFIX = "parlab-offload-"  # every disk folder is <tempdir>/parlab-offload-<owner pid>-<random>
+STATES = ("master", "m", "v")  # Adam's state per parameter of the shard: K = 3 b_m bytes
+
+
+# ------------------------------------------------------------------------- the disk folder: always removed
+
+
+def new_folder_path(root: str | Path | None = None) -> Path:
+    """A fresh folder name (not created) owned by this process: <root>/parlab-offload-<pid>-<random>."""
+    return Path(root or tempfile.gettempdir()) / f"{FOLDER_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@contextmanager
+def offload_folder(path: str | Path | None = None) -> Iterator[Path]:
+    """Create the folder (default: a new one under the temp dir), yield it, and remove it on the way out: after
+    success, an exception or a KeyboardInterrupt (finally), and at interpreter exit if the block never ends
+    (atexit). sweep_orphans() first removes the folders of processes that were killed."""
+    sweep_orphans(Path(path).parent if path else None)
+    path = Path(path) if path else new_folder_path()
+    path.mkdir(parents=True, exist_ok=True)
+    remove = lambda: shutil.rmtree(path, ignore_errors=True)  # noqa: E731
+    atexit.register(remove)
+    try:
+        yield path
+    finally:
+        remove()
+        atexit.unregister(remove)
+
+
+def sweep_orphans(root: str | Path | None = None) -> list[Path]:
+    """Remove the offload folders whose owner process no longer exists (killed before its cleanup could run)."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"):
+        match = re.fullmatch(rf"{FOLDER_PREFIX}(\d+)-\w+", folder.name)
+        if match and not _alive(int(match[1])):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class DiskState:
+    """Rank r's optimizer state on disk: one memory-mapped file per state (master, m, v), [S] numbers each.
+
+    read(a, b) copies elements [a, b) of each file into host memory; write(a, b, tensors) copies them back.
+    """
+
+    def __init__(self, folder: Path, init: dict[str, torch.Tensor]):
+        self.folder = folder
+        self.maps = {}
+        for name, tensor in init.items():  # [S] each
+            array = tensor.detach().cpu().numpy()
+            mm = np.memmap(folder / f"{name}.bin", dtype=array.dtype, mode="w+", shape=array.shape)
+            mm[:] = array
+            mm.flush()
+            self.maps[name] = mm
+
+    def read(self, a: int, b: int) -> dict[str, torch.Tensor]:
+        return {name: torch.from_numpy(np.array(mm[a:b])) for name, mm in self.maps.items()}  # copies to host
+
+    def write(self, a: int, b: int, tensors: dict[str, torch.Tensor]) -> None:
+        for name, mm in self.maps.items():
+            mm[a:b] = tensors[name].numpy()
+
+    def flush(self) -> None:
+        for mm in self.maps.values():
+            mm.flush()
+
+    def nbytes(self) -> int:
+        """Bytes of the files on disk, measured (os.stat)."""
+        return sum(os.stat(self.folder / f"{name}.bin").st_size for name in self.maps)
+
+    def close(self) -> None:
+        for mm in self.maps.values():
+            mm._mmap.close()
+        self.maps = {}
+
+
+# ------------------------------------------------------------------------------------------- the copy engine
+
+
+class CopyEngine:
+    """One background thread that runs copies in order (a GPU copy stream, an NVMe queue), so that they overlap
+    the compute of the main thread. submit() returns a Future; the operations are put on this rank's timeline by
+    the main thread (record_finished), with the times the engine measured."""
+
+    def __init__(self, device: torch.device):
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="copy-engine")
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.done: list[tuple[str, str, float, float, int, int]] = []  # label, kind, start, end, bytes, step
+        self.model = pace.active()  # the emulated link, read here: the thread has no pace context of its own
+
+    def submit(self, label: str, kind: str, nbytes: int, step: int, work: Callable[[], object]) -> Future:
+        def run():
+            start = time.perf_counter()
+            if self.stream is not None:
+                with torch.cuda.stream(self.stream):
+                    value = work()
+                self.stream.synchronize()
+            else:
+                value = work()
+            if self.model is not None:  # an emulated PCIe / NVMe link: alpha + bytes / bandwidth
+                time.sleep(max(0.0, start + self.model.comm_seconds(nbytes) - time.perf_counter()))
+            self.done.append((label, kind, start, time.perf_counter(), nbytes, step))
+            return value
+
+        return self.pool.submit(run)
+
+    def record_finished(self) -> None:
+        """Put the finished operations on the timeline (from the main thread: comm's record of this rank)."""
+        done, self.done = self.done, []
+        for label, kind, start, end, nbytes, step in done:
+            with comm.span(label, kind=kind, step=step) as event:
+                pass
+            event.start, event.end, event.bytes = start, end, nbytes  # the engine's times, not this moment's
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+# ----------------------------------------------------------------------------------- ZeRO-2 with offload
+
+
+class OffloadAdam:
+    """ZeRO-2 over `group` (default all ranks) with Adam, its optimizer state on the device, host or disk.
+
+        opt = OffloadAdam(model, target="cpu", lr=1e-3)   # the same model on every rank of the group
+        loss.backward()       # hooks: reduce-scatter each unit, copy its gradient shard to the host
+        opt.step(step)        # Adam on the host (disk: with read-ahead), upload, all-gather the parameters
+        opt.close()           # always (finally): stops the copy engine, removes this rank's files
+
+    target: "none" (everything on the device: plain ZeRO-2), "cpu" or "disk". folder: where the disk target writes
+    its files (it must exist; default: a new folder, removed by close()). compute_dtype: the model's parameters
+    and gradients (default the model's dtype); master, m, v are in the model's dtype.
+    """
+
+    def __init__(self, model, *, target="cpu", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, folder=None,
+                 compute_dtype=None, group=None):  # fmt: skip
+        if target not in TARGETS:
+            raise ValueError(f"target={target!r} must be one of {TARGETS}")
+        self.model, self.target, self.group = model, target, group
+        self.lr, self.betas, self.eps, self.t = lr, betas, eps, 0
+        self.N, self.rank = comm.group_size(group), comm.group_rank(group)
+        self.device = next(model.parameters()).device
+        self.master_dtype = next(model.parameters()).dtype
+        self.compute_dtype = compute_dtype or self.master_dtype
+        self.units = plan_units(model, self.N)
+        N, r = self.N, self.rank
+        self.S = S = sum(u.shard_numel for u in self.units)  # rank r's flat shard: its piece of every unit
+        # Where the optimizer lives: the device for "none", the host (CPU memory) otherwise.
+        opt_place = self.device if target == "none" else torch.device("cpu")
+        pin = target != "none" and self.device.type == "cuda"  # page-locked host memory: fast, async copies
+        master = torch.cat([self._mine(u, flatten(u.params, N * u.shard_numel)) for u in self.units]).to(opt_place)
+        self.host_grad = torch.zeros(S, dtype=self.master_dtype, device=opt_place, pin_memory=pin)  # [S]
+        self.state, self.disk, self._folder_cm = {}, None, None
+        init = {"master": master, "m": torch.zeros_like(master), "v": torch.zeros_like(master)}  # [S] each
+        if target == "disk":  # master, m, v in files; only read-ahead buffers in host memory
+            if folder is None:
+                self._folder_cm = offload_folder()
+                folder = self._folder_cm.__enter__()
+            self.folder = Path(folder) / f"rank{r}"
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.disk = DiskState(self.folder, init)
+        else:
+            self.state = init
+        self.buffers: dict[int, dict[str, torch.Tensor]] = {}  # disk: unit k's state read into host memory
+        # The compute copy on the device: each unit's parameters become views of a flat buffer [N*S_u].
+        for u in self.units:
+            u.flat = flatten(u.params, N * u.shard_numel, self.compute_dtype)
+            offset = 0
+            for p in u.params:
+                p.data = u.flat[offset : offset + p.numel()].view_as(p)
+                offset += p.numel()
+        self.engine = CopyEngine(self.device)
+        self.copies: list[Future] = []  # gradient copies to the host in flight
+        self.to_reduce = len(self.units) - 1  # units are reduce-scattered last to first, on every rank
+        self.unit_of = {id(p): u for u in self.units for p in u.params}
+        self.hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for u in self.units for p in u.params]
+        self.ledger, self.step_now = MemoryLedger(), 0
+
+    def _mine(self, u, flat: torch.Tensor) -> torch.Tensor:
+        """Rank r's slice of unit u's flat buffer [N*S_u] -> [S_u] (a view)."""
+        return flat[self.rank * u.shard_numel : (self.rank + 1) * u.shard_numel]
+
+    # -- during backward: reduce-scatter each unit, then move its gradient shard to the host -------------------
+
+    def _grad_ready(self, param: torch.Tensor) -> None:
+        u = self.unit_of[id(param)]
+        u.ready.add(id(param))
+        self._reduce_ready_units()
+
+    def _reduce_ready_units(self, force: bool = False) -> None:
+        while self.to_reduce >= 0:
+            u = self.units[self.to_reduce]
+            if not force and len(u.ready) < len(u.params):
+                return
+            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in u.params]
+            flat = flatten(grads, self.N * u.shard_numel)  # [N*S_u] this rank's full gradients of the unit
+            out = torch.empty(u.shard_numel, dtype=self.compute_dtype, device=self.device)  # [S_u] shard r's sum
+            u.reduce_work = (None, flat, out)
+            self._record("bucket flattened")  # the peak: the unit's .grad, its flat copy and the unit before it
+            for p in u.params:
+                p.grad = None  # the full gradients are dropped: only the shard survives
+            work = comm.reduce_scatter_tensor(out, flat, group=self.group, async_op=True, label=f"grads {u.name}")
+            u.reduce_work, u.ready = (work, flat, out), set()
+            self._finish_reduces(keep=1)  # at most one more unit in flight (a bounded bucket space)
+            self.to_reduce -= 1
+
+    def _finish_reduces(self, keep: int = 0) -> None:
+        """Wait for the oldest reduce-scatters until `keep` remain; hand each shard to the copy engine."""
+        in_flight = [u for u in reversed(self.units) if u.reduce_work is not None]  # oldest first
+        for u in in_flight[: max(0, len(in_flight) - keep)]:
+            work, _flat, out = u.reduce_work
+            work.wait()
+            u.reduce_work = None  # its flat full gradients are freed here
+            host = self.host_grad[u.offset : u.offset + u.shard_numel]  # [S_u] on the host (device: "none")
+            if self.target == "none":
+                host.copy_(out)
+            else:  # device -> host, in the background while backward goes on
+                nbytes = out.numel() * out.element_size()
+                job = lambda host=host, out=out: host.copy_(out, non_blocking=True)  # noqa: E731
+                self.copies.append(self.engine.submit(f"grads {u.name}", "offload", nbytes, self.step_now, job))
+
+    # -- the step: Adam where the state lives, parameters back to the device, all-gathered ----------------------
+
+    def step(self, step: int = 0) -> None:
+        self._reduce_ready_units(force=True)  # units with an unused parameter (zero gradient)
+        self._finish_reduces()
+        for copy in self.copies:  # every gradient shard is on the host
+            copy.result()
+        self.copies, self.to_reduce = [], len(self.units) - 1
+        self._record("before the optimizer step")
+        self.t += 1
+        uploads, gathers = [], []
+        if self.disk is not None:  # read ahead: unit 0's state now, unit k+1's while unit k is stepped
+            reads = {0: self._read(0, step)}
+        for k, u in enumerate(self.units):
+            a, b = u.offset, u.offset + u.shard_numel
+            if self.disk is not None:
+                if k + 1 < len(self.units):
+                    reads[k + 1] = self._read(k + 1, step)
+                self.buffers[k] = state = reads.pop(k).result()  # {master, m, v} [S_u] each, in host memory
+                self._record(f"state of {u.name} read")
+            else:
+                state = {name: t[a:b] for name, t in self.state.items()}  # views [S_u]
+            grad = self.host_grad[a:b].div_(self.N)  # sum over ranks -> mean, [S_u]
+            with comm.span(f"Adam {u.name}", kind="optimizer", step=step):
+                adam_step(state["master"], grad, state["m"], state["v"], self.t, self.lr, self.betas, self.eps)
+            mine = self._mine(u, u.flat)  # [S_u] rank r's slice of the device parameters
+            if self.disk is not None:
+                nbytes = sum(t.numel() * t.element_size() for t in state.values())
+                job = lambda k=k, a=a, b=b, state=state: self._write_back(k, a, b, state)  # noqa: E731
+                self.engine.submit(f"state {u.name}", "disk_write", nbytes, step, job)
+            if self.target == "none":
+                mine.copy_(state["master"])
+                gathers.append(self._gather(u))
+            else:  # host -> device in the background; gather unit k-1 while unit k is stepped
+                job = lambda mine=mine, new=state["master"]: mine.copy_(new, non_blocking=True)  # noqa: E731
+                nbytes = mine.numel() * mine.element_size()
+                uploads.append(self.engine.submit(f"params {u.name}", "upload", nbytes, step, job))
+                if k > 0:
+                    uploads[k - 1].result()
+                    gathers.append(self._gather(self.units[k - 1]))
+        if uploads:
+            uploads[-1].result()
+            gathers.append(self._gather(self.units[-1]))
+        comm.wait_all(gathers)
+        if self.disk is not None:
+            self.engine.submit("flush", "disk_write", 0, step, self.disk.flush).result()  # every write is done
+        self.engine.record_finished()
+
+    def _read(self, k: int, step: int) -> Future:
+        u = self.units[k]
+        nbytes = 3 * u.shard_numel * torch.finfo(self.master_dtype).bits // 8
+        job = lambda: self.disk.read(u.offset, u.offset + u.shard_numel)  # noqa: E731
+        return self.engine.submit(f"state {u.name}", "disk_read", nbytes, step, job)
+
+    def _write_back(self, k: int, a: int, b: int, state: dict[str, torch.Tensor]) -> None:
+        self.disk.write(a, b, state)
+        self.buffers.pop(k, None)  # the host buffer of unit k is free again
+
+    def _gather(self, u):
+        """Every rank's updated slice -> the unit's full parameters on every rank's device (in place)."""
+        mine = self._mine(u, u.flat)
+        return comm.all_gather_into_tensor(u.flat, mine, group=self.group, async_op=True, label=f"params {u.name}")
+
+    # -- what lives where ------------------------------------------------------------------------------------
+
+    def held(self) -> dict[str, dict[str, int]]:
+        """Bytes this rank holds now, by place and by what they are, counted from its tensors and files."""
+        live_grads = [p.grad for u in self.units for p in u.params if p.grad is not None]
+        buckets = [u.reduce_work[1:] for u in self.units if u.reduce_work is not None]
+        optimizer = tensor_bytes(self.state)
+        grads = tensor_bytes(self.host_grad)
+        device = {
+            "params": tensor_bytes([u.flat for u in self.units]),
+            "grad buckets": tensor_bytes(live_grads, buckets),
+        }
+        host = {}
+        if self.target == "none":
+            device.update({"grads": grads, "optimizer": optimizer})
+        else:
+            host = {"grads": grads, "optimizer": optimizer, "read-ahead": tensor_bytes(list(self.buffers.values()))}
+        disk = {"optimizer": self.disk.nbytes()} if self.disk is not None else {}
+        return {"device": device, "host": host, "disk": disk}
+
+    def _record(self, label: str) -> None:
+        held = self.held()
+        row = {f"{place}:{what}": n for place, parts in held.items() for what, n in parts.items()}
+        if self.device.type == "cuda":  # the real figure, beside our count
+            row["cuda_allocated"] = torch.cuda.memory_allocated(self.device)
+        self.ledger.record(label, **row)
+        self.ledger.rows[-1]["step"] = self.step_now
+
+    def full_params(self) -> dict[str, torch.Tensor]:
+        """Every parameter in the master dtype, gathered from all ranks' master shards (for checks)."""
+        master = self.state["master"] if self.disk is None else self.disk.read(0, self.S)["master"]
+        master = master.to(self.device)
+        full = torch.empty(self.N * self.S, dtype=self.master_dtype, device=self.device)
+        comm.all_gather_into_tensor(full, master, group=self.group, label="check: gather master")
+        pieces, out = full.view(self.N, -1), {}  # row q: rank q's flat shard [S]
+        for u in self.units:
+            flat = pieces[:, u.offset : u.offset + u.shard_numel].reshape(-1)  # [N*S_u] the unit's flat buffer
+            offset = 0
+            for name, p in zip(u.names, u.params, strict=True):
+                out[name] = flat[offset : offset + p.numel()].view(p.shape).clone()
+                offset += p.numel()
+        return out
+
+    def close(self) -> None:
+        """Stop the copy engine, detach the hooks, and remove this rank's files (and its own folder)."""
+        for hook in self.hooks:
+            hook.remove()
+        self.engine.close()
+        if self.disk is not None:
+            self.disk.close()
+            shutil.rmtree(self.folder, ignore_errors=True)
+        if self._folder_cm is not None:
+            self._folder_cm.__exit__(None, None, None)
+
+
+# ---------------------------------------------------------------------------------------- the training loop
+
+
+def train_offload(
+    model: nn.Module,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    target: str = "cpu",
+    lr: float = 1e-3,
+    folder: str | Path | None = None,
+    compute_dtype: torch.dtype | None = None,
+    group=None,
+    loss_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> dict:
+    """Rank code: train `model` (the same full model on every rank of `group`) with ZeRO-2, Adam and the
+    optimizer state on `target` ("none", "cpu", "disk").
+
+    batches: the GLOBAL batches [B, T], the same on every rank; rank r trains on its b = B/N rows.
+    Returns this rank's losses, the final parameters (gathered, master dtype), the memory ledger (bytes by place,
+    at each moment of each step), the steady state and peak by place, and the units.
+    """
+    N, rank = comm.group_size(group), comm.group_rank(group)
+    loss_fn = loss_fn or (lambda model, x, y: lm_loss(model(x), y))
+    opt = OffloadAdam(model, target=target, lr=lr, folder=folder, compute_dtype=compute_dtype, group=group)
+    try:
+        losses = []
+        for step, (x, y) in enumerate(batches):
+            opt.step_now = step
+            x_r, y_r = shard_batch(x, y, rank, N)  # [b, T] each
+            x_r, y_r = x_r.to(opt.device), y_r.to(opt.device)
+            with comm.span("forward", kind="forward", step=step):
+                loss = loss_fn(model, x_r, y_r)
+            opt._record("after forward")
+            with comm.span("backward", kind="backward", step=step):
+                loss.backward()  # reduce-scatters and copies to the host start in here
+            opt.step(step)
+            opt._record("after the step")
+            losses.append(loss.item())
+            progress(step + 1, len(batches))
+        rows = opt.ledger.rows
+        steady = next(row for row in reversed(rows) if row["label"] == "before the optimizer step")
+        keys = [k for k in rows[0] if ":" in k]
+        out = {
+            "losses": losses,
+            "params": opt.full_params(),
+            "ledger": rows,
+            "steady": by_place({k: steady[k] for k in keys}),
+            "peak": by_place({k: max(row.get(k, 0) for row in rows) for k in keys}),
+            "units": [(u.name, u.numel, u.shard_numel) for u in opt.units],
+            "cuda_allocated_peak": max((row.get("cuda_allocated", 0) for row in rows), default=0),
+        }
+    finally:
+        opt.close()  # also after an exception: no thread left running, no file left on disk
+    return out
+
+
+def by_place(flat: dict[str, int]) -> dict[str, dict[str, int]]:
+    """{"device:params": n, ...} -> {"device": {"params": n, ...}, "host": {...}, "disk": {...}}."""
+    out: dict[str, dict[str, int]] = {place: {} for place in PLACES}
+    for key, n in flat.items():
+        place, what = key.split(":", 1)
+        out[place][what] = n
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- the theory
+
+
+def offload_memory(unit_numels: list[int], N: int, target: str, b_c: int, b_m: int) -> dict:
+    """Bytes per rank by place (the table of the docstring), from the units' sizes Psi_u.
+
+    steady: what a rank holds before the optimizer step. peak: the most at any moment, with
+      - the gradient buckets: the largest unit just flattened (its .grad, its flat copy [N*S_u], its shard [S_u])
+        while the next largest is still reduce-scattering (its flat copy and shard);
+      - disk: the read-ahead buffers, at most three units' master, m, v (the one being stepped, the one read
+        ahead, the one being written back): a bound.
+    """
+    if target not in TARGETS:
+        raise ValueError(f"target={target!r} must be one of {TARGETS}")
+    shards = [-(-n // N) for n in unit_numels]  # S_u = ceil(Psi_u / N)
+    S = sum(shards)
+    params, grads, optimizer = b_c * N * S, b_m * S, 3 * b_m * S
+    (n_a, s_a), (n_b, s_b) = (sorted(zip(unit_numels, shards, strict=True), reverse=True) + [(0, 0)])[:2]
+    buckets = b_c * (n_a + N * s_a + s_a) + b_c * (N * s_b + s_b)  # unit a flattened while unit b is in flight
+    read_ahead = 3 * b_m * sum(sorted(shards, reverse=True)[:3])
+    if target == "none":
+        steady = {"device": {"params": params, "grads": grads, "optimizer": optimizer}, "host": {}, "disk": {}}
+    elif target == "cpu":
+        steady = {"device": {"params": params}, "host": {"grads": grads, "optimizer": optimizer}, "disk": {}}
+    else:
+        steady = {"device": {"params": params}, "host": {"grads": grads}, "disk": {"optimizer": optimizer}}
+    peak = {place: dict(parts) for place, parts in steady.items()}
+    peak["device"]["grad buckets"] = buckets
+    if target == "disk":
+        peak["host"]["read-ahead"] = read_ahead
+    total = lambda table: {place: sum(parts.values()) for place, parts in table.items()}  # noqa: E731
+    return {"steady": steady, "peak": peak, "steady_total": total(steady), "peak_total": total(peak), "S": S}
+
+
+def check_budget(need: dict[str, int], budget: dict[str, int], target: str) -> None:
+    """A clear ValueError, before any process starts, when a place's budget (bytes per rank; 0: no limit) is
+    smaller than what the run needs there (need: the peak bytes per rank by place)."""
+    short = [place for place, limit in budget.items() if limit and need.get(place, 0) > limit]
+    if short:
+        lines = [f"{p}: needs {need[p]:,} bytes per rank, budget {budget[p]:,}" for p in short]
+        where = ", ".join(f"{p} {n:,}" for p, n in need.items())
+        raise ValueError(
+            f"the memory budget is too small for target {target!r}: " + "; ".join(lines)
+            + f" (the run needs, per rank: {where} bytes)"
+        )  # fmt: skip
