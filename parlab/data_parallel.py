@@ -228,6 +228,7 @@ def train_data_parallel(
     microbatches: int = 1,
     group=None,
     loss_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    grad_sync: Callable[[], None] | None = None,
 ) -> dict:
     """Rank code: train `model` with DP over `group` (default all ranks) on this rank's rows of each batch.
 
@@ -235,6 +236,8 @@ def train_data_parallel(
     or "dp-naive". batches: the GLOBAL batches [B, T], the same list on every rank; rank r of the group slices its
     own b = B/P rows and splits them into M = `microbatches` micro-batches of b/M rows.
     loss_fn(model, x, y): the mean loss of rows x (default: the GPT's next-token loss, lm_loss(model(x), y)).
+    grad_sync: called after the DP all-reduce, before the optimizer: another axis' gradient reduction (e.g.
+    Megatron SP's LayerNorm gradients over the tp group, in hybrid parallelism).
     Returns this rank's losses (mean over its rows, per step), the averaged gradients of the first step, the
     final parameters and the bucket plan (names per bucket).
     """
@@ -261,6 +264,8 @@ def train_data_parallel(
             dp.finish()  # wait for the buckets; p.grad = (1/P) sum_r g_r
         else:
             all_reduce_gradients(model, group)  # all-reduce every gradient now; p.grad = (1/P) sum_r g_r
+        if grad_sync is not None:
+            grad_sync()
         if step == 0:
             first_grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         with comm.span("optimizer step", kind="optimizer", step=step):

@@ -7,6 +7,8 @@ trace, filtered by the mesh axis of each call) and each rank's parameter bytes a
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -15,13 +17,14 @@ from parlab.check import check_equal, compare
 from parlab.hybrid import AXES, hybrid_comm_theory, hybrid_param_bytes, train_hybrid
 from parlab.launch import Results
 from parlab.mesh import DeviceMesh, check_mesh, mesh_coords
-from parlab.models import build_model, make_batches, make_optimizer, train_single_device
+from parlab.models import build_model, make_batches, train_single_device
 from parlab.pipeline import split_layers
 from parlab.planner import Cluster, ModelSpec, Plan, estimate
 from parlab.runs import Scheme, launch_scheme
 from parlab.runs.options import ModelOptions, option, positive
 from parlab.runs.tensor_parallel import TPOptions, gather_full
 from parlab.schedules import check_schedule_args, make_schedule
+from parlab.sequence_parallel import grad_sync_theory, megatron_sp_layer_theory
 
 
 @dataclass
@@ -32,6 +35,8 @@ class HybridOptions(ModelOptions):
     tp: int = option(2, "tensor-parallel ranks per stage (the tp axis)")
     layers: int = option(4, "transformer blocks, shared out among the pp stages")
     microbatches: int = option(2, "m, micro-batches per step in each pipeline (1F1B)")
+    zero: int = option(0, "ZeRO stage over the dp axis: 0 (all-reduce the gradients) or 1 (needs --optimizer adam)")
+    sequence_parallel: bool = option(False, "Megatron sequence parallelism on the tp axis (needs --pp 1, --tp > 1)")
 
     def __post_init__(self):
         if self.world_size == 0:
@@ -56,6 +61,21 @@ class HybridOptions(ModelOptions):
         if self.layers % self.pp:
             raise ValueError(f"layers={self.layers} is not divisible by pp={self.pp} (blocks per pipeline stage)")
         split_layers(self.layers, self.pp)
+        if self.zero not in (0, 1):
+            raise ValueError(
+                f"zero={self.zero}: the hybrid offers ZeRO stage 1 over dp (a pipeline accumulates "
+                "gradients over micro-batches, which stages 2 and 3 reduce as they arrive); "
+                "run stages 2 and 3 alone with `parlab run zero`"
+            )
+        if self.zero and self.optimizer != "adam":
+            raise ValueError("zero=1 steps with ZeRO's own Adam: add --optimizer adam (and a smaller --lr)")
+        if self.sequence_parallel and (self.pp != 1 or self.tp < 2):
+            raise ValueError(
+                f"sequence_parallel needs pp=1 and tp>=2 (got pp={self.pp}, tp={self.tp}): Megatron "
+                "SP splits the tp group's activations along the sequence"
+            )
+        if self.sequence_parallel and self.zero:
+            raise ValueError("sequence_parallel with zero: not combined here; pick one")
         if self.tied and self.pp > 1:
             raise ValueError("a tied embedding and LM head live on different pipeline stages: use --pp 1 or untied")
         TPOptions.for_config(self.gpt_config(), world_size=self.tp, batch=1).validate()  # what TP splits
@@ -67,8 +87,16 @@ def hybrid_rank(opts: HybridOptions) -> dict:
     cfg = opts.gpt_config()
     schedule = make_schedule("1f1b", opts.pp, opts.microbatches)
     batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)
-    optimizer_fn = lambda params: make_optimizer(params, opts.optimizer, opts.lr)  # noqa: E731
-    return train_hybrid(build_model(cfg, opts.seed), mesh, schedule, optimizer_fn, batches)
+    return train_hybrid(
+        build_model(cfg, opts.seed),
+        mesh,
+        schedule,
+        batches,
+        optimizer=opts.optimizer,
+        lr=opts.lr,
+        zero_stage=opts.zero,
+        sequence_parallel=opts.sequence_parallel,
+    )
 
 
 def hybrid_report(opts: HybridOptions, results: Results) -> dict:
@@ -85,48 +113,48 @@ def hybrid_report(opts: HybridOptions, results: Results) -> dict:
             ranks = [r for r in range(P) if coords[r]["dp"] == replica and coords[r]["pp"] == stage]  # its tp group
             dims = results[ranks[0]]["split_dims"]
             params |= gather_full([results[r]["params"] for r in ranks], dims)
-            grads |= gather_full([results[r]["grads"] for r in ranks], dims)
-        verdicts.append(
-            compare(f"replica {replica}: gradients of step 1, gathered", grads, reference.grads, show=False)
-        )
-        verdicts.append(compare(f"replica {replica}: parameters after {K} steps", params, reference.params, show=False))
+            # Step 1's gradients averaged over the replicas: the same as each rank's after a DP all-reduce, and
+            # what ZeRO's reduce-scatter averages (its ranks keep their own, un-reduced, full gradients).
+            twins = [[q for q in range(P) if {**coords[q], "dp": 0} == {**coords[r], "dp": 0}] for r in ranks]
+            averaged = [{n: sum(results[q]["grads"][n] for q in qs) / opts.dp for n in dims} for qs in twins]
+            grads |= gather_full(averaged, dims)
+        verdicts.append(compare(f"replica {replica}: gradients of step 1, gathered", grads, reference.grads,
+                                show=False))  # fmt: skip
+        verdicts.append(compare(f"replica {replica}: parameters after {K} steps", params, reference.params,
+                                show=False))  # fmt: skip
     last = [r for r in range(P) if coords[r]["pp"] == opts.pp - 1 and coords[r]["tp"] == 0]  # one per replica
     loss = [sum(results[r]["losses"][k] for r in last) / opts.dp for k in range(K)]
     dtype = cfg.torch_dtype
-    verdicts.insert(
-        0,
-        compare(
-            f"loss of each of {K} steps",
-            torch.tensor(loss, dtype=dtype),
-            torch.tensor(reference.losses, dtype=dtype),
-            show=False,
-        ),
-    )
+    loss_verdict = compare(f"loss of each of {K} steps", torch.tensor(loss, dtype=dtype),
+                           torch.tensor(reference.losses, dtype=dtype), show=False)  # fmt: skip
+    verdicts.insert(0, loss_verdict)
 
     schedule = make_schedule("1f1b", opts.pp, opts.microbatches)
-    theory = hybrid_comm_theory(cfg, schedule, opts.batch, opts.dp, opts.tp)["per_stage"]
-    kinds = {"tp": "all_reduce", "pp": "send", "dp": "all_reduce"}
-    measured = {axis: results.trace.bytes_per_rank(axis=axis).get(kinds[axis], [0] * P) for axis in AXES}
-    counts = []
+    theory = hybrid_comm_theory(cfg, schedule, opts.batch, opts.dp, opts.tp, zero_stage=opts.zero)
+    if opts.sequence_parallel:  # Megatron SP replaces the tp axis' all-reduces: its own checks, below
+        theory = [{**row, "tp": {}} for row in theory]
+    measured, expected, counts = {}, {}, []
     for axis in AXES:
-        expected = [theory[coords[r]["pp"]][axis] * K for r in range(P)]
-        wrong = [r for r in range(P) if measured[axis][r] != expected[r]]
-        counts.append(
-            check_equal(f"{axis} axis: ranks whose {kinds[axis]} bytes differ from theory", len(wrong), 0, show=False)
-        )
+        kinds = sorted({kind for row in theory for kind in row[axis]})
+        by_kind = results.trace.bytes_per_rank(axis=axis)
+        for kind in kinds:
+            measured[f"{axis} {kind}"] = by_kind.get(kind, [0] * P)
+            expected[f"{axis} {kind}"] = [theory[c["pp"]][axis].get(kind, 0) * K for c in coords]
+            wrong = sum(a != b for a, b in zip(measured[f"{axis} {kind}"], expected[f"{axis} {kind}"], strict=True))
+            counts.append(check_equal(f"{axis} axis: ranks whose {kind} bytes differ from theory", wrong, 0,
+                                      show=False))  # fmt: skip
+    if opts.sequence_parallel:
+        counts += _sequence_parallel_checks(opts, results)
     stray = [e for e in results.trace.events if not e.is_compute and e.axis not in AXES]
     counts.append(check_equal("calls on no mesh axis (every call must be on dp, pp or tp)", len(stray), 0, show=False))
     ranges = split_layers(cfg.layers, opts.pp)
     pb_theory = [hybrid_param_bytes(cfg, c["pp"], ranges[c["pp"]], opts.pp, opts.tp) for c in coords]
+    if opts.zero:  # the flat buffers ZeRO keeps the parameters in are padded to dp x S
+        e = cfg.dtype_bytes
+        pb_theory = [opts.dp * math.ceil(b // e / opts.dp) * e for b in pb_theory]
     pb = [r["param_bytes"] for r in results]
-    counts.append(
-        check_equal(
-            "ranks whose parameter bytes differ from theory",
-            sum(a != b for a, b in zip(pb, pb_theory, strict=True)),
-            0,
-            show=False,
-        )
-    )
+    wrong = sum(a != b for a, b in zip(pb, pb_theory, strict=True))
+    counts.append(check_equal("ranks whose parameter bytes differ from theory", wrong, 0, show=False))
     worst = max(verdicts, key=lambda v: v.max_abs_err)
     return {
         "scheme": "hybrid",
@@ -137,7 +165,7 @@ def hybrid_report(opts: HybridOptions, results: Results) -> dict:
         "comm": {
             **results.trace.bytes_per_rank(),
             "per_axis_measured": measured,
-            "per_axis_theory": {axis: [theory[c["pp"]][axis] * K for c in coords] for axis in AXES},
+            "per_axis_theory": expected,
         },
         "verdicts": [v.line for v in verdicts + counts],
         "mesh": {"axes": axes, "coords": coords},
@@ -147,6 +175,26 @@ def hybrid_report(opts: HybridOptions, results: Results) -> dict:
         "layers": cfg.layers,
         "steps": K,
     }
+
+
+def _sequence_parallel_checks(opts: HybridOptions, results: Results) -> list:
+    """Megatron SP on the tp axis: the blocks' all-gathers and reduce-scatters, and the LayerNorm gradients'
+    all-reduce, per rank per step, against parlab.sequence_parallel's theory (b = B / D rows per replica)."""
+    cfg, tp, K = opts.gpt_config(), opts.tp, opts.steps
+    theory = megatron_sp_layer_theory(cfg, opts.batch // opts.dp, tp)
+    in_blocks = [e for e in results.trace.select(axis="tp") if re.search(r"(attn|mlp) \d+$", e.label)]
+    checks = []
+    for kind in ("all_gather", "reduce_scatter"):
+        per_rank = [sum(e.bytes for e in in_blocks if e.kind == kind and e.rank == r) for r in range(opts.world_size)]
+        wrong = sum(b != theory[kind] * K for b in per_rank)
+        checks.append(check_equal(f"tp axis (SP): ranks whose blocks' {kind} bytes differ from theory", wrong, 0,
+                                  show=False))  # fmt: skip
+    sp_grads = [sum(e.bytes for e in results.trace.select(rank=r, axis="tp") if e.label == "sp grads")
+                for r in range(opts.world_size)]  # fmt: skip
+    wrong = sum(b != grad_sync_theory(cfg, "megatron-sp", tp) * K for b in sp_grads)
+    checks.append(check_equal("tp axis (SP): ranks whose LayerNorm-gradient all-reduce bytes differ", wrong, 0,
+                              show=False))  # fmt: skip
+    return checks
 
 
 def run_hybrid(dp: int = 2, pp: int = 1, tp: int = 2, **options) -> tuple[Results, dict]:
