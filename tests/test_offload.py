@@ -1,0 +1,227 @@
+"""Offload (parlab.offload): Adam's state on the host (cpu) or in memory-mapped files (disk) trains exactly like the
+same run without offload and like one device; each place holds what the formulas say; the copies move what
+theory says and overlap backward / the optimizer step; the disk folder is removed after success, a rank's failure,
+a timeout that kills the ranks, and a Ctrl-C; a budget too small is refused before launch, naming the amounts."""
+
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from parlab import launch
+from parlab.launch import LaunchTimeout, RankError
+from parlab.models import GPTConfig, build_model, lm_loss, make_batches, train_single_device
+from parlab.offload import (
+    FOLDER_PREFIX,
+    TARGETS,
+    offload_folder,
+    offload_memory,
+    sweep_orphans,
+    train_offload,
+)
+from parlab.runs import get_scheme
+from parlab.runs.offload import parse_bytes, run_offload
+from parlab.zero import plan_units
+
+TINY = GPTConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=2)  # 7,744 parameters, 6 units
+LR = 1e-3
+
+
+def _folders() -> set[Path]:
+    """The offload folders under the temp dir now."""
+    return set(Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"))
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in b)
+
+
+def _three_targets(folder: str):
+    """Rank code: the same training with the state on the device, the host and the disk."""
+    batches = make_batches(TINY, 8, 3, 0)
+    return {t: train_offload(build_model(TINY, 0), batches, target=t, lr=LR, folder=folder) for t in TARGETS}
+
+
+@pytest.fixture(scope="module")
+def three_targets():
+    before = _folders()
+    with offload_folder() as folder:
+        results = launch(_three_targets, 2, str(folder), echo=False)
+    assert _folders() == before  # nothing left behind
+    return results
+
+
+# --------------------------------------------------------------------------------------------- the numerics
+
+
+def test_cpu_and_disk_equal_the_run_without_offload_and_one_device(three_targets):
+    single = train_single_device(TINY, make_batches(TINY, 8, 3, 0), 0, "adam", LR)
+    for rank in three_targets:
+        none = rank["none"]["params"]
+        assert _max_diff(none, single.params) <= 1e-10  # ZeRO-2 with Adam written out = torch.optim.Adam
+        for target in ("cpu", "disk"):
+            assert _max_diff(rank[target]["params"], none) == 0.0  # the same arithmetic, elsewhere
+            assert rank[target]["losses"] == rank["none"]["losses"]
+    moved = _max_diff(three_targets[0]["cpu"]["params"], {n: p for n, p in build_model(TINY, 0).named_parameters()})
+    assert moved > 1e-4  # it trained
+
+
+# ---------------------------------------------------------------------------------------- bytes by place
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_bytes_by_place_equal_the_formulas(three_targets, target):
+    N, b = 2, TINY.dtype_bytes
+    numels = [u.numel for u in plan_units(build_model(TINY), N)]
+    theory = offload_memory(numels, N, target, b, b)
+    for rank in three_targets:
+        measured = rank[target]
+        for place in ("device", "host", "disk"):
+            steady = {k: v for k, v in measured["steady"][place].items() if v}
+            assert steady == {k: v for k, v in theory["steady"][place].items() if v}, (target, place)
+        assert measured["peak"]["device"] == theory["peak"]["device"]  # the bucket bound is reached exactly
+        assert sum(measured["peak"]["host"].values()) <= theory["peak_total"]["host"]
+    if target != "none":  # what offload is for: the device holds the parameters only
+        assert theory["steady"]["device"] == {"params": b * N * theory["S"]}
+    if target == "disk":  # ... and the host no optimizer state: it is in the files, read ahead unit by unit
+        assert "optimizer" not in theory["steady"]["host"]
+        assert three_targets[0]["disk"]["peak"]["host"]["read-ahead"] > 0
+
+
+def test_the_formula_at_paper_scale():
+    """ZeRO-Offload, fp16 compute and fp32 master on one GPU (N = 1): the device keeps 2 Psi, the host 16 Psi
+    (4 Psi fp32 gradients + 12 Psi master, m, v); a 10B model's optimizer state needs 120 GB of host memory."""
+    psi = 10_000_000_000
+    cpu = offload_memory([psi], 1, "cpu", b_c=2, b_m=4)
+    assert cpu["steady_total"] == {"device": 2 * psi, "host": 16 * psi, "disk": 0}
+    assert cpu["steady"]["host"]["optimizer"] == 120e9
+    disk = offload_memory([psi // 4] * 4, 4, "disk", b_c=2, b_m=4)
+    assert disk["steady_total"]["disk"] == 12 * psi / 4 and disk["steady_total"]["host"] == 4 * psi / 4
+
+
+# ------------------------------------------------------------------------------------- copies and overlap
+
+
+def test_copies_move_what_theory_says_and_overlap(three_targets):
+    results = three_targets
+    trace = results.trace
+    rank0 = trace.select(rank=0)
+    offloads = [e for e in rank0 if e.kind == "offload"]
+    reads = [e for e in rank0 if e.kind == "disk_read"]
+    S = plan_units(build_model(TINY), 2)
+    S = sum(u.shard_numel for u in S)
+    b = TINY.dtype_bytes
+    # The cpu and disk runs each copy every gradient shard to the host once per step, and every parameter shard
+    # back; the disk run reads and writes master, m and v once per step.
+    assert sum(e.bytes for e in offloads) == 2 * 3 * b * S
+    assert sum(e.bytes for e in rank0 if e.kind == "upload") == 2 * 3 * b * S
+    assert sum(e.bytes for e in reads) == 3 * 3 * b * S
+    assert sum(e.bytes for e in rank0 if e.kind == "disk_write") == 3 * 3 * b * S
+    # Overlap: gradient copies start while backward still runs; state reads start before the Adam span of
+    # the unit before them ends (read ahead).
+    backward = [e for e in rank0 if e.kind == "backward"]
+    assert any(any(bw.start <= e.start < bw.end for bw in backward) for e in offloads)
+    adam = {(e.extra["step"], e.label.removeprefix("Adam ")): e for e in rank0 if e.kind == "optimizer"}
+    units = [u.name for u in plan_units(build_model(TINY), 2)]
+    ahead = 0
+    for e in reads:
+        k = units.index(e.label.removeprefix("state "))
+        if k > 0 and (e.extra["step"], units[k - 1]) in adam:
+            ahead += e.start < adam[(e.extra["step"], units[k - 1])].end
+    assert ahead > 0
+
+
+# ------------------------------------------------------------------------------- the folder, always removed
+
+
+def _fail_at_step_1(folder, hang: bool):
+    """Rank code: rank 1 raises (or every rank hangs) in the forward of step 1, with the disk files open."""
+    calls = []
+
+    def loss_fn(model, x, y):
+        calls.append(1)
+        if len(calls) == 2:
+            if hang:
+                time.sleep(120)
+            elif dist.get_rank() == 1:
+                raise RuntimeError("a rank fails mid-run")
+        return lm_loss(model(x), y)
+
+    batches = make_batches(TINY, 8, 3, 0)
+    return train_offload(build_model(TINY), batches, target="disk", lr=LR, folder=folder, loss_fn=loss_fn)
+
+
+def test_no_folder_left_after_a_rank_fails():
+    before = _folders()
+    with pytest.raises(RankError, match="a rank fails mid-run"):
+        with offload_folder() as folder:
+            launch(_fail_at_step_1, 2, str(folder), False, echo=False)
+    assert not folder.exists() and _folders() == before
+
+
+def test_no_folder_left_after_a_timeout_kills_the_ranks():
+    before = _folders()
+    with pytest.raises(LaunchTimeout):
+        with offload_folder() as folder:
+            launch(_fail_at_step_1, 2, str(folder), True, echo=False, timeout=4)
+    assert not folder.exists() and _folders() == before
+
+
+def test_rank_owned_folders_of_killed_ranks_are_swept():
+    """Without a parent folder each rank makes its own; a SIGKILLed rank cannot remove it, so the next
+    offload_folder() (or sweep_orphans()) removes every folder whose owner process is gone."""
+    before = _folders()
+    with pytest.raises(LaunchTimeout):
+        launch(_fail_at_step_1, 2, None, True, echo=False, timeout=4)
+    time.sleep(0.5)  # the killed ranks are reaped
+    sweep_orphans()
+    assert _folders() == before
+
+
+def test_no_folder_left_after_ctrl_c():
+    with pytest.raises(KeyboardInterrupt):
+        with offload_folder() as folder:
+            (folder / "master.bin").write_bytes(b"x" * 100)
+            raise KeyboardInterrupt
+    assert not folder.exists()
+
+
+# -------------------------------------------------------------------------------------------- the run module
+
+
+@pytest.mark.parametrize("target", ["cpu", "disk"])
+def test_run_reports_pass_at_world_4_and_removes_the_folder(target):
+    before = _folders()
+    results, report = run_offload(4, target, steps=2)
+    assert report["passed"], report["verdicts"]
+    assert report["max_abs_err"] <= 1e-10 and report["disk_folder_removed"] is True
+    assert _folders() == before
+    assert set(report["bytes_per_rank"]["steady"]) == {"device", "host", "disk"}
+    assert report["bytes_per_rank"]["steady"]["disk"][0] == (180480 if target == "disk" else 0)
+    assert {e.kind for e in results.trace.events} >= {"offload", "upload", "optimizer"}
+
+
+def test_a_budget_too_small_is_refused_before_launch_naming_the_amounts():
+    scheme = get_scheme("offload")
+    need = scheme.make_options(world_size=2, target="cpu").memory()["peak_total"]
+    with pytest.raises(ValueError, match=rf"device: needs {need['device']:,} bytes per rank, budget 1,000"):
+        scheme.make_options(world_size=2, target="cpu", device_budget=1000)
+    with pytest.raises(ValueError, match=r"host: needs [\d,]+ bytes per rank, budget 2,000"):
+        scheme.make_options(world_size=2, target="disk", host_budget="2KB")
+    scheme.make_options(world_size=2, target="cpu", device_budget=need["device"])  # exactly enough: accepted
+    before = _folders()
+    with pytest.raises(ValueError, match="too small"):
+        run_offload(2, "disk", device_budget="1KB")
+    assert _folders() == before
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="target='gpu' must be one of"):
+        get_scheme("offload").make_options(target="gpu")
+    with pytest.raises(ValueError, match="not a byte count"):
+        parse_bytes("lots")
+    assert parse_bytes("1.5MB") == 1_500_000 and parse_bytes("2KiB") == 2048 and parse_bytes(7) == 7
+    with pytest.raises(ValueError, match="target='gpu'"):
+        train_offload(build_model(TINY), [], target="gpu")
