@@ -23,8 +23,28 @@ def test_dp_x_pp_x_tp_on_8_ranks_matches_one_device_with_every_axis_bytes_as_the
 
 
 @pytest.mark.parametrize(
+    "options",
+    [
+        {"dp": 2, "pp": 1, "tp": 2, "sequence_parallel": True},  # Megatron SP on the tp axis
+        {"dp": 2, "pp": 2, "tp": 1, "zero": 1, "optimizer": "adam", "lr": 0.01},  # ZeRO-1 over the dp axis
+    ],
+)
+def test_hybrid_with_sequence_parallelism_or_zero_matches_one_device(options):
+    _, report = run_hybrid(**options, steps=2)
+    assert report["passed"], report["verdicts"]
+    kinds = set(report["comm"]["per_axis_measured"])
+    if options.get("zero"):  # ZeRO-1: the dp axis reduce-scatters and all-gathers instead of all-reducing
+        assert {"dp reduce_scatter", "dp all_gather"} <= kinds and "dp all_reduce" not in kinds
+    else:  # SP's own byte checks replace the tp all-reduce check
+        assert any(line.startswith("tp axis (SP): ranks whose blocks' all_gather bytes") for line in report["verdicts"])
+
+
+@pytest.mark.parametrize(
     "options, message",
     [
+        ({"zero": 2, "optimizer": "adam"}, "the hybrid offers ZeRO stage 1"),
+        ({"zero": 1}, "add --optimizer adam"),
+        ({"pp": 2, "tp": 2, "dp": 1, "sequence_parallel": True}, "sequence_parallel needs pp=1 and tp>=2"),
         ({"dp": 2, "pp": 2, "tp": 2, "world_size": 4}, "mesh dp=2 x pp=2 x tp=2 = 8 ranks, but world_size=4"),
         ({"dp": 1, "pp": 1, "tp": 3}, "heads=4 is not divisible by world_size=3"),
         ({"dp": 1, "pp": 3, "tp": 1, "microbatches": 3, "batch": 6}, "layers=4 is not divisible by pp=3"),
