@@ -569,8 +569,9 @@ def _partners(rank: int, call: dict, world_size: int) -> list[int]:
 def _stuck_ranks(states: list[dict | None], world_size: int) -> list[int]:
     """The ranks waiting in calls that can never complete, from each rank's published state.
 
-    A rank's call may complete if every rank it waits for is computing (it may still come), or waits in (or has
-    pending) a matching call, or waits in another call that may itself complete. Start with every waiting rank
+    A rank's call may complete if every rank it waits for is computing (it may still come), or is past the
+    matching call, or waits in (or has pending) a matching call, or waits in another call that may itself
+    complete. Start with every waiting rank
     and drop those whose call may complete until nothing changes: the ranks left wait for each other, or for
     ranks that have returned, in calls that do not match: a deadlock.
     """
@@ -589,6 +590,8 @@ def _stuck_ranks(states: list[dict | None], world_size: int) -> list[int]:
 def _may_serve(partner: int, state: dict | None, rank: int, call: dict, stuck: set, world_size: int) -> bool:
     if state is None or not state.get("done") and state.get("call") is None:
         return True  # computing: it may still make the matching call
+    if call.get("stream") is not None and state.get("finished", {}).get(call["stream"], 0) >= call["k"]:
+        return True  # it is past the matching call (calls match in order): this one will complete
     if state.get("done"):
         return False
     offers = [state["call"], *state.get("pending", [])]
@@ -685,11 +688,33 @@ class _CallBoard:
 
     MAX_PENDING = 32  # asynchronous calls never waited for are forgotten beyond this
 
-    def __init__(self, slot: memoryview):
-        self.slot, self.seq, self.call, self.pending = slot, 0, None, {}
+    def __init__(self, slot: memoryview, rank: int, world_size: int):
+        self.slot, self.rank, self.world_size = slot, rank, world_size
+        self.seq, self.call, self.pending = 0, None, {}
+        # Calls are matched in order within a stream: a group's collectives, or one rank's sends to another. A
+        # peer that has finished k calls of a stream is past our k-th call there, so ours will complete.
+        self.last_index = 0
+        self.open: dict[int, tuple[str | None, int]] = {}  # call index -> (stream, its number k in the stream)
+        self.issued: dict[str | None, int] = {}  # stream -> calls made
+        self.finished: dict[str, int] = {}  # stream -> calls done
+
+    def _stream(self, event) -> str | None:
+        if event.kind == "send":
+            return f"{self.rank}>{event.peer}"
+        if event.kind == "recv":
+            return None if event.peer is None else f"{event.peer}>{self.rank}"  # None: from any rank
+        members = event.group if event.group is not None else range(self.world_size)
+        return ",".join(map(str, members))
 
     def hook(self, event, index: int, state: str) -> None:
         """comm.call_hook: the rank is "waiting" in traced call #index, has it "in flight", or is "done" with it."""
+        if index > self.last_index:  # a new call (not a second wait() on an old one)
+            self.last_index = index
+            stream = self._stream(event)
+            self.issued[stream] = self.issued.get(stream, 0) + 1
+            self.open[index] = (stream, self.issued[stream])
+            if len(self.open) > 64 * self.MAX_PENDING:  # asynchronous calls never waited for: forget the oldest
+                self.open.pop(next(iter(self.open)))
         if state == "waiting":
             self.call = self._as_dict(event, index)
         else:
@@ -700,23 +725,27 @@ class _CallBoard:
                     self.pending.pop(next(iter(self.pending)))
             else:
                 self.pending.pop(index, None)
+                stream, _ = self.open.pop(index, (None, 0))
+                if stream is not None:
+                    self.finished[stream] = self.finished.get(stream, 0) + 1
         self.publish()
 
-    @staticmethod
-    def _as_dict(event, index: int) -> dict:
-        group = None if event.group is None else list(event.group)
+    def _as_dict(self, event, index: int) -> dict:
+        stream, k = self.open.get(index, (None, 0))
         return {
             "i": index,
             "kind": event.kind,
             "bytes": event.bytes,
             "peer": event.peer,
-            "group": group,
+            "group": None if event.group is None else list(event.group),
             "label": event.label,
+            "stream": stream,
+            "k": k,
             "since": time.monotonic(),
         }
 
     def publish(self, done: bool = False) -> None:
-        state = {"call": self.call, "pending": list(self.pending.values()), "done": done}
+        state = {"call": self.call, "pending": list(self.pending.values()), "finished": self.finished, "done": done}
         data = json.dumps(state).encode()
         if len(data) > len(self.slot) - 12:  # too many pending calls to tell: the current one matters most
             data = json.dumps({**state, "pending": []}).encode()[: len(self.slot) - 12]
@@ -809,7 +838,7 @@ def _rank_main(job: dict, rank: int, out: Connection, slot: memoryview, captured
     (It lives here rather than in _rankserver.py so that each rank runs the parlab code on disk.)"""
     global _progress_channel
     _progress_channel = out  # parlab.progress() in rank code reports through the same pipe
-    board = _CallBoard(slot)
+    board = _CallBoard(slot, rank, job["world_size"])
     comm.call_hook = board.hook
     _seed_generators(job["seed"] + rank)
     torch.set_default_dtype(job["default_dtype"])

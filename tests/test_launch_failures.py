@@ -420,7 +420,7 @@ def test_each_rank_publishes_its_calls_through_the_comm_hook(clean):
 
 def test_the_call_board_forgets_asynchronous_calls_once_waited():
     slot = memoryview(bytearray(launch_module.SLOT_BYTES))
-    board = launch_module._CallBoard(slot)
+    board = launch_module._CallBoard(slot, rank=0, world_size=2)
 
     def state():
         length = int.from_bytes(slot[8:12], "little")
@@ -433,7 +433,9 @@ def test_the_call_board_forgets_asynchronous_calls_once_waited():
     assert state()["call"] is None and [c["i"] for c in state()["pending"]] == [1]
     board.hook(event, 1, "waiting")
     board.hook(event, 1, "done")
-    assert state() == {"call": None, "pending": [], "done": False}
+    assert state() == {"call": None, "pending": [], "finished": {"0>1": 1}, "done": False}
+    board.hook(parlab.Event(0, "all_reduce", 0.0, bytes=4), 2, "waiting")
+    assert (state()["call"]["stream"], state()["call"]["k"]) == ("0,1", 1)
     board.publish(done=True)
     assert state()["done"] and int.from_bytes(slot[0:8], "little") % 2 == 0
 
@@ -467,6 +469,11 @@ def test_deadlock_analysis_cases():
     # Ranks 0 and 1 match in a pair group while rank 2 waits on the world: the pair may finish and then come.
     pair = {"call": call("all_reduce", group=[0, 1])}
     assert stuck([pair, pair, {"call": call("all_reduce")}], 3) == []
+    # Rank 0 still finishes broadcast #3 while rank 1, past it, waits in all_reduce #4: slow, not stuck.
+    behind = {"call": {**call("broadcast", peer=0, i=3), "stream": "0,1", "k": 3}}
+    ahead = {"call": {**call("all_reduce", i=4), "stream": "0,1", "k": 4}, "finished": {"0,1": 3}}
+    assert stuck([behind, ahead], 2) == []
+    assert stuck([behind, {**ahead, "finished": {"0,1": 2}}], 2) == [0, 1]  # not past it: a mismatch
     # A chain: rank 2 waits for rank 1, which waits in a mismatch with rank 0.
     chain = [{"call": call("all_reduce", group=[0, 1])}, {"call": call("broadcast", peer=1, group=[0, 1])}]
     assert stuck([*chain, {"call": call("send", peer=1)}], 3) == [0, 1, 2]
