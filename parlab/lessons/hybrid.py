@@ -48,7 +48,11 @@ def mesh_figure(report: dict):
         text = f"<b>rank {r}</b><br>{place['holds']}<br>TP slice {place['tp'] + 1}/{T}"
         hover = "<br>".join(
             [f"rank {r}: dp {place['dp']}, pp {place['pp']}, tp {place['tp']}", place["holds"]]
-            + [f"{axis} group {place['groups'][axis]}: {measured[axis][r]} bytes" for axis in AXES]
+            + [
+                f"{axis} group {place['groups'][axis]}: "
+                + ", ".join(f"{key.split()[1]} {m[r]} bytes" for key, m in measured.items() if key.startswith(axis))
+                for axis in AXES
+            ]
         )
         fig.add_trace(
             go.Scatter(
@@ -74,50 +78,27 @@ def mesh_figure(report: dict):
 
 def axis_traffic_figure(report: dict):
     """Bytes each rank moved on each axis during the run (measured from the trace: each call's mesh axis), one
-    panel per axis, bars, with the theory as black markers."""
+    panel per axis and kind of call, bars, with the theory as black markers."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     from parlab.plots import kind_color, style
 
     measured, theory = report["comm"]["per_axis_measured"], report["comm"]["per_axis_theory"]
-    what = {
-        "dp": "dp: all-reduce of the gradients",
-        "pp": "pp: activations and gradients sent",
-        "tp": "tp: the Megatron all-reduces",
-    }
-    fig = make_subplots(
-        rows=3, cols=1, shared_xaxes=True, subplot_titles=[what[a] for a in AXES], vertical_spacing=0.08
-    )
+    what = {"dp": "gradients over the replicas", "pp": "activations and gradients", "tp": "inside each layer"}
+    keys = list(measured)  # "dp all_reduce", "pp send", "tp all_reduce", ...
+    titles = [f"{key.split()[0]}: {key.split()[1].replace('_', '-')} ({what[key.split()[0]]})" for key in keys]
+    fig = make_subplots(rows=len(keys), cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.08)
     ranks = [f"rank {r}" for r in range(report["world_size"])]
-    colours = {"dp": kind_color("all_reduce"), "pp": kind_color("send"), "tp": "#7B3294"}
-    for row, axis in enumerate(AXES, start=1):
-        fig.add_trace(
-            go.Bar(
-                name=f"{axis} measured",
-                x=ranks,
-                y=measured[axis],
-                marker_color=colours[axis],
-                hovertemplate="%{x}: %{y} bytes measured<extra></extra>",
-            ),
-            row=row,
-            col=1,
-        )
-        fig.add_trace(
-            go.Scatter(
-                name="theory",
-                showlegend=row == 1,
-                x=ranks,
-                y=theory[axis],
-                mode="markers",
-                marker={"color": "black", "symbol": "line-ew-open", "size": 28, "line": {"width": 3}},
-                hovertemplate="%{x}: %{y} bytes in theory<extra></extra>",
-            ),
-            row=row,
-            col=1,
-        )
+    for row, key in enumerate(keys, start=1):
+        fig.add_trace(go.Bar(name=f"{key} measured", x=ranks, y=measured[key], marker_color=kind_color(key.split()[1]),
+                             hovertemplate="%{x}: %{y} bytes measured<extra></extra>"), row=row, col=1)  # fmt: skip
+        marker = {"color": "black", "symbol": "line-ew-open", "size": 28, "line": {"width": 3}}
+        fig.add_trace(go.Scatter(name="theory", showlegend=row == 1, x=ranks, y=theory[key], mode="markers",
+                                 marker=marker, hovertemplate="%{x}: %{y} bytes in theory<extra></extra>"),
+                      row=row, col=1)  # fmt: skip
         fig.update_yaxes(title_text="bytes", row=row, col=1)
-    return style(fig, f"Bytes each rank moved on each axis in {report['steps']} steps", height=720)
+    return style(fig, f"Bytes each rank moved on each axis in {report['steps']} steps", height=180 + 190 * len(keys))
 
 
 def plan_table(
