@@ -134,6 +134,7 @@ def _run(kind, call, tensor, nbytes, async_op, label="", peer=None, group=None):
         axis=_axis(group),
     )
     _events.append(event)
+    pace.issue_comm(event)  # an emulated link (parlab.pace): when this message will have arrived
     global _calls
     _calls += 1
     index = _calls

@@ -6,7 +6,9 @@ keeps the data, the numerics and the byte counts real, and holds the *time* of e
 
     compute span of kind k      held to  cost[k] x unit          (F = 1, B = 2, BI = BW = 1: the ideal timeline's
                                                                   unit costs; optimizer and other spans are not held)
-    communication of n bytes    held to  alpha + n / bandwidth   (the alpha-beta link model), after the real transfer
+    communication of n bytes    held to  alpha + n / bandwidth   (the alpha-beta link model), after the real transfer;
+                                                                  a rank's messages share its one link, one after
+                                                                  another (a message waits for the link to be free)
 
 "Held" means: the real work runs first; if it took less than the model says, the rank sleeps for the rest, so a
 waiting rank gives its core to the others. If the real work took longer than the model (the pace is too fast for
@@ -160,14 +162,26 @@ def reached(fraction: float) -> None:
             _slept[id(event)] = _slept.get(id(event), 0.0) + wait
 
 
+_link_free = 0.0  # when this rank's emulated link has finished its last message
+
+
+def issue_comm(event: Event) -> None:
+    """A communication call starts (parlab.comm calls this): under the link model it completes alpha + bytes /
+    bandwidth after both it was issued and the link finished the rank's previous message."""
+    global _link_free
+    if _model is not None and event.kind != "barrier":
+        ready = max(event.start, _link_free) + _model.comm_seconds(event.bytes)
+        event.extra["paced_ready"] = _link_free = ready
+
+
 def comm_ready_at(event: Event) -> float:
-    """When a communication is complete under the link model (its real start + alpha + bytes / bandwidth)."""
-    return event.start + (_model.comm_seconds(event.bytes) if _model is not None else 0.0)
+    """When a communication is complete under the link model (its real start, if not paced)."""
+    return event.extra.get("paced_ready", event.start)
 
 
 def hold_comm(event: Event) -> None:
     """After the real transfer: hold the call until the link model says the data has arrived."""
-    if _model is not None and event.kind != "barrier":
+    if "paced_ready" in event.extra:
         event.extra["paced"] = True
         now = time.perf_counter()
         target = comm_ready_at(event)
