@@ -1,23 +1,23 @@
-"""The labs: generated from their solutions, graded by re-execution, and the grading tells right from wrong.
+"""The labs: generated from their solutions, each with its checks module, and the grader's parts, without a kernel.
 
-Each notebook execution costs a few seconds, so the grading tests run each notebook once: every solution (full
-points), every untouched student notebook (0 points), every wrong solution in tests/wrong_solutions (its bug
-caught by the checks it names; lab02's crashes the ranks), and a small synthetic lab for hangs, dead kernels and
-tampered check cells.
+The grading itself (solutions, handouts, wrong answers and cheats, executed in one run) is tests/test_grade_run.py.
 """
 
 import configparser
-import json
-import re
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-from parlab import grade
+import parlab
+from parlab import comm, grade, grading
+from parlab.grading import isolation, probe
 
 ROOT = Path(__file__).resolve().parents[1]
 LABS = ROOT / "labs"
@@ -99,156 +99,173 @@ def test_masks_are_those_of_the_sanitize_file():
     assert [(p.pattern, r) for p, r in grade.MASKS] == pairs
 
 
-def test_score_check_rules():
+def test_score_lines_rules():
     ok = [new_output("stream", name="stdout", text="a: max |err| 1.1e-16 <= tol 1e-10 (float64): PASS\n")]
     expected = grade.verdict_lines(ok)
     assert expected == ["a: max |err| ERR <= tol 1e-10 (float64): PASS"]
-    assert grade.score_check("c", 3, ok, expected, None).points == 3
-    other = [new_output("stream", name="stdout", text="b: measured 1 = theory 1: PASS\n")]
-    assert "differ" in grade.score_check("c", 3, other, expected, None).detail
-    failed = [new_output("stream", name="stdout", text="a: ... : FAIL\n")]
-    assert grade.score_check("c", 3, failed, expected, None).detail == "a: ... : FAIL"
-    assert grade.score_check("c", 3, [], expected, None).detail == "printed no verdict line"
-    assert "timed out" in grade.score_check("c", 3, ok, expected, 5.0).detail
-    error = [new_output("error", ename="RankError", evalue="rank 1 failed; x\n  tb\nValueError: boom", traceback=[])]
-    assert grade.score_check("c", 3, ok + error, expected, None).detail == "rank 1 failed; x ValueError: boom"
+    line = "a: max |err| 2.2e-16 <= tol 1e-10 (float64): PASS"
+    assert grade.score_lines("c", 3, [line], expected).points == 3
+    assert "differ" in grade.score_lines("c", 3, ["b: measured 1 = theory 1: PASS"], expected).detail
+    assert grade.score_lines("c", 3, ["a: ... : FAIL"], expected).detail == "a: ... : FAIL"
+    assert grade.score_lines("c", 3, [], expected).detail == "no verdict"
+    assert not grade.score_lines("c", 3, [line, line], expected).passed  # more lines than the solution's
 
 
-# ---------------------------------------------------------------------------------------- grading (executes)
+# ------------------------------------------------------------------------------- the checks modules (fast)
 
 
-def test_grade_gives_full_points_to_solutions_and_zero_to_untouched_labs():
-    """The instructor's command, as CI runs it: solutions full marks, the notebooks as handed out 0 points, even
-    though the latter store the passing verdicts as outputs (the grade comes from re-execution only)."""
-    students = [LABS / s.name for s in SOLUTIONS]
-    command = [sys.executable, "-m", "parlab", "grade", "--json", "--jobs", "2", *map(str, SOLUTIONS + students)]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert done.returncode == 1, done.stderr  # 1: not every check passed (the student versions)
-    report = json.loads(done.stdout)
-    by_path = {Path(g["notebook"]).resolve(): g for g in report["notebooks"]}
-    for path in SOLUTIONS:
-        g = by_path[path]
-        assert g["error"] is None and g["max_points"] > 0
-        assert g["points"] == g["max_points"], [c for c in g["checks"] if not c["passed"]]
-    for path in students:
-        g = by_path[path]
-        assert g["points"] == 0 and g["max_points"] > 0
-        assert all("NotImplementedError" in c["detail"] for c in g["checks"]), g["checks"]
-    assert report["points"] == sum(by_path[p]["max_points"] for p in SOLUTIONS)
+def test_every_lab_is_on_the_fixed_list_with_a_module_that_collects_and_judges_each_check():
+    assert [s.stem for s in SOLUTIONS] == list(grading.LABS)
+    for name, lab in grade.load_labs().items():
+        module = grading.checks_module(name)
+        for check, _points in lab.checks:
+            assert callable(getattr(module, f"collect_{check}")) and callable(getattr(module, f"judge_{check}"))
+            assert module.STRUCTURAL[check], f"{name}: say what {check} verifies beyond the numbers"
+            assert lab.expected[check] and all(line.endswith(": PASS") for line in lab.expected[check])
+        assert set(module.STRUCTURAL) == {check for check, _ in lab.checks}
+        for cell in lab.solution.cells:  # a check cell is one call into the module, nothing the kernel decides
+            if grade.check_marker(cell):
+                code = [line for line in cell.source.splitlines()[1:] if line.strip() and not line.startswith("#")]
+                assert len(code) == 1 and code[0].startswith("checks.run("), cell.source
+    with pytest.raises(KeyError):
+        grading.checks_module("../../solutions/lab00_ring_allreduce")
 
 
-def _wrong_answers(path: Path) -> tuple[dict[str, str], set[str]]:
-    """The answer cells of a wrong-solution file (split at '# ANSWER: name' lines) and the checks it must fail."""
-    text = path.read_text()
-    expect = re.search(r"^# EXPECT FAIL: (.+)$", text, re.M)
-    assert expect, f"{path.name} says nothing about which checks must fail"
-    parts = re.split(r"^(?=# ANSWER: )", text, flags=re.M)[1:]
-    answers = {grade.ANSWER_RE.match(p.split("\n", 1)[0])["name"]: p.strip() for p in parts}
-    return answers, {name.strip() for name in expect[1].split(",")}
-
-
-def test_each_wrong_solution_is_caught(tmp_path, capsys):
-    submissions = {}
-    for solution_path in SOLUTIONS:
-        answers, expected_failures = _wrong_answers(WRONG / f"{solution_path.stem}.py")
-        nb = nbformat.read(solution_path, as_version=4)  # the solution's answers, then the wrong ones
-        names = {grade.answer_name(c) for c in nb.cells} - {None}
-        assert set(answers) <= names, f"{solution_path.stem}: unknown answer cells {set(answers) - names}"
-        for cell in nb.cells:
-            if grade.answer_name(cell) in answers:
-                cell.source = answers[grade.answer_name(cell)]
-        path = tmp_path / f"{solution_path.stem}_wrong.ipynb"
-        nbformat.write(nb, path)
-        submissions[path] = expected_failures
-    report, checks = _grade(capsys, LABS / "solutions", list(submissions), grade.DEFAULT_TIMEOUT, jobs=2)
-    for path, expected_failures in submissions.items():
-        failed = {name for name, c in checks[path.stem].items() if not c["passed"]}
-        assert failed == expected_failures, checks[path.stem]
-        assert report[path.stem]["points"] < report[path.stem]["max_points"]
-    # lab02's wrong backward raises on the ranks: the check shows which rank failed, and autograd's complaint
-    backward = checks["lab02_tensor_parallel_wrong"]["backward"]["detail"]
-    assert re.match(r"rank \d failed; .*invalid gradient at index 1", backward), backward
-
-
-# --------------------------------------------------------------------------- hangs, crashes and dead kernels
-
-
-def _lab(cells: list[str], outputs: dict[int, str]):
-    nb = new_notebook(cells=[new_code_cell(source) for source in cells])
-    nb.metadata["parlab"] = {"lab": "lab99_robust"}
-    for index, text in outputs.items():
-        nb.cells[index].outputs = [new_output("stream", name="stdout", text=text)]
-    return nb
-
-
-def _with_answers(nb, answers: dict[str, str]):
-    nb = nbformat.from_dict(json.loads(json.dumps(nb)))
-    for cell in nb.cells:
-        if grade.answer_name(cell) in answers:
-            cell.source = f"# ANSWER: {grade.answer_name(cell)}\n{answers[grade.answer_name(cell)]}"
-    return nb
-
-
-def _write_lab(folder: Path, name: str, cells: list[str], outputs: dict[int, str], submissions: dict) -> list[Path]:
-    """A small lab (its solution in folder/solutions) and one submission per entry of `submissions`."""
-    nb = _lab(cells, outputs)
-    nb.metadata["parlab"]["lab"] = name
-    (folder / "solutions").mkdir(exist_ok=True)
-    nbformat.write(nb, folder / "solutions" / f"{name}.ipynb")
-    paths = []
-    for stem, answers in submissions.items():
-        paths.append(folder / f"{stem}.ipynb")
-        nbformat.write(_with_answers(nb, answers), paths[-1])
-    return paths
-
-
-def _grade(capsys, solutions: Path, paths: list[Path], timeout: float, jobs: int = 1) -> tuple[dict, dict]:
-    """Grade with `parlab grade --json` (in this process); returns ({stem: notebook}, {stem: {check: result}})."""
-    options = ["--json", "--timeout", str(timeout), "--jobs", str(jobs), "--solutions", str(solutions)]
-    args = grade.build_parser(grade.argparse.ArgumentParser()).parse_args([*options, *map(str, paths)])
-    assert grade.run(args) == 1
-    report = {Path(g["notebook"]).stem: g for g in json.loads(capsys.readouterr().out)["notebooks"]}
-    return report, {name: {c["check"]: c for c in g["checks"]} for name, g in report.items()}
-
-
-def test_hangs_and_dead_kernels_fail_their_checks_and_grading_goes_on(tmp_path, capsys):
-    cells = [
-        "import os, time",
-        "# ANSWER: top\n# BEGIN SOLUTION\nx = 2\n# END SOLUTION",
-        "# CHECK: x (2 points)\nprint('x is 2:', 'PASS' if x == 2 else 'FAIL')",
-        "# ANSWER: loop\n# BEGIN SOLUTION\ny = 3\n# END SOLUTION",
-        "# CHECK: after (1 point)\nprint('after:', 'PASS' if x == 2 else 'FAIL')",
+def test_judges_fail_what_is_not_the_answer():
+    """The judges compute their reference themselves: data that is not the answer fails, malformed data raises."""
+    lab00 = grading.checks_module("lab00_ring_allreduce")
+    zeros = {"chunks": [torch.zeros(250)] * 4, "calls": []}
+    lines = grading.judge(lab00, "reduce_scatter", {"ranks": [zeros] * 4})
+    assert lines and all(line.endswith(": FAIL") for line in lines if "holds" in line or "sent" in line)
+    assert grading.judge(lab00, "reduce_scatter", {"error": "rank 1 failed: boom"}) == [
+        "reduce_scatter: the check did not complete (rank 1 failed: boom): FAIL"
     ]
-    submissions = {
-        "loop": {"loop": "while True:\n    time.sleep(0.05)"},  # runs past the timeout: interrupted, goes on
-        "dies": {"top": "os._exit(1)"},  # kills the kernel: the remaining checks fail
-        "right": {},  # graded after the dead kernel
-        "tampered": {"top": "x = 5"},  # wrong, and its check cells below are rewritten to print PASS
-    }
-    paths = _write_lab(tmp_path, "lab99_hang", cells, {2: "x is 2: PASS\n", 4: "after: PASS\n"}, submissions)
-    tampered = nbformat.read(paths[-1], as_version=4)
-    for cell in tampered.cells:
-        if grade.check_marker(cell):
-            cell.source = cell.source.split("\n")[0] + "\nprint('x is 2: PASS')"
-    nbformat.write(tampered, paths[-1])
-    report, checks = _grade(capsys, tmp_path / "solutions", paths, 3)
-    assert checks["loop"]["x"]["passed"] and checks["loop"]["after"]["passed"]
-    assert report["loop"]["notes"] == ["answer cell 'loop' timed out after 3 s (interrupted)"]
-    assert not checks["dies"]["x"]["passed"] and not checks["dies"]["after"]["passed"]
-    assert "kernel died" in checks["dies"]["after"]["detail"]
-    assert report["right"]["points"] == report["right"]["max_points"] == 3
-    assert report["tampered"]["points"] == 0  # the official check cells ran, not the submission's
+    with pytest.raises((KeyError, TypeError, IndexError)):
+        grading.judge(lab00, "reduce_scatter", {"ranks": "all PASS"})
+    lab03 = grading.checks_module("lab03_pipeline_1f1b")
+    gpipe = [[["F", i] for i in range(8)] + [["B", i] for i in range(8)] for _ in range(4)]
+    lines = grading.judge(lab03, "order", {"orders": {"4,8": gpipe, "2,5": "nonsense"}})
+    assert any("[8, 8, 8, 8] vs p - r: FAIL" in line for line in lines), lines
+    assert lines[-1].startswith("p=2, m=5") and lines[-1].endswith(": FAIL")
+
+
+def test_the_probe_sees_library_collectives_and_every_message():
+    def rank(x):
+        with probe.recording() as calls:
+            y = x.clone()
+            torch.distributed.all_reduce(y)  # not through parlab.comm: seen all the same
+            r, P = torch.distributed.get_rank(), torch.distributed.get_world_size()
+            incoming = torch.empty(2)
+            comm.wait_all([comm.isend(torch.full((2,), float(r)), (r + 1) % P), comm.irecv(incoming, (r - 1) % P)])
+        return calls
+
+    calls = parlab.launch(rank, 2, torch.ones(3), echo=False)[0]
+    assert probe.library_collectives(calls) == ["allreduce"]
+    sends = [c for c in calls if c["op"] == "send"]
+    assert [(c["peer"], c["bytes"]) for c in sends] == [(1, 8)] and sends[0]["data"].tolist() == [0.0, 0.0]
+    assert probe.total_bytes(calls, "allreduce") == 12
+
+
+def test_informative_line_picks_the_cause():
+    gloo = (
+        "terminate called after throwing an instance of 'c10::DistBackendError'\n"
+        "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 4000 vs 2000. Received data size "
+        "doesn't match expected size. Is there a distributed collective mismatch?\nException raised from ...\n"
+    )
+    assert "doesn't match" in grading.informative_line(gloo)
+    traceback = 'Traceback (most recent call last):\n  File "x", line 1\nValueError: first\n\nKeyError: last\n'
+    assert grading.informative_line(traceback) == "KeyError: last"
+    assert grading.informative_line("all good\n") == ""
+
+
+# ---------------------------------------------------------------------------- which lab a submission is (fast)
+
+
+def test_a_submission_is_identified_by_name_from_the_list_never_by_a_path(tmp_path):
+    labs = grade.load_labs()
+    nb = nbformat.read(LABS / "lab01_data_parallel.ipynb", as_version=4)
+    assert grade.identify(nb, labs) == ("lab01_data_parallel", [])
+    for forged in [str(tmp_path / "mine"), "../../../tmp/mine", "lab01_data_parallel.ipynb", 7]:
+        nb.metadata["parlab"]["lab"] = forged
+        lab, notes = grade.identify(nb, labs)
+        assert lab == "lab01_data_parallel" and "unknown lab" in notes[0]  # found by its answer cells
+    del nb.metadata["parlab"]
+    assert grade.identify(nb, labs)[0] == "lab01_data_parallel"
+    assert grade.lab_of_file_name(Path("lab00_alice.ipynb"), labs) == "lab00_ring_allreduce"
+    assert grade.lab_of_file_name(Path("alice.ipynb"), labs) is None
+    assert grade.identify(new_notebook(), labs)[0] is None
 
 
 def test_grade_rejects_bad_input_before_running_anything(tmp_path, capsys):
     assert grade.main([str(tmp_path / "missing.ipynb")]) == 2
     assert "no such notebook" in capsys.readouterr().err
-    stray = tmp_path / "lab42_nothing.ipynb"
+    stray = tmp_path / "x.ipynb"
     nbformat.write(new_notebook(), stray)
-    result = grade.grade_notebook(stray)
-    assert result.error.startswith("ValueError: no solution for lab 'lab42_nothing'") and result.max_points == 0
+    assert grade.main(["--lab", "lab42_nothing", str(stray)]) == 2
+    assert "lab42_nothing" in capsys.readouterr().err
 
 
-def test_a_renamed_submission_without_metadata_finds_its_lab():
-    solution = grade.load_solution("lab00_alice", LABS / "solutions")  # e.g. lab00_alice.ipynb, metadata lost
-    assert solution.metadata["parlab"]["lab"] == "lab00_ring_allreduce"
+def test_a_notebook_that_is_no_lab_is_reported_without_running_anything(tmp_path):
+    stray = tmp_path / "notes.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("print(1)")]), stray)
+    grader = grade.Grader(grade.load_labs(), 20, sandbox=None, guard=None)
+    result = grader.grade(stray)
+    assert result.error.startswith("not a lab") and result.max_points == 0 and not grader.failed
+
+
+# ------------------------------------------------------------------------------------------- isolation (fast)
+
+
+def test_tree_guard_reports_and_undoes_every_change(tmp_path):
+    root = tmp_path / "pkg"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.py").write_text("a = 1\n")
+    (root / "sub" / "b.py").write_text("b = 2\n")
+    guard = isolation.TreeGuard([root])
+    assert guard.changes() == []
+    (root / "a.py").write_text("a = 666\n")
+    (root / "sub" / "b.py").unlink()
+    (root / "sub" / "planted.py").write_text("evil = True\n")
+    (root / "sub").chmod(0o500)
+    changed = guard.changes()
+    assert sorted(guard.relative(p) for p in changed) == ["pkg/a.py", "pkg/sub/b.py", "pkg/sub/planted.py"]
+    guard.restore(changed)
+    assert guard.changes() == []
+    assert (root / "a.py").read_text() == "a = 1\n" and not (root / "sub" / "planted.py").exists()
+
+
+def test_kill_tree_finds_descendants_that_left_the_session(tmp_path):
+    isolation.become_subreaper()
+    token = "test" + str(os.getpid())
+    script = (
+        "import os, subprocess, sys, time\n"
+        "if os.fork() == 0:\n"  # a grandchild in a session of its own, orphaned: adopted by us (subreaper)
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(600)\n"
+        "    os._exit(0)\n"
+        "time.sleep(600)\n"
+    )
+    env = {**os.environ, "PARLAB_GRADE_TOKEN": token}
+    process = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(_with_token(token)) < 2:
+        time.sleep(0.1)
+    assert len(_with_token(token)) == 2
+    isolation.kill_tree(process, token)
+    time.sleep(0.2)
+    assert _with_token(token) == []
+
+
+def _with_token(token: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if f"PARLAB_GRADE_TOKEN={token}".encode() in environ and state != "Z":
+                found.append(int(entry))
+    return found

@@ -1,0 +1,114 @@
+"""The labs' checks, split so that a grade never depends on code a submission can change.
+
+Every lab (labs/solutions/labNN_name.ipynb) has a module here, parlab/grading/labNN_name.py, with two functions
+per check cell `# CHECK: name (N points)`:
+
+    collect_<name>(*answers) -> dict     runs in the notebook's kernel: launches the student's code on live ranks
+                                         and returns what they produced, as plain data (tensors, numbers, strings,
+                                         lists and dicts of them)
+    judge_<name>(data) -> list[str]      runs wherever the verdict is decided: recomputes the single-device
+                                         reference itself and returns the verdict lines ("...: PASS" / "...: FAIL")
+
+and a `STRUCTURAL` dict: for each check, the structural property it verifies beyond "the numbers are right" (e.g.
+lab 00: the sum was computed by the student's own ring). A check cell is one line, `checks.run("name", answer)`:
+
+- a student running the notebook (or `pytest --nbval`) gets collect, then judge, in the kernel: the verdict lines
+  are printed under the cell, and the stored ones are what a correct answer prints;
+- under `python -m parlab grade` (the environment variable PARLAB_GRADE_OUT is set) the kernel only collects and
+  saves the data to a file (torch.save); the grader, a separate process that never runs student code, reads it
+  back with `torch.load(weights_only=True)` (no code runs on reading) and judges it itself (parlab/grade.py).
+
+So an answer cell that redefines `parlab.compare`, a check helper or this module's functions in its kernel changes
+nothing the grader computes. What it can still do is hand the grader forged data: see labs/README.md for what the
+grader does and does not protect against.
+
+`LABS` is the fixed list of official labs: the grader identifies a submission's lab by looking its name up here,
+never by a path taken from the submission.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from pathlib import Path
+
+LABS = (
+    "lab00_ring_allreduce",
+    "lab01_data_parallel",
+    "lab02_tensor_parallel",
+    "lab03_pipeline_1f1b",
+    "lab04_ring_attention",
+    "lab05_zero",
+)
+
+OUT_ENV = "PARLAB_GRADE_OUT"  # set by the grader: the folder the kernel saves each check's data in
+
+
+def checks_module(lab: str):
+    """The module with lab `lab`'s collect_/judge_ functions (only names from LABS)."""
+    if lab not in LABS:
+        raise KeyError(f"unknown lab {lab!r}")
+    return importlib.import_module(f"parlab.grading.{lab}")
+
+
+def judge(module, check: str, data) -> list[str]:
+    """The verdict lines of one check, from the data its collect step returned."""
+    if isinstance(data, dict) and isinstance(data.get("error"), str):
+        return [f"{check}: the check did not complete ({data['error']}): FAIL"]
+    return [str(line) for line in getattr(module, f"judge_{check}")(data)]
+
+
+def run_check(module_name: str, check: str, *answers) -> None:
+    """A check cell's body: collect on live ranks, then judge and print (or, when graded, save the data)."""
+    module = importlib.import_module(module_name)
+    collect = getattr(module, f"collect_{check}")
+    out = os.environ.get(OUT_ENV)
+    if not out:
+        for line in judge(module, check, collect(*answers)):
+            print(line)
+        return
+    import torch
+
+    path = Path(out) / f"{check}.pt"
+    try:
+        data = collect(*answers)
+    except Exception as exc:  # the reason goes to the grader too; the cell still shows the error
+        torch.save({"error": error_summary(exc)}, path)
+        raise
+    torch.save(data, path)
+    print(f"{check}: collected for the grader")
+
+
+# ------------------------------------------------------------------------------------------ reasons, in a line
+
+# Lines that say what went wrong, in the order they are preferred (gloo's messages, then Python's exception line).
+_INFORMATIVE = [
+    re.compile(r"(mismatch|doesn't match|does not match|Connection closed by peer|enforce fail)", re.I),
+    re.compile(r"^\s*what\(\):\s*\S"),
+    re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Timeout)\b.*"),
+    re.compile(r"(terminate called|Aborted|Segmentation fault|Killed)"),
+]
+
+
+def informative_line(text: str, limit: int = 240) -> str:
+    """The first line of an error text (a traceback, a rank's stderr) that says what went wrong, or ''."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for pattern in _INFORMATIVE:
+        hits = [line for line in lines if pattern.search(line) and "Warning" not in line]
+        if hits:
+            # For a Python traceback the exception line is the last one; for the others the first is the cause.
+            line = hits[-1] if pattern is _INFORMATIVE[2] else hits[0]
+            return line[:limit]
+    return ""
+
+
+def error_summary(exc: BaseException) -> str:
+    """One line for an exception a check raised: for a failing rank, its number and the rank's own error."""
+    from parlab.launch import RankError
+
+    if isinstance(exc, RankError):
+        line = informative_line(exc.remote_traceback) or exc.remote_traceback.strip().splitlines()[-1:]
+        return f"rank {exc.rank} failed: {line if isinstance(line, str) else ' '.join(line)}"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()[:300]

@@ -1,0 +1,77 @@
+"""Rank side: record every call the student's code makes into torch.distributed, at the lowest Python level.
+
+`parlab.comm` traces the calls that go through it; a student may also call `torch.distributed` directly, or a
+process group's methods. All of these end in a method of `torch._C._distributed_c10d.ProcessGroup` (`allreduce`,
+`send`, ...), so that is where the probe listens, while the student's function runs:
+
+    with probe.recording() as calls:
+        phase(chunks)
+    calls  # [{"op": "send", "peer": 1, "bytes": 2000, "data": <the tensor sent>}, {"op": "recv", ...}, ...]
+
+Each record is plain data (str, int, tensor), so it travels to the grader as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+P2P = ("send", "recv", "recv_anysource")
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    return []
+
+
+def _methods(cls) -> list[str]:
+    skip = {"rank", "size", "name", "group_name", "group_desc", "bound_device_id", "boxed", "unbox", "abort"}
+    skip |= {"shutdown", "set_timeout", "get_group_store", "split_group", "merge_remote_group"}
+    skip |= {"use_pg_for_symm_mem_rendezvous"}
+    return [m for m in dir(cls) if not m.startswith("_") and m not in skip and callable(getattr(cls, m))]
+
+
+@contextmanager
+def recording(keep_sent_data: bool = True) -> Iterator[list[dict]]:
+    """Record the process-group calls made inside the `with` block (this process only)."""
+    from torch._C._distributed_c10d import ProcessGroup
+
+    calls: list[dict] = []
+    originals = {name: getattr(ProcessGroup, name) for name in _methods(ProcessGroup)}
+    originals = {name: fn for name, fn in originals.items() if not isinstance(fn, type)}
+
+    def wrap(name, original):
+        def recorded(self, *args, **kwargs):
+            tensors = _tensors(args[0]) if args else []
+            record = {"op": name, "bytes": sum(t.numel() * t.element_size() for t in tensors), "peer": -1}
+            if name in P2P and len(args) > 1 and isinstance(args[1], int):
+                record["peer"] = args[1]  # the group rank (the default group's is the global rank)
+            if name == "send" and keep_sent_data and tensors:
+                record["data"] = tensors[0].detach().cpu().clone().flatten()
+            calls.append(record)
+            return original(self, *args, **kwargs)
+
+        return recorded
+
+    for name, original in originals.items():
+        setattr(ProcessGroup, name, wrap(name, original))
+    try:
+        yield calls
+    finally:
+        for name, original in originals.items():
+            setattr(ProcessGroup, name, original)
+
+
+def total_bytes(calls, op: str) -> int:
+    """Bytes handed to torch.distributed by the calls of one kind ("allreduce", "send", ...)."""
+    return sum(int(c["bytes"]) for c in calls if c["op"] == op)
+
+
+def library_collectives(calls) -> list[str]:
+    """The collectives among the calls (everything but point-to-point send and recv), in order."""
+    return [c["op"] for c in calls if c["op"] not in P2P]
