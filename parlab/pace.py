@@ -96,8 +96,8 @@ _model: Pace | None = None  # the pace of this rank, while `paced` is active
 @contextmanager
 def paced(model: Pace | None) -> Iterator[None]:
     """Pace every traced operation of this rank inside the block (None: leave timing alone)."""
-    global _model
-    previous, _model = _model, model
+    global _model, _link_free
+    previous, _model, _link_free = _model, model, 0.0
     try:
         yield
     finally:
