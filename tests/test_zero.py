@@ -236,3 +236,23 @@ def test_cli_json_has_the_report_keys():
     assert set(report["bytes_per_rank"]) == set(report["bytes_formula"]) == {"params", "grads", "optimizer"}
     assert report["passed"] and report["gathered_params_peak"] > 0
     assert get_scheme("zero").options.__name__ == "ZeROOptions"
+
+
+def _overflowing_fp16_step():
+    from parlab.models import lm_loss
+    from parlab.zero import ZeRO
+
+    cfg = GPTConfig(**{**TINY.__dict__, "dtype": "float32"})
+    model = build_model(cfg, 0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    zero = ZeRO(model, 1, lr=LR, compute_dtype=torch.float16, loss_scale=1e30)  # 1e30 x loss is inf in fp16
+    x, y = make_batches(cfg, 4, 1, 0)[0]
+    zero.scale(lm_loss(model(x[:2]), y[:2])).backward()
+    took = zero.step()
+    return took, zero.loss_scale, zero.full_params(), before
+
+
+def test_fp16_overflow_skips_the_step_on_every_rank_and_halves_the_scale():
+    for took, scale, params, before in launch(_overflowing_fp16_step, 2, echo=False):
+        assert took is False and scale == 5e29
+        assert _max_diff(params, before) == 0  # the master weights did not move

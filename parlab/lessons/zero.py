@@ -4,7 +4,7 @@ The scheme (flat shards, Adam by hand, the stage 2/3 hooks, the training loop, t
 and `parlab.runs.zero.run_zero` runs and checks it; this module measures and draws:
 
     DP's redundancy, measured    `run_dp_memory`: what each rank of plain DP holds (same recipe as ZeRO)
-    memory per rank per stage    `draw_memory`: stacked bars, measured, with the paper's formula marked
+    memory per rank per stage    `draw_memory` (`stage_bars`): stacked bars, measured, the paper's formula marked
     one step on a timeline       `draw_step`: forward, backward, reduce-scatters, Adam, all-gathers (prefetch)
     the calculator               `draw_calculator`: the paper's formulas for any Psi, N, K
 """
@@ -110,6 +110,11 @@ def draw_memory(bars: dict[str, list[dict]], formulas: dict[str, float] | None =
         )
     fig.update_layout(barmode="stack")
     return plots.style(fig, title or "Memory held per rank (measured)", "run / rank", "KB held by the rank", 480)
+
+
+def stage_bars(results) -> list[dict]:
+    """Per rank of a ZeRO run: what it held before the optimizer step, with its transient peaks (draw_memory)."""
+    return [{**r["steady"], **{k: r["peak"][k] for k in TRANSIENT}} for r in results]
 
 
 def one_step(trace: Trace, step: int) -> Trace:
