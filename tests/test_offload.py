@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from parlab import launch
 from parlab.launch import LaunchTimeout, RankError
+from parlab.lessons import offload as lesson
 from parlab.models import GPTConfig, build_model, lm_loss, make_batches, train_single_device
 from parlab.offload import (
     FOLDER_PREFIX,
@@ -121,16 +122,11 @@ def test_copies_move_what_theory_says_and_overlap(three_targets):
     assert sum(e.bytes for e in rank0 if e.kind == "disk_write") == 3 * 3 * b * S
     # Overlap: gradient copies start while backward still runs; state reads start before the Adam span of
     # the unit before them ends (read ahead).
-    backward = [e for e in rank0 if e.kind == "backward"]
-    assert any(any(bw.start <= e.start < bw.end for bw in backward) for e in offloads)
-    adam = {(e.extra["step"], e.label.removeprefix("Adam ")): e for e in rank0 if e.kind == "optimizer"}
-    units = [u.name for u in plan_units(build_model(TINY), 2)]
-    ahead = 0
-    for e in reads:
-        k = units.index(e.label.removeprefix("state "))
-        if k > 0 and (e.extra["step"], units[k - 1]) in adam:
-            ahead += e.start < adam[(e.extra["step"], units[k - 1])].end
-    assert ahead > 0
+    counts = lesson.overlaps(trace, rank=0)
+    during, n_offloads = counts["gradient copies started during backward"]
+    ahead, n_reads = counts["state reads started before the previous unit's Adam ended"]
+    assert n_offloads == len(offloads) and n_reads == len(reads)
+    assert during > 0 and ahead > 0
 
 
 # ------------------------------------------------------------------------------- the folder, always removed
@@ -225,3 +221,27 @@ def test_bad_options_are_refused():
     assert parse_bytes("1.5MB") == 1_500_000 and parse_bytes("2KiB") == 2048 and parse_bytes(7) == 7
     with pytest.raises(ValueError, match="target='gpu'"):
         train_offload(build_model(TINY), [], target="gpu")
+
+
+# ------------------------------------------------------------------------------------------ lesson 06 figures
+
+
+def test_lesson_figures_show_the_measured_bytes_and_copies(three_targets):
+    ledgers = {t: three_targets[0][t]["ledger"] for t in TARGETS}
+    table = lesson.step_memory(ledgers["disk"], step=1)
+    assert list(table) == list(lesson.MOMENTS)
+    steady = three_targets[0]["disk"]["steady"]
+    assert table["before the optimizer step"] == {p: {k: v for k, v in steady[p].items() if v} for p in steady}
+    assert "read-ahead" in table["during the optimizer step"]["host"]
+    assert "grad buckets" in table["during backward"]["device"]
+    fig = lesson.draw_memory_by_place(ledgers, step=1)
+    bars = [b for b in fig.data if b.xaxis == "x3"]  # the disk target's panel
+    device = next(b for b in bars if b.name == "device")
+    assert device.y[2] * 1e3 == sum(table["before the optimizer step"]["device"].values())
+    step = lesson.draw_step(three_targets.trace, 1, "one step")
+    names = {b.name: b.marker.color for b in step.data}
+    assert names["offload"] == lesson.COPY_COLORS["offload"] and "disk read" in names
+    seconds = lesson.copy_seconds(three_targets.trace)
+    assert set(seconds) >= {"offload", "upload", "disk_read", "disk_write", "optimizer"}
+    budget = lesson.draw_budget(10e9, 1, 2, 4, 32)
+    assert [round(v) for v in budget.data[0].y] == [180, 20, 20]  # device GB: none, cpu, disk

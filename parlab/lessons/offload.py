@@ -89,6 +89,27 @@ def copy_seconds(trace: Trace, rank: int = 0) -> dict[str, float]:
     return out
 
 
+def overlaps(trace: Trace, rank: int = 0) -> dict[str, tuple[int, int]]:
+    """Counted from the trace (one rank), each as (overlapping, all):
+    gradient copies to the host that started while a backward span was still running; and state reads of unit
+    k that started before the Adam span of unit k-1 ended (read ahead: in flight before they are needed)."""
+    mine = trace.select(rank=rank)
+    backward = [e for e in mine if e.kind == "backward"]
+    offloads = [e for e in mine if e.kind == "offload"]
+    during = sum(any(b.start <= e.start < b.end for b in backward) for e in offloads)
+    adam = [e for e in mine if e.kind == "optimizer"]  # labels "Adam <unit>"
+    reads = [e for e in mine if e.kind == "disk_read"]  # labels "state <unit>", in unit order within a step
+    ahead = 0
+    for previous, read in zip(reads, reads[1:], strict=False):
+        if previous.extra["step"] != read.extra["step"]:
+            continue  # the first unit of a step: nothing to be ahead of
+        label = "Adam " + previous.label.removeprefix("state ")  # the Adam span of the unit before
+        before = min((a for a in adam if a.label == label), key=lambda a: abs(a.start - read.start))
+        ahead += read.start < before.end
+    return {"gradient copies started during backward": (during, len(offloads)),
+            "state reads started before the previous unit's Adam ended": (ahead, len(reads))}  # fmt: skip
+
+
 def draw_copy_seconds(traces: dict[str, Trace], rank: int = 0):
     """Plotly: grouped bars, for each target, of the milliseconds per step each kind of copy took (measured)."""
     import plotly.graph_objects as go
