@@ -390,6 +390,32 @@ def test_pending_asynchronous_sends_are_not_a_mismatch(clean):
     assert parlab.launch(fn, 2) == [1.0, 0.0]
 
 
+def test_a_paced_transfer_is_not_a_mismatch(clean):
+    """Under an emulated link (parlab.pace) a rank holds after the real transfer, when it is "done" with the call:
+    it waits for no other rank then, and a peer waiting meanwhile is not in a mismatch."""
+    from parlab import pace
+
+    def fn():
+        done, publish = {}, comm.call_hook
+
+        def record(event, index, state):
+            if state == "done":
+                done.setdefault(index, time.perf_counter())
+            publish(event, index, state)
+
+        comm.call_hook = record
+        with pace.paced(pace.Pace(bandwidth=1e6)):
+            t = torch.ones(750_000)  # 3 MB: held ~3 s on the emulated link
+            if dist.get_rank() == 0:
+                comm.send(t, dst=1)
+            else:
+                comm.recv(t, src=0)
+            comm.all_reduce(torch.ones(1))
+        return comm.trace_events()[0].end - done[1]  # how long the rank held after it was done with the call
+
+    assert all(held > 2.0 for held in parlab.launch(fn, 2))
+
+
 def test_each_rank_publishes_its_calls_through_the_comm_hook(clean):
     """comm.call_hook sees a rank "waiting" in a call, an asynchronous call "in flight" once issued, and each
     call "done" once its data is here."""
