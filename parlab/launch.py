@@ -534,9 +534,11 @@ def _results_from(report, stopped, calls, world_size, timeout, seconds, echo, se
 #
 # Each rank publishes its state (see _CallBoard below) as a dict:
 #     {"call": the traced call it waits in, or None while it computes,
-#      "pending": its asynchronous calls not yet waited for, "done": True once it has returned}
+#      "pending": its asynchronous calls not yet waited for, "done": True once it has returned,
+#      "finished": {stream: how many calls of that stream it has finished}}
 # where a call is {"i": its index among the rank's traced calls (1-based), "kind", "bytes", "peer", "group",
-# "label", "since": time.monotonic() when the rank entered it}.
+# "label", "stream" and "k": it is the k-th call of its stream (a group's collectives: "0,1,2"; the sends from
+# rank 0 to rank 1: "0>1"), "since": time.monotonic() when the rank entered it}.
 
 P2P = ("send", "recv")
 
@@ -550,7 +552,10 @@ def _matches(rank: int, call: dict, other_rank: int, other: dict, world_size: in
     if call["kind"] in P2P or other["kind"] in P2P:
         if {call["kind"], other["kind"]} != set(P2P):
             return False
-        (src, send), (dst, recv) = ((rank, call), (other_rank, other))[:: 1 if call["kind"] == "send" else -1]
+        if call["kind"] == "send":
+            src, send, dst, recv = rank, call, other_rank, other
+        else:
+            src, send, dst, recv = other_rank, other, rank, call
         return send["peer"] == dst and recv["peer"] in (src, None) and send["bytes"] == recv["bytes"]
     if (call["kind"], call["peer"]) != (other["kind"], other["peer"]):  # peer: broadcast's src, reduce's dst
         return False
