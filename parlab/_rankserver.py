@@ -16,7 +16,8 @@ parent sends and receives from its own threads, so a Ctrl-C in the parent never 
                                                         runs stops that one: its launch was abandoned.
     parent -> server   {"cancel": job_id}               stop the ranks of that job now
     server -> parent   {"job_id", "progress": ...}      a rank started, or reported progress (parlab.progress)
-    server -> parent   {"job_id", "calls": [...]}       each rank's published call state, when it changed
+    server -> parent   {"job_id", "calls": [...], "at"} each rank's published call state, read at time.monotonic()
+                                                        "at"; sent when it changed, and every CALLS_RESEND s
     server -> parent   {"job_id", "report": {...}}      every rank's outcome, sent once the ranks are all gone;
                                                         the answer to a cancel too ({"report": None} when that job
                                                         was not running)
@@ -45,6 +46,7 @@ import torch._dynamo  # noqa: F401  (preloaded: the first torch.optim optimizer 
 PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 RENDEZVOUS_PREFIX = "parlab-rendezvous-"  # + "<server pid>-<job id>", in the temp folder
 CALLS_EVERY = 0.25  # seconds between two looks at the ranks' published calls
+CALLS_RESEND = 1.0  # seconds after which they are sent again even if unchanged (the parent sees they still hold)
 
 
 def _die_with_parent() -> None:
@@ -171,15 +173,15 @@ def _run_job(job: dict, parent: Connection) -> tuple[dict, dict | None]:
             os.close(writer)
             pids[rank], pipes[rank] = pid, Connection(reader, writable=False)
 
-        last_calls, last_look = None, 0.0
+        last_calls, last_look, last_sent = None, 0.0, 0.0
         while len(exited) < len(pids):
             ready = wait([parent, *[pipes[r] for r in pids if r not in exited]], timeout=CALLS_EVERY)
             if time.monotonic() - last_look >= CALLS_EVERY:
                 last_look = time.monotonic()
                 calls = _read_slots(board, world_size, slot_bytes)
-                if calls != last_calls:
-                    parent.send_bytes(pickle.dumps({"job_id": job["id"], "calls": calls}))
-                    last_calls = calls
+                if calls != last_calls or last_look - last_sent >= CALLS_RESEND:
+                    parent.send_bytes(pickle.dumps({"job_id": job["id"], "calls": calls, "at": last_look}))
+                    last_calls, last_sent = calls, last_look
             if parent in ready:
                 request = pickle.loads(parent.recv_bytes())  # EOFError if the parent died: main() exits
                 if "job" in request:  # the parent gave up on this job (interrupted) and wants the next one

@@ -481,7 +481,7 @@ def _wait_for_report(server: _RankServer, job_id: int, timeout: float, world_siz
                 if "progress" in message:
                     progress.update(message["progress"])
                 elif "calls" in message:
-                    watch.update(message["calls"])
+                    watch.update(message["calls"], message["at"])
             mismatch = watch.mismatch()
             if mismatch is not None:
                 stopped = mismatch
@@ -630,8 +630,10 @@ class _HangWatch:
     def __init__(self, world_size: int):
         self.world_size = world_size
         self.states: list[dict | None] = [None] * world_size
+        self.seen_at = 0.0  # time.monotonic() when the server read the states
 
-    def update(self, raw: list[bytes | None]) -> None:
+    def update(self, raw: list[bytes | None], at: float) -> None:
+        self.seen_at = at
         for rank, data in enumerate(raw):
             if data:  # b"": nothing published yet; None: being written, keep the last state
                 try:
@@ -645,9 +647,9 @@ class _HangWatch:
         if not stuck:
             return None
         entered = max(self.states[r]["call"]["since"] for r in stuck)
-        waited = time.monotonic() - entered
-        if waited < MISMATCH_SECONDS:
+        if self.seen_at - entered < MISMATCH_SECONDS:  # not yet seen still there MISMATCH_SECONDS after
             return None
+        waited = time.monotonic() - entered
         kinds = {self.states[r]["call"]["kind"] for r in stuck}
         what = "send/recv mismatch" if kinds <= set(P2P) else "collective mismatch"
         calls = self.describe(with_time=False)
