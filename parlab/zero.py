@@ -149,6 +149,7 @@ class ZeRO:
     """ZeRO stage 1, 2 or 3 over `group` (the data-parallel ranks; default all), with Adam.
 
         zero = ZeRO(model, stage=2, lr=1e-3, compute_dtype=torch.bfloat16)   # the same model on every rank
+        zero.zero_grad()
         loss = zero.scale(lm_loss(model(x_r), y_r)); loss.backward()          # hooks work during backward
         zero.step()                                                            # reduce-scatter, Adam, all-gather
 
@@ -212,7 +213,7 @@ class ZeRO:
             shard = self.param_shard[u.offset : u.offset + u.shard_numel]  # [S_u] rank r's parameters
             u.gather_work = comm.all_gather_into_tensor(u.flat, shard, group=self.group, async_op=True,
                                                         label=f"{why} {u.name}")  # fmt: skip
-            self._record(f"gathered {u.name}")
+            self.record(f"gathered {u.name}")
         if wait and u.gather_work is not None:
             u.gather_work.wait()
             u.gather_work = None
@@ -254,7 +255,7 @@ class ZeRO:
             out = self.grad_shard[u.offset : u.offset + u.shard_numel]  # [S_u] <- sum over ranks of shard r
             work = comm.reduce_scatter_tensor(out, flat, group=self.group, async_op=True, label=f"grads {u.name}")
             u.reduce_work, u.ready = (work, flat), set()
-            self._record(f"reduce-scatter {u.name}")
+            self.record(f"reduce-scatter {u.name}")
             self._finish_reduces(keep=1)  # at most one more unit's full gradients in flight (a bounded buffer)
             if self.stage == 3:
                 self._free(u)  # its backward is done: drop the gathered parameters
@@ -294,7 +295,7 @@ class ZeRO:
             self._finish_reduces()
             self.to_reduce = len(self.units) - 1
             grad = self.grad_shard.to(self.master_dtype)  # [S]
-        self._record("before the optimizer step")
+        self.record("before the optimizer step")
         grad.div_(N * (self.loss_scale or 1))  # sum over ranks -> mean; undo the loss scale
         if self.loss_scale:  # fp16: any overflow on any rank skips the step on every rank
             bad = torch.tensor([float(not torch.isfinite(grad).all())], dtype=self.master_dtype)
@@ -334,7 +335,8 @@ class ZeRO:
             "grad buckets": 0 if self.stage == 1 else tensor_bytes(live_grads, in_flight),  # full grads in flight
         }
 
-    def _record(self, label: str) -> None:
+    def record(self, label: str) -> None:
+        """A snapshot of what this rank holds now, in the memory ledger."""
         self.ledger.record(label, **self.held())
 
     def padding(self) -> int:
@@ -393,7 +395,7 @@ def train_zero(
         with comm.span("backward", kind="backward", step=step):
             zero.scale(loss).backward()  # stages 2, 3: reduce-scatters start in here
         skipped += not zero.step(step)
-        zero._record("after the step")
+        zero.record("after the step")
         losses.append(loss.item())
         progress(step + 1, len(batches))
     steady = next(row for row in reversed(zero.ledger.rows) if row["label"] == "before the optimizer step")
