@@ -24,11 +24,12 @@ One step, the cpu target (ZeRO-Offload):
     after backward: per unit, Adam on the host (kind "optimizer") on master, m, v and the host gradient / N; the
     copy engine moves the updated shard back to the device ("upload"), then an all-gather rebuilds the unit's full
     parameters on every rank. Adam of unit k overlaps the upload of unit k-1 and the all-gather of unit k-2.
-The disk target (ZeRO-Infinity) keeps master, m and v in three memory-mapped files per rank; the copy engine reads
-unit k+1's state ("disk_read") while Adam steps unit k, and writes unit k back ("disk_write") after.
+The disk target (ZeRO-Infinity) keeps master, m and v in three memory-mapped files per rank; a read engine reads
+unit k+1's state ("disk_read") while Adam steps unit k, and a write engine writes unit k back ("disk_write") after.
 
-The copy engine is one background thread with a queue: it stands for a GPU's copy stream / DMA engine and an NVMe
-queue. Operations it runs land on the timeline with the times the thread measured. Under parlab.pace, a copy of n
+A copy engine is one background thread with a queue: it stands for a GPU's copy stream / DMA engine (one for the
+device <-> host copies) or an NVMe queue (one for reads, one for writes). Operations it runs land on the timeline
+with the times the thread measured. Under parlab.pace, a copy of n
 bytes is held to the link model's alpha + n / bandwidth (the PCIe or NVMe link, modelled like the network).
 
 The disk folder is always removed: `offload_folder` (a context manager, with an atexit handler too) removes it after
@@ -204,7 +205,7 @@ class OffloadAdam:
         opt = OffloadAdam(model, target="cpu", lr=1e-3)   # the same model on every rank of the group
         loss.backward()       # hooks: reduce-scatter each unit, copy its gradient shard to the host
         opt.step(step)        # Adam on the host (disk: with read-ahead), upload, all-gather the parameters
-        opt.close()           # always (finally): stops the copy engine, removes this rank's files
+        opt.close()           # always (finally): stops the copy engines, removes this rank's files
 
     target: "none" (everything on the device: plain ZeRO-2), "cpu" or "disk". folder: where the disk target writes
     its files (it must exist; default: a new folder, removed by close()). compute_dtype: the model's parameters
@@ -248,7 +249,8 @@ class OffloadAdam:
             for p in u.params:
                 p.data = u.flat[offset : offset + p.numel()].view_as(p)
                 offset += p.numel()
-        self.engine = CopyEngine(self.device)
+        self.pcie = CopyEngine(self.device)  # device <-> host copies
+        self.reader, self.writer = (CopyEngine(self.device), CopyEngine(self.device)) if self.disk else (None, None)
         self.copies: list[Future] = []  # gradient copies to the host in flight
         self.to_reduce = len(self.units) - 1  # units are reduce-scattered last to first, on every rank
         self.unit_of = {id(p): u for u in self.units for p in u.params}
@@ -296,7 +298,7 @@ class OffloadAdam:
             else:  # device -> host, in the background while backward goes on
                 nbytes = out.numel() * out.element_size()
                 job = lambda host=host, out=out: host.copy_(out, non_blocking=True)  # noqa: E731
-                self.copies.append(self.engine.submit(f"grads {u.name}", "offload", nbytes, self.step_now, job))
+                self.copies.append(self.pcie.submit(f"grads {u.name}", "offload", nbytes, self.step_now, job))
 
     # -- the step: Adam where the state lives, parameters back to the device, all-gathered ----------------------
 
@@ -308,12 +310,14 @@ class OffloadAdam:
         self.copies, self.to_reduce = [], len(self.units) - 1
         self._record("before the optimizer step")
         self.t += 1
-        uploads, gathers = [], []
+        uploads, gathers, writes = [], [], []
         if self.disk is not None:  # read ahead: unit 0's state now, unit k+1's while unit k is stepped
             reads = {0: self._read(0, step)}
         for k, u in enumerate(self.units):
             a, b = u.offset, u.offset + u.shard_numel
             if self.disk is not None:
+                if k >= 2:
+                    writes[k - 2].result()  # at most 3 units in host memory: k-1 written, k stepped, k+1 read
                 if k + 1 < len(self.units):
                     reads[k + 1] = self._read(k + 1, step)
                 self.buffers[k] = state = reads.pop(k).result()  # {master, m, v} [S_u] each, in host memory
@@ -327,14 +331,14 @@ class OffloadAdam:
             if self.disk is not None:
                 nbytes = sum(t.numel() * t.element_size() for t in state.values())
                 job = lambda k=k, a=a, b=b, state=state: self._write_back(k, a, b, state)  # noqa: E731
-                self.engine.submit(f"state {u.name}", "disk_write", nbytes, step, job)
+                writes.append(self.writer.submit(f"state {u.name}", "disk_write", nbytes, step, job))
             if self.target == "none":
                 mine.copy_(state["master"])
                 gathers.append(self._gather(u))
             else:  # host -> device in the background; gather unit k-1 while unit k is stepped
                 job = lambda mine=mine, new=state["master"]: mine.copy_(new, non_blocking=True)  # noqa: E731
                 nbytes = mine.numel() * mine.element_size()
-                uploads.append(self.engine.submit(f"params {u.name}", "upload", nbytes, step, job))
+                uploads.append(self.pcie.submit(f"params {u.name}", "upload", nbytes, step, job))
                 if k > 0:
                     uploads[k - 1].result()
                     gathers.append(self._gather(self.units[k - 1]))
@@ -343,14 +347,16 @@ class OffloadAdam:
             gathers.append(self._gather(self.units[-1]))
         comm.wait_all(gathers)
         if self.disk is not None:
-            self.engine.submit("flush", "disk_write", 0, step, self.disk.flush).result()  # every write is done
-        self.engine.record_finished()
+            self.writer.submit("flush", "disk_write", 0, step, self.disk.flush).result()  # every write is done
+        for engine in (self.pcie, self.reader, self.writer):
+            if engine is not None:
+                engine.record_finished()
 
     def _read(self, k: int, step: int) -> Future:
         u = self.units[k]
         nbytes = 3 * u.shard_numel * torch.finfo(self.master_dtype).bits // 8
         job = lambda: self.disk.read(u.offset, u.offset + u.shard_numel)  # noqa: E731
-        return self.engine.submit(f"state {u.name}", "disk_read", nbytes, step, job)
+        return self.reader.submit(f"state {u.name}", "disk_read", nbytes, step, job)
 
     def _write_back(self, k: int, a: int, b: int, state: dict[str, torch.Tensor]) -> None:
         self.disk.write(a, b, state)
@@ -405,10 +411,12 @@ class OffloadAdam:
         return out
 
     def close(self) -> None:
-        """Stop the copy engine, detach the hooks, and remove this rank's files (and its own folder)."""
+        """Stop the copy engines, detach the hooks, and remove this rank's files (and its own folder)."""
         for hook in self.hooks:
             hook.remove()
-        self.engine.close()
+        for engine in (self.pcie, self.reader, self.writer):
+            if engine is not None:
+                engine.close()
         if self.disk is not None:
             self.disk.close()
             shutil.rmtree(self.folder, ignore_errors=True)

@@ -92,7 +92,7 @@ def copy_seconds(trace: Trace, rank: int = 0) -> dict[str, float]:
 def overlaps(trace: Trace, rank: int = 0) -> dict[str, tuple[int, int]]:
     """Counted from the trace (one rank), each as (overlapping, all):
     gradient copies to the host that started while a backward span was still running; and state reads of unit
-    k that started before the Adam span of unit k-1 ended (read ahead: in flight before they are needed)."""
+    k in flight while unit k-1 was stepped (read ahead: the read overlaps the Adam span of the unit before)."""
     mine = trace.select(rank=rank)
     backward = [e for e in mine if e.kind == "backward"]
     offloads = [e for e in mine if e.kind == "offload"]
@@ -105,9 +105,9 @@ def overlaps(trace: Trace, rank: int = 0) -> dict[str, tuple[int, int]]:
             continue  # the first unit of a step: nothing to be ahead of
         label = "Adam " + previous.label.removeprefix("state ")  # the Adam span of the unit before
         before = min((a for a in adam if a.label == label), key=lambda a: abs(a.start - read.start))
-        ahead += read.start < before.end
+        ahead += read.start < before.end and before.start < read.end  # in flight while the unit before is stepped
     return {"gradient copies started during backward": (during, len(offloads)),
-            "state reads started before the previous unit's Adam ended": (ahead, len(reads))}  # fmt: skip
+            "state reads in flight during the previous unit's Adam": (ahead, len(reads))}  # fmt: skip
 
 
 def draw_copy_seconds(traces: dict[str, Trace], rank: int = 0):
