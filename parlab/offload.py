@@ -171,8 +171,8 @@ class CopyEngine:
     def submit(self, label: str, kind: str, nbytes: int, step: int, work: Callable[[], object]) -> Future:
         def run():
             start = time.perf_counter()
-            if self.stream is not None:
-                with torch.cuda.stream(self.stream):
+            if self.stream is not None:  # a thread starts on GPU 0: name the rank's GPU, then its copy stream
+                with torch.cuda.device(self.stream.device), torch.cuda.stream(self.stream):
                     value = work()
                 self.stream.synchronize()
             else:

@@ -3,6 +3,9 @@ same run without offload and like one device; each place holds what the formulas
 theory says and overlap backward / the optimizer step; the disk folder is removed after success, a rank's failure,
 a timeout that kills the ranks, and a Ctrl-C; a budget too small is refused before launch, naming the amounts."""
 
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -181,6 +184,24 @@ def test_rank_owned_folders_of_killed_ranks_are_swept():
         launch(_fail_at_step_1, 2, None, True, echo=False, timeout=4)
     time.sleep(0.5)  # the killed ranks are reaped
     sweep_orphans()
+    assert _folders() == before
+
+
+def test_cli_run_interrupted_by_ctrl_c_leaves_no_folder():
+    """`python -m parlab run offload --target disk`, Ctrl-C once the ranks' files exist: the ranks are killed, the
+    parent exits, and the folder it named is gone."""
+    before = _folders()
+    cmd = [sys.executable, "-m", "parlab", "run", "offload", "--target", "disk", "--world", "2", "--steps", "200"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 90
+        while not any((f / "rank0" / "m.bin").exists() for f in _folders() - before) and time.time() < deadline:
+            time.sleep(0.1)
+        assert _folders() - before, "the run never wrote its files"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) != 0
+    finally:
+        proc.kill()
     assert _folders() == before
 
 
