@@ -68,7 +68,6 @@ from parlab.zero import adam_step, flatten, plan_units
 TARGETS = ("none", "cpu", "disk")
 PLACES = ("device", "host", "disk")
 FOLDER_PREFIX = "parlab-offload-"  # every disk folder is <tempdir>/parlab-offload-<owner pid>-<random>
-STATES = ("master", "m", "v")  # Adam's state per parameter of the shard: K = 3 b_m bytes
 
 
 # ------------------------------------------------------------------------- the disk folder: always removed
@@ -109,11 +108,11 @@ def sweep_orphans(root: str | Path | None = None) -> list[Path]:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # it exists, and belongs to someone else
+        pass
     return True
 
 
@@ -149,9 +148,7 @@ class DiskState:
         return sum(os.stat(self.folder / f"{name}.bin").st_size for name in self.maps)
 
     def close(self) -> None:
-        for mm in self.maps.values():
-            mm._mmap.close()
-        self.maps = {}
+        self.maps = {}  # the last references: the mappings are closed
 
 
 # ------------------------------------------------------------------------------------------- the copy engine
@@ -296,13 +293,14 @@ class OffloadAdam:
             if self.target == "none":
                 host.copy_(out)
             else:  # device -> host, in the background while backward goes on
-                nbytes = out.numel() * out.element_size()
                 job = lambda host=host, out=out: host.copy_(out, non_blocking=True)  # noqa: E731
-                self.copies.append(self.pcie.submit(f"grads {u.name}", "offload", nbytes, self.step_now, job))
+                self.copies.append(self.pcie.submit(f"grads {u.name}", "offload", _nbytes(out), self.step_now, job))
 
     # -- the step: Adam where the state lives, parameters back to the device, all-gathered ----------------------
 
     def step(self, step: int = 0) -> None:
+        """After backward: every gradient shard on the host; then per unit, Adam where its state lives, the updated
+        slice back to the device, and an all-gather of the unit's parameters (unit k-1's while unit k is stepped)."""
         self._reduce_ready_units(force=True)  # units with an unused parameter (zero gradient)
         self._finish_reduces()
         for copy in self.copies:  # every gradient shard is on the host
@@ -310,47 +308,41 @@ class OffloadAdam:
         self.copies, self.to_reduce = [], len(self.units) - 1
         self._record("before the optimizer step")
         self.t += 1
+        reads = {0: self._read(0, step)} if self.disk else {}  # disk: unit 0's state now, then one unit ahead
         uploads, gathers, writes = [], [], []
-        if self.disk is not None:  # read ahead: unit 0's state now, unit k+1's while unit k is stepped
-            reads = {0: self._read(0, step)}
         for k, u in enumerate(self.units):
             a, b = u.offset, u.offset + u.shard_numel
-            if self.disk is not None:
-                if k >= 2:
-                    writes[k - 2].result()  # at most 3 units in host memory: k-1 written, k stepped, k+1 read
-                if k + 1 < len(self.units):
-                    reads[k + 1] = self._read(k + 1, step)
-                self.buffers[k] = state = reads.pop(k).result()  # {master, m, v} [S_u] each, in host memory
-                self._record(f"state of {u.name} read")
-            else:
-                state = {name: t[a:b] for name, t in self.state.items()}  # views [S_u]
+            state = self._state_of(k, step, reads, writes)  # {master, m, v} [S_u] each, in host memory
             grad = self.host_grad[a:b].div_(self.N)  # sum over ranks -> mean, [S_u]
             with comm.span(f"Adam {u.name}", kind="optimizer", step=step):
                 adam_step(state["master"], grad, state["m"], state["v"], self.t, self.lr, self.betas, self.eps)
-            mine = self._mine(u, u.flat)  # [S_u] rank r's slice of the device parameters
-            if self.disk is not None:
-                nbytes = sum(t.numel() * t.element_size() for t in state.values())
+            if self.disk is not None:  # back to the file, in the background
                 job = lambda k=k, a=a, b=b, state=state: self._write_back(k, a, b, state)  # noqa: E731
-                writes.append(self.writer.submit(f"state {u.name}", "disk_write", nbytes, step, job))
-            if self.target == "none":
-                mine.copy_(state["master"])
-                gathers.append(self._gather(u))
-            else:  # host -> device in the background; gather unit k-1 while unit k is stepped
-                job = lambda mine=mine, new=state["master"]: mine.copy_(new, non_blocking=True)  # noqa: E731
-                nbytes = mine.numel() * mine.element_size()
-                uploads.append(self.pcie.submit(f"params {u.name}", "upload", nbytes, step, job))
-                if k > 0:
-                    uploads[k - 1].result()
-                    gathers.append(self._gather(self.units[k - 1]))
-        if uploads:
-            uploads[-1].result()
-            gathers.append(self._gather(self.units[-1]))
+                writes.append(self.writer.submit(f"state {u.name}", "disk_write", _nbytes(state), step, job))
+            uploads.append(self._upload(u, state["master"], step))
+            if k > 0:
+                gathers.append(self._gather(self.units[k - 1], uploads[k - 1]))
+        gathers.append(self._gather(self.units[-1], uploads[-1]))
         comm.wait_all(gathers)
         if self.disk is not None:
             self.writer.submit("flush", "disk_write", 0, step, self.disk.flush).result()  # every write is done
         for engine in (self.pcie, self.reader, self.writer):
             if engine is not None:
                 engine.record_finished()
+
+    def _state_of(self, k: int, step: int, reads: dict, writes: list) -> dict[str, torch.Tensor]:
+        """Unit k's master, m, v [S_u] each: views of the state in memory; disk: the read started one unit ago
+        (waited for here), and unit k+1's read started now, while unit k is stepped."""
+        u = self.units[k]
+        if self.disk is None:
+            return {name: t[u.offset : u.offset + u.shard_numel] for name, t in self.state.items()}
+        if k >= 2:
+            writes[k - 2].result()  # at most 3 units in host memory: k-1 being written, k stepped, k+1 read
+        if k + 1 < len(self.units):
+            reads[k + 1] = self._read(k + 1, step)
+        self.buffers[k] = state = reads.pop(k).result()
+        self._record(f"state of {u.name} read")
+        return state
 
     def _read(self, k: int, step: int) -> Future:
         u = self.units[k]
@@ -362,8 +354,20 @@ class OffloadAdam:
         self.disk.write(a, b, state)
         self.buffers.pop(k, None)  # the host buffer of unit k is free again
 
-    def _gather(self, u):
-        """Every rank's updated slice -> the unit's full parameters on every rank's device (in place)."""
+    def _upload(self, u, master: torch.Tensor, step: int) -> Future | None:
+        """Rank r's updated slice [S_u] -> its place in the unit's device parameters (cpu, disk: host -> device
+        in the background)."""
+        mine = self._mine(u, u.flat)  # [S_u] rank r's slice of the device parameters
+        if self.target == "none":
+            mine.copy_(master)
+            return None
+        job = lambda: mine.copy_(master, non_blocking=True)  # noqa: E731
+        return self.pcie.submit(f"params {u.name}", "upload", _nbytes(mine), step, job)
+
+    def _gather(self, u, upload: Future | None):
+        """Once rank r's slice is on the device: every rank's slice -> the unit's full parameters, in place."""
+        if upload is not None:
+            upload.result()
         mine = self._mine(u, u.flat)
         return comm.all_gather_into_tensor(u.flat, mine, group=self.group, async_op=True, label=f"params {u.name}")
 
@@ -422,6 +426,12 @@ class OffloadAdam:
             shutil.rmtree(self.folder, ignore_errors=True)
         if self._folder_cm is not None:
             self._folder_cm.__exit__(None, None, None)
+
+
+def _nbytes(tensors) -> int:
+    """Bytes of a tensor, or of the tensors of a dict."""
+    tensors = tensors.values() if isinstance(tensors, dict) else [tensors]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 # ---------------------------------------------------------------------------------------- the training loop
