@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from parlab import launch
@@ -274,3 +275,21 @@ def test_lesson_figures_show_the_measured_bytes_and_copies(three_targets):
     assert set(seconds) >= {"offload", "upload", "disk_read", "disk_write", "optimizer"}
     budget = lesson.draw_budget(10e9, 1, 2, 4, 32)
     assert [round(v) for v in budget.data[0].y] == [180, 20, 20]  # device GB: none, cpu, disk
+
+
+def _mixed_precision():
+    cfg = GPTConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=2, dtype="float32")
+    batches = make_batches(cfg, 8, 2, 0)
+    return {t: train_offload(build_model(cfg, 0), batches, target=t, lr=LR, compute_dtype=torch.bfloat16)
+            for t in ("none", "cpu")}  # fmt: skip
+
+
+def test_mixed_precision_keeps_2_psi_on_the_device_and_16_psi_on_the_host():
+    """bf16 compute copy, fp32 master weights, m and v (ZeRO-Offload's recipe): the same parameters as without
+    offload; per rank the device holds 2 N S bytes of parameters, the host 4 S of gradients and 12 S of state."""
+    results = launch(_mixed_precision, 2, echo=False)
+    S = sum(u.shard_numel for u in plan_units(build_model(TINY), 2))
+    for rank in results:
+        assert _max_diff(rank["cpu"]["params"], rank["none"]["params"]) == 0.0
+        assert rank["cpu"]["steady"]["device"]["params"] == 2 * 2 * S
+        assert rank["cpu"]["steady"]["host"]["grads"] == 4 * S and rank["cpu"]["steady"]["host"]["optimizer"] == 12 * S
