@@ -15,12 +15,23 @@ theory, every building block taking the process group it works in. How each is r
 
 from parlab import comm
 from parlab.check import CountCheck, Verdict, check_equal, compare
-from parlab.launch import LaunchTimeout, RankError, Results, device, init_from_env, launch, progress
+from parlab.launch import (
+    CollectiveMismatch,
+    LaunchTimeout,
+    RankError,
+    Results,
+    device,
+    init_from_env,
+    launch,
+    progress,
+    warm_up,
+)
 from parlab.trace import Event, Trace
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CollectiveMismatch",
     "CountCheck",
     "Event",
     "LaunchTimeout",
@@ -35,4 +46,5 @@ __all__ = [
     "init_from_env",
     "launch",
     "progress",
+    "warm_up",
 ]
