@@ -82,7 +82,9 @@ def new_folder_path(root: str | Path | None = None) -> Path:
 def offload_folder(path: str | Path | None = None) -> Iterator[Path]:
     """Create the folder (default: a new one under the temp dir), yield it, and remove it on the way out: after
     success, an exception or a KeyboardInterrupt (finally), and at interpreter exit if the block never ends
-    (atexit). sweep_orphans() first removes the folders of processes that were killed."""
+    (atexit). sweep_orphans() first removes the folders of processes that were killed. A folder that exists and
+    holds anything is refused (ValueError): it would be removed with the rest."""
+    check_folder(path)
     sweep_orphans(Path(path).parent if path else None)
     path = Path(path) if path else new_folder_path()
     path.mkdir(parents=True, exist_ok=True)
@@ -93,6 +95,13 @@ def offload_folder(path: str | Path | None = None) -> Iterator[Path]:
     finally:
         remove()
         atexit.unregister(remove)
+
+
+def check_folder(path: str | Path | None) -> None:
+    """A folder given for the disk files must be new or empty: the run removes it afterwards."""
+    if path and Path(path).exists() and (not Path(path).is_dir() or any(Path(path).iterdir())):
+        raise ValueError(f"folder {str(path)!r} exists and is not empty: the run removes its folder afterwards; "
+                         "give a new one")  # fmt: skip
 
 
 def sweep_orphans(root: str | Path | None = None) -> list[Path]:

@@ -293,3 +293,15 @@ def test_mixed_precision_keeps_2_psi_on_the_device_and_16_psi_on_the_host():
         assert _max_diff(rank["cpu"]["params"], rank["none"]["params"]) == 0.0
         assert rank["cpu"]["steady"]["device"]["params"] == 2 * 2 * S
         assert rank["cpu"]["steady"]["host"]["grads"] == 4 * S and rank["cpu"]["steady"]["host"]["optimizer"] == 12 * S
+
+
+def test_a_folder_with_files_in_it_is_refused_and_kept(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="exists and is not empty"):
+        get_scheme("offload").make_options(target="disk", folder=str(tmp_path))
+    with pytest.raises(ValueError, match="exists and is not empty"):
+        run_offload(2, "disk", folder=str(tmp_path))
+    with pytest.raises(ValueError, match="exists and is not empty"):
+        with offload_folder(tmp_path):
+            pass
+    assert (tmp_path / "notes.txt").read_text() == "mine"

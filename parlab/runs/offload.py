@@ -21,7 +21,16 @@ import torch
 from parlab.check import check_equal, compare
 from parlab.launch import Results, device
 from parlab.models import GPT, build_model, make_batches, train_single_device
-from parlab.offload import PLACES, TARGETS, check_budget, new_folder_path, offload_folder, offload_memory, train_offload
+from parlab.offload import (
+    PLACES,
+    TARGETS,
+    check_budget,
+    check_folder,
+    new_folder_path,
+    offload_folder,
+    offload_memory,
+    train_offload,
+)
 from parlab.runs import Scheme, launch_scheme
 from parlab.runs.options import ModelOptions, option
 from parlab.trace import Trace
@@ -47,7 +56,8 @@ class OffloadOptions(ModelOptions):
     device_budget: int = option(0, "device memory per rank, e.g. 64KB (0: no limit)", parse=parse_bytes)
     host_budget: int = option(0, "host memory per rank (0: no limit)", parse=parse_bytes)
     disk_budget: int = option(0, "disk per rank (0: no limit)", parse=parse_bytes)
-    folder: str = option("", "disk target: where the files go (default: a new temporary folder, always removed)")
+    folder: str = option("", "disk target: a new or empty folder for the files, removed after the run (default: a "
+                         "new temporary folder)")  # fmt: skip
     reference: bool = option(True, "also train without offload (target none) and compare (--no-reference skips)")
     optimizer: str = option("adam", "offload steps Adam (written out): adam only", choices=["adam"])
     lr: float = option(1e-3, "learning rate")
@@ -67,6 +77,7 @@ class OffloadOptions(ModelOptions):
             raise ValueError(f"target={self.target!r} must be one of {TARGETS}")
         if self.optimizer != "adam":
             raise ValueError(f"optimizer={self.optimizer!r}: offload steps Adam; use adam")
+        check_folder(self.folder)  # never a folder with someone's files in it: it is removed after the run
         if self.batch % self.world_size:
             raise ValueError(f"global batch={self.batch} is not divisible by world_size={self.world_size}")
         unit_numels = self.unit_numels()
