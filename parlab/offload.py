@@ -15,7 +15,7 @@ what is touched once per step (gradients in, optimizer step, parameters out) off
     disk     b_c N S                    b_m S grads + read-ahead buffers  3 b_m S     (Rajbhandari et al. 2021)
 
 plus, on the device during backward, the gradient buckets in flight (at most two units' full gradients and their
-reduce-scatter outputs, `bucket_bytes`). Activations are not model states and are not counted here.
+reduce-scatter outputs: "grad buckets" in `offload_memory`). Activations are not model states: not counted here.
 
 One step, the cpu target (ZeRO-Offload):
     forward, backward on the device; as soon as backward has produced a unit's gradients (a post-accumulate-grad
@@ -29,8 +29,8 @@ unit k+1's state ("disk_read") while Adam steps unit k, and a write engine write
 
 A copy engine is one background thread with a queue: it stands for a GPU's copy stream / DMA engine (one for the
 device <-> host copies) or an NVMe queue (one for reads, one for writes). Operations it runs land on the timeline
-with the times the thread measured. Under parlab.pace, a copy of n
-bytes is held to the link model's alpha + n / bandwidth (the PCIe or NVMe link, modelled like the network).
+with the times the thread measured. Under parlab.pace, a copy of n bytes is held to the link model's
+alpha + n / bandwidth (the PCIe or NVMe link, modelled like the network).
 
 The disk folder is always removed: `offload_folder` (a context manager, with an atexit handler too) removes it after
 success, an exception or a Ctrl-C; the parent process owns the run's folder, so ranks killed by a timeout (SIGKILL:
@@ -283,7 +283,7 @@ class OffloadAdam:
             flat = flatten(grads, self.N * u.shard_numel)  # [N*S_u] this rank's full gradients of the unit
             out = torch.empty(u.shard_numel, dtype=self.compute_dtype, device=self.device)  # [S_u] shard r's sum
             u.reduce_work = (None, flat, out)
-            self._record("bucket flattened")  # the peak: the unit's .grad, its flat copy and the unit before it
+            self.record("bucket flattened")  # the peak: the unit's .grad, its flat copy and the unit before it
             for p in u.params:
                 p.grad = None  # the full gradients are dropped: only the shard survives
             work = comm.reduce_scatter_tensor(out, flat, group=self.group, async_op=True, label=f"grads {u.name}")
@@ -315,7 +315,7 @@ class OffloadAdam:
         for copy in self.copies:  # every gradient shard is on the host
             copy.result()
         self.copies, self.to_reduce = [], len(self.units) - 1
-        self._record("before the optimizer step")
+        self.record("before the optimizer step")
         self.t += 1
         reads = {0: self._read(0, step)} if self.disk else {}  # disk: unit 0's state now, then one unit ahead
         uploads, gathers, writes = [], [], []
@@ -350,7 +350,7 @@ class OffloadAdam:
         if k + 1 < len(self.units):
             reads[k + 1] = self._read(k + 1, step)
         self.buffers[k] = state = reads.pop(k).result()
-        self._record(f"state of {u.name} read")
+        self.record(f"state of {u.name} read")
         return state
 
     def _read(self, k: int, step: int) -> Future:
@@ -400,7 +400,8 @@ class OffloadAdam:
         disk = {"optimizer": self.disk.nbytes()} if self.disk is not None else {}
         return {"device": device, "host": host, "disk": disk}
 
-    def _record(self, label: str) -> None:
+    def record(self, label: str) -> None:
+        """A snapshot of held() in the ledger (and, on a GPU, torch.cuda.memory_allocated beside it)."""
         held = self.held()
         row = {f"{place}:{what}": n for place, parts in held.items() for what, n in parts.items()}
         if self.device.type == "cuda":  # the real figure, beside our count
@@ -475,11 +476,11 @@ def train_offload(
             x_r, y_r = x_r.to(opt.device), y_r.to(opt.device)
             with comm.span("forward", kind="forward", step=step):
                 loss = loss_fn(model, x_r, y_r)
-            opt._record("after forward")
+            opt.record("after forward")
             with comm.span("backward", kind="backward", step=step):
                 loss.backward()  # reduce-scatters and copies to the host start in here
             opt.step(step)
-            opt._record("after the step")
+            opt.record("after the step")
             losses.append(loss.item())
             progress(step + 1, len(batches))
         rows = opt.ledger.rows
