@@ -31,7 +31,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from parlab import comm
-from parlab.launch import progress
 from parlab.memory import tensor_bytes
 from parlab.models import GPT, GPTConfig, build_model, causal_attention
 from parlab.ring_attention import kv_block_bytes, ring_attention, sequence_split
@@ -39,6 +38,7 @@ from parlab.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
+    train_tensor_parallel,
     vocab_parallel_cross_entropy,
 )
 from parlab.ulysses import a2a_bytes_per_call, ulysses_attention
@@ -318,35 +318,19 @@ def shard_batch(x: torch.Tensor, y: torch.Tensor, method: str, group=None):
 
 
 def train_sequence_parallel(model, optimizer, batches) -> dict:
-    """Rank code: train `model` (MegatronSPGPT or SequenceShardedGPT) on `batches` of global (x, y) [B, T].
+    """Rank code: train `model` (MegatronSPGPT or SequenceShardedGPT) on `batches` of global (x, y) [B, T]: the
+    tensor-parallel loop (every rank sees the whole batch), with a sequence-sharded model's loss taken on this
+    rank's tokens, and after each backward the gradients the ranks' token shares gave summed (`sync_grads`).
     Returns the loss (this rank's share for a sequence-sharded model, the whole for Megatron SP), the first
     step's gradients and the final parameters (this rank's slices), and the parameter bytes held."""
-    sharded = isinstance(model, SequenceShardedGPT)
-    losses, grads = [], {}
-    for step, (x, y) in enumerate(batches):
-        with comm.span(f"F{step}", kind="forward", step=step):
-            if sharded:
-                idx, targets, positions = shard_batch(x, y, model.method, model.group)
-                loss = model.loss(idx, targets, positions, x.shape[1])
-            else:
-                loss = model.loss(x, y)
-        optimizer.zero_grad()
-        with comm.span(f"B{step}", kind="backward", step=step):
-            loss.backward()
-            model.sync_grads()  # sum the gradients the ranks' token shares gave
-        if step == 0:
-            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-        with comm.span(f"step {step}", kind="optimizer", step=step):
-            optimizer.step()
-        losses.append(loss.item())
-        progress(step + 1, len(batches))
-    return {
-        "losses": losses,
-        "grads": grads,
-        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-        "split_dims": {n: getattr(p, "tp_split_dim", None) for n, p in model.named_parameters()},
-        "param_bytes": tensor_bytes(model.parameters()),
-    }
+
+    def loss_fn(model, x, y):
+        if isinstance(model, SequenceShardedGPT):
+            idx, targets, positions = shard_batch(x, y, model.method, model.group)  # this rank's tokens
+            return model.loss(idx, targets, positions, x.shape[1])
+        return model.loss(x, y)
+
+    return train_tensor_parallel(model, optimizer, batches, loss_fn=loss_fn, grad_sync=model.sync_grads)
 
 
 # ------------------------------------------------------------------------------------------------- the theory

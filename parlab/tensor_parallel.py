@@ -378,25 +378,35 @@ class TensorParallelGPT(nn.Module):
 
 def split_dims(model: nn.Module) -> dict[str, int | None]:
     """For each parameter name: the dim it is split along across ranks, or None if replicated."""
-    return {name: p.tp_split_dim for name, p in model.named_parameters()}
+    return {name: getattr(p, "tp_split_dim", None) for name, p in model.named_parameters()}
 
 
 # ---------------------------------------------------------------------------------------- the training loop
 
 
 def train_tensor_parallel(
-    model: TensorParallelGPT, optimizer: torch.optim.Optimizer, batches: list[tuple[torch.Tensor, torch.Tensor]]
+    model: TensorParallelGPT,
+    optimizer: torch.optim.Optimizer,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    loss_fn=None,
+    grad_sync=None,
 ) -> dict:
     """Rank code: train this rank's slices of the GPT on the whole of every batch (x, y: [B, T], the same on every
-    rank of the model's group). Returns the losses, the first step's gradients and the final parameters (this
-    rank's slices), how each parameter is split, and the parameter bytes this rank holds (measured)."""
+    rank of the model's group). loss_fn(model, x, y): default model.loss(x, y). grad_sync: called after each
+    backward (sequence parallelism sums there the gradients of the parameters used on each rank's tokens).
+    Returns the losses, the first step's gradients and the final parameters (this rank's slices), how each
+    parameter is split, and the parameter bytes this rank holds (measured)."""
+    loss_fn = loss_fn or (lambda model, x, y: model.loss(x, y))
     losses, grads = [], {}
     for step, (x, y) in enumerate(batches):
         with comm.span(f"F{step}", kind="forward", step=step):
-            loss = model.loss(x, y)
+            loss = loss_fn(model, x, y)
         optimizer.zero_grad()
         with comm.span(f"B{step}", kind="backward", step=step):
             loss.backward()
+            if grad_sync is not None:
+                grad_sync()
         if step == 0:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         with comm.span(f"step {step}", kind="optimizer", step=step):
