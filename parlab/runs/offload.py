@@ -65,10 +65,15 @@ class OffloadOptions(ModelOptions):
     def __post_init__(self):
         for name in ("device_budget", "host_budget", "disk_budget"):
             setattr(self, name, parse_bytes(getattr(self, name)))
-        if self.target == "disk" and not self.folder:
+        if self.target == "disk":
             # The folder is named here, in the parent: the parent removes it after the run (the report), and at
-            # exit whatever happened to the ranks (killed ranks run no cleanup of their own).
-            self.folder = str(new_folder_path())
+            # exit whatever happened to the ranks (killed ranks run no cleanup of their own). A folder that holds
+            # files already is refused by validate() and never removed.
+            self.folder = self.folder or str(new_folder_path())
+            try:
+                check_folder(self.folder)
+            except ValueError:
+                return
             atexit.register(shutil.rmtree, self.folder, ignore_errors=True)
 
     def validate(self) -> None:
