@@ -63,7 +63,7 @@ from parlab.data_parallel import shard_batch
 from parlab.launch import progress
 from parlab.memory import MemoryLedger, tensor_bytes
 from parlab.models import lm_loss
-from parlab.zero import adam_step, flatten, plan_units
+from parlab.zero import adam_step, flatten, gather_master, plan_units
 
 TARGETS = ("none", "cpu", "disk")
 PLACES = ("device", "host", "disk")
@@ -412,17 +412,7 @@ class OffloadAdam:
     def full_params(self) -> dict[str, torch.Tensor]:
         """Every parameter in the master dtype, gathered from all ranks' master shards (for checks)."""
         master = self.state["master"] if self.disk is None else self.disk.read(0, self.S)["master"]
-        master = master.to(self.device)
-        full = torch.empty(self.N * self.S, dtype=self.master_dtype, device=self.device)
-        comm.all_gather_into_tensor(full, master, group=self.group, label="check: gather master")
-        pieces, out = full.view(self.N, -1), {}  # row q: rank q's flat shard [S]
-        for u in self.units:
-            flat = pieces[:, u.offset : u.offset + u.shard_numel].reshape(-1)  # [N*S_u] the unit's flat buffer
-            offset = 0
-            for name, p in zip(u.names, u.params, strict=True):
-                out[name] = flat[offset : offset + p.numel()].view(p.shape).clone()
-                offset += p.numel()
-        return out
+        return gather_master(master.to(self.device), self.units, self.group)
 
     def close(self) -> None:
         """Stop the copy engines, detach the hooks, and remove this rank's files (and its own folder)."""

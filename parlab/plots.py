@@ -37,6 +37,11 @@ KIND_COLORS = {
     "send": "#17BECF",
     "recv": "#9EDAE5",
     "barrier": "#666666",
+    # copies between device, host and disk (offload)
+    "offload": "#E45756",
+    "upload": "#72B7B2",
+    "disk_read": "#9D755D",
+    "disk_write": "#BAB0AC",
     # nothing
     "idle": "#E5E5E5",
 }

@@ -126,6 +126,21 @@ def point_params_into(unit: Unit) -> None:
         offset += p.numel()
 
 
+def gather_master(master: torch.Tensor, units: list[Unit], group=None) -> dict[str, torch.Tensor]:
+    """Every parameter, by name, from all ranks' flat master shards [S] (an all-gather; for checks)."""
+    N = comm.group_size(group)
+    full = torch.empty(N * len(master), dtype=master.dtype, device=master.device)
+    comm.all_gather_into_tensor(full, master, group=group, label="check: gather master")
+    pieces, out = full.view(N, -1), {}  # row q: rank q's flat shard [S]
+    for u in units:
+        flat = pieces[:, u.offset : u.offset + u.shard_numel].reshape(-1)  # [N*S_u] the unit's flat buffer
+        offset = 0
+        for name, p in zip(u.names, u.params, strict=True):
+            out[name] = flat[offset : offset + p.numel()].view(p.shape).clone()
+            offset += p.numel()
+    return out
+
+
 # -------------------------------------------------------------------------------- Adam, by hand, on a flat shard
 
 
@@ -345,16 +360,7 @@ class ZeRO:
 
     def full_params(self) -> dict[str, torch.Tensor]:
         """Every parameter in the master dtype, gathered from all ranks' master shards (for checks)."""
-        full = torch.empty(self.N * len(self.master), dtype=self.master_dtype)
-        comm.all_gather_into_tensor(full, self.master, group=self.group, label="check: gather master")
-        pieces, out = full.view(self.N, -1), {}  # row q: rank q's flat shard [S]
-        for u in self.units:
-            flat = pieces[:, u.offset : u.offset + u.shard_numel].reshape(-1)  # [N*S_u] the unit's flat buffer
-            offset = 0
-            for name, p in zip(u.names, u.params, strict=True):
-                out[name] = flat[offset : offset + p.numel()].view(p.shape).clone()
-                offset += p.numel()
-        return out
+        return gather_master(self.master, self.units, self.group)
 
     def remove(self) -> None:
         for hook in self.hooks:

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parlab import launch
+from parlab import launch, plots
 from parlab.launch import LaunchTimeout, RankError
 from parlab.lessons import offload as lesson
 from parlab.models import GPTConfig, build_model, lm_loss, make_batches, train_single_device
@@ -270,7 +270,7 @@ def test_lesson_figures_show_the_measured_bytes_and_copies(three_targets):
     assert device.y[2] * 1e3 == sum(table["before the optimizer step"]["device"].values())
     step = lesson.draw_step(three_targets.trace, 1, "one step")
     names = {b.name: b.marker.color for b in step.data}
-    assert names["offload"] == lesson.COPY_COLORS["offload"] and "disk read" in names
+    assert names["offload"] == plots.kind_color("offload") and "disk read" in names
     seconds = lesson.copy_seconds(three_targets.trace)
     assert set(seconds) >= {"offload", "upload", "disk_read", "disk_write", "optimizer"}
     budget = lesson.draw_budget(10e9, 1, 2, 4, 32)

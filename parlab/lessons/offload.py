@@ -17,7 +17,6 @@ from parlab.trace import Trace
 
 PLACE_COLORS = {"device": "#4C78A8", "host": "#F58518", "disk": "#54A24B"}
 COPY_KINDS = ("offload", "upload", "disk_read", "disk_write")
-COPY_COLORS = {"offload": "#E45756", "upload": "#72B7B2", "disk_read": "#9D755D", "disk_write": "#BAB0AC"}
 MOMENTS = ("after forward", "during backward", "before the optimizer step", "during the optimizer step",
            "after the step")  # fmt: skip
 
@@ -118,11 +117,10 @@ def draw_copy_seconds(traces: dict[str, Trace], rank: int = 0):
 
     fig = go.Figure()
     kinds = [*COPY_KINDS, "optimizer", "backward"]
-    colors = {**COPY_COLORS, "optimizer": plots.kind_color("optimizer"), "backward": plots.kind_color("backward")}
     for kind in kinds:
         ms = [copy_seconds(trace, rank).get(kind, 0.0) * 1e3 for trace in traces.values()]
         hover = f"{plots.kind_label(kind)}: %{{y:.2f}} ms per step<extra>%{{x}}</extra>"
-        fig.add_trace(go.Bar(x=list(traces), y=ms, name=plots.kind_label(kind), marker_color=colors[kind],
+        fig.add_trace(go.Bar(x=list(traces), y=ms, name=plots.kind_label(kind), marker_color=plots.kind_color(kind),
                              hovertemplate=hover))  # fmt: skip
     fig.update_layout(barmode="group")
     return plots.style(fig, f"Time per step in each copy, rank {rank} (measured)", "target", "ms per step")
@@ -133,12 +131,7 @@ def draw_step(trace: Trace, step: int, title: str):
     collectives and the copy engine's copies (offload, upload, disk read, disk write) below."""
     from parlab import plots
 
-    fig = plots.timeline(trace.of_step(step), title)
-    for bar in fig.data:
-        kind = next((k for k in COPY_KINDS if plots.kind_label(k) == bar.name), None)
-        if kind is not None:
-            bar.marker.color = COPY_COLORS[kind]
-    return fig
+    return plots.timeline(trace.of_step(step), title)
 
 
 def draw_budget(psi: float, N: int, b_c: int, b_m: int, device_budget_gb: float):
