@@ -150,9 +150,11 @@ def _run(kind, call, tensor, nbytes, async_op, label="", peer=None, group=None):
         _hook(event, index, "in flight")  # completes in the background until someone waits for it
         return _TracedWork(work, event, tensor, index)
     _hook(event, index, "done")  # the data is here: what follows waits for no other rank
+    if kind == "recv" and peer is None:
+        event.peer = work  # a receive from any rank: dist.recv returned the sender's (global) rank
     pace.hold_comm(event)
     event.end = time.perf_counter()
-    return None
+    return work  # what torch.distributed returned (None for the collectives)
 
 
 def _hook(event: Event, index: int, state: str) -> None:
@@ -233,7 +235,8 @@ def send(tensor, dst, group=None, label=""):
 
 
 def recv(tensor, src, group=None, label=""):
-    """Receive into `tensor` from rank `src`."""
+    """Receive into `tensor` from rank `src` (None: from whichever rank sends first); returns the sender's
+    global rank, as dist.recv does."""
     call = lambda: dist.recv(tensor, src=src, group=group)  # noqa: E731
     return _run("recv", call, tensor, _nbytes(tensor), False, label, src, group)
 

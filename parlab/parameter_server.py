@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from parlab import comm
@@ -188,13 +189,10 @@ def run_sync_server(model, optimizer, steps: int, *, group=None, keep_history: b
 def recv_from_any(buffer: torch.Tensor, group=None, label: str = "") -> int:
     """Receive into `buffer` from whichever rank of `group` sends first; returns the sender's rank in the group.
 
-    This is torch.distributed's any-source receive (dist.recv(buffer, src=None) returns the sender the same way),
-    made through parlab.comm so that it is traced; the event names the sender once it is known."""
-    work = comm.irecv(buffer, None, group=group, label=label)  # src=None: from any rank
-    work.wait()
-    sender = work.work._source_rank()  # the sender's rank in the group, as dist.recv reads it
-    work.event.peer = comm.global_rank(group, sender)
-    return sender
+    This is torch.distributed's any-source receive (dist.recv(buffer, src=None)), made through parlab.comm so that
+    it is traced; the event names the sender once it is known."""
+    sender = comm.recv(buffer, None, group=group, label=label)  # src=None: from any rank; the sender's global rank
+    return sender if group is None else dist.get_group_rank(group, sender)
 
 
 def run_async_server(model, optimizer, steps: int, *, group=None, keep_history: bool = False) -> dict:
