@@ -32,9 +32,7 @@ device <-> host copies) or an NVMe queue (one for reads, one for writes). Operat
 with the times the thread measured. Under parlab.pace, a copy of n bytes is held to the link model's
 alpha + n / bandwidth (the PCIe or NVMe link, modelled like the network).
 
-The disk folder is always removed: `offload_folder` (a context manager, with an atexit handler too) removes it after
-success, an exception or a Ctrl-C; the parent process owns the run's folder, so ranks killed by a timeout (SIGKILL:
-no finally runs there) leave nothing either, and `sweep_orphans` removes folders whose owning process is gone.
+The disk folder is always removed, also after a failure or an interrupt: parlab/scratch.py (`offload_folder`).
 
 Numerics: the same arithmetic on the same numbers in every target (only WHERE the numbers live changes), so the
 three targets end with identical parameters, and equal one device running torch.optim.Adam (float64 <= 1e-10).
@@ -42,16 +40,11 @@ three targets end with identical parameters, and equal one device running torch.
 
 from __future__ import annotations
 
-import atexit
 import os
-import re
 import shutil
-import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -63,66 +56,11 @@ from parlab.data_parallel import shard_batch
 from parlab.launch import progress
 from parlab.memory import MemoryLedger, tensor_bytes
 from parlab.models import lm_loss
+from parlab.scratch import offload_folder
 from parlab.zero import adam_step, flatten, gather_master, plan_units
 
 TARGETS = ("none", "cpu", "disk")
 PLACES = ("device", "host", "disk")
-FOLDER_PREFIX = "parlab-offload-"  # every disk folder is <tempdir>/parlab-offload-<owner pid>-<random>
-
-
-# ------------------------------------------------------------------------- the disk folder: always removed
-
-
-def new_folder_path(root: str | Path | None = None) -> Path:
-    """A fresh folder name (not created) owned by this process: <root>/parlab-offload-<pid>-<random>."""
-    return Path(root or tempfile.gettempdir()) / f"{FOLDER_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-@contextmanager
-def offload_folder(path: str | Path | None = None) -> Iterator[Path]:
-    """Create the folder (default: a new one under the temp dir), yield it, and remove it on the way out: after
-    success, an exception or a KeyboardInterrupt (finally), and at interpreter exit if the block never ends
-    (atexit). sweep_orphans() first removes the folders of processes that were killed. A folder that exists and
-    holds anything is refused (ValueError): it would be removed with the rest."""
-    check_folder(path)
-    sweep_orphans(Path(path).parent if path else None)
-    path = Path(path) if path else new_folder_path()
-    path.mkdir(parents=True, exist_ok=True)
-    remove = lambda: shutil.rmtree(path, ignore_errors=True)  # noqa: E731
-    atexit.register(remove)
-    try:
-        yield path
-    finally:
-        remove()
-        atexit.unregister(remove)
-
-
-def check_folder(path: str | Path | None) -> None:
-    """A folder given for the disk files must be new or empty: the run removes it afterwards."""
-    if path and Path(path).exists() and (not Path(path).is_dir() or any(Path(path).iterdir())):
-        raise ValueError(f"folder {str(path)!r} exists and is not empty: the run removes its folder afterwards; "
-                         "give a new one")  # fmt: skip
-
-
-def sweep_orphans(root: str | Path | None = None) -> list[Path]:
-    """Remove the offload folders whose owner process no longer exists (killed before its cleanup could run)."""
-    removed = []
-    for folder in Path(root or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"):
-        match = re.fullmatch(rf"{FOLDER_PREFIX}(\d+)-\w+", folder.name)
-        if match and not _alive(int(match[1])):
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, and belongs to someone else
-        pass
-    return True
 
 
 class DiskState:

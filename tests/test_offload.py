@@ -19,15 +19,13 @@ from parlab.launch import LaunchTimeout, RankError
 from parlab.lessons import offload as lesson
 from parlab.models import GPTConfig, build_model, lm_loss, make_batches, train_single_device
 from parlab.offload import (
-    FOLDER_PREFIX,
     TARGETS,
-    offload_folder,
     offload_memory,
-    sweep_orphans,
     train_offload,
 )
 from parlab.runs import get_scheme
 from parlab.runs.offload import parse_bytes, run_offload
+from parlab.scratch import FOLDER_PREFIX, offload_folder, sweep_orphans
 from parlab.zero import plan_units
 
 TINY = GPTConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=2)  # 7,744 parameters, 6 units

@@ -25,14 +25,12 @@ from parlab.offload import (
     PLACES,
     TARGETS,
     check_budget,
-    check_folder,
-    new_folder_path,
-    offload_folder,
     offload_memory,
     train_offload,
 )
 from parlab.runs import Scheme, launch_scheme
 from parlab.runs.options import ModelOptions, option
+from parlab.scratch import check_folder, new_folder_path, offload_folder
 from parlab.trace import Trace
 from parlab.zero import plan_units
 
