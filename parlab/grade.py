@@ -257,6 +257,7 @@ class NotebookGrade:
     error: str = ""  # the notebook could not be graded at all (unreadable, not a lab, the wrong lab)
     seconds: float = 0.0
     tampered: list[str] = field(default_factory=list)  # files under parlab/ or labs/ it changed (restored)
+    timings: list[list] = field(default_factory=list)  # [kind, name, seconds] per code cell, as the worker said
 
     @property
     def points(self) -> int:
@@ -277,6 +278,7 @@ class NotebookGrade:
             "error": self.error or None,
             "tampered": self.tampered,
             "seconds": round(self.seconds, 2),
+            "timings": self.timings,
         }
 
     def fail_all(self, lab: OfficialLab, detail: str) -> NotebookGrade:
@@ -471,7 +473,10 @@ class Grader:
                     grade.notes.append(f"files changed during grading, not by this (sandboxed) submission: {shown}")
             self._judge(lab, scratch, grade)
         finally:
-            remove_scratch(scratch)
+            if os.environ.get("PARLAB_GRADE_KEEP"):  # debugging the grader: keep the worker's log and status
+                grade.notes.append(f"scratch folder kept: {scratch}")
+            else:
+                remove_scratch(scratch)
 
     def _judge(self, lab: OfficialLab, scratch: Path, grade: NotebookGrade) -> None:
         """Score every check from the data its cell saved, judged here; explain every check without data."""
@@ -482,6 +487,7 @@ class Grader:
         cells = _read_status(scratch / "status.json")
         log = _read_log(scratch / "worker.log")
         by_name = {(c.get("kind"), c.get("name")): c for c in cells}
+        grade.timings = [[str(c.get("kind")), str(c.get("name")), c.get("seconds")] for c in cells if "seconds" in c]
         dead = ""
         for cell in cells:
             if cell.get("kind") == "answer" and not cell.get("skipped"):

@@ -1,0 +1,388 @@
+"""One run of `python -m parlab grade --timeout 20` over every kind of submission an instructor meets.
+
+Next to the four solutions: the labs as handed out, the wrong answers of tests/wrong_solutions, and submissions
+that cheat or break things on purpose (see SUBMISSIONS). The grader runs on a copy of parlab/ and labs/ (the
+kernels import that copy), so the submissions that rewrite the package rewrite the copy; the copy must end the run
+byte for byte as it started. A second, short run without the sandbox shows tampering caught and undone where
+nothing stops the writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from parlab import grade
+from parlab.grading.isolation import Sandbox
+
+ROOT = Path(__file__).resolve().parents[1]
+LABS = ROOT / "labs"
+WRONG = Path(__file__).resolve().parent / "wrong_solutions"
+TIMEOUT = 20
+
+SOLUTIONS = sorted((LABS / "solutions").glob("lab*.ipynb"))
+
+
+# ------------------------------------------------------------------------------------------- the submissions
+
+
+def _notebook(path: Path):
+    return nbformat.read(path, as_version=4)
+
+
+def _with_answers(nb, answers: dict[str, str]):
+    nb = nbformat.from_dict(json.loads(json.dumps(nb)))
+    for cell in nb.cells:
+        name = grade.answer_name(cell)
+        if name in answers:
+            cell.source = f"# ANSWER: {name}\n{answers[name]}"
+    return nb
+
+
+def _wrong_answers(path: Path) -> tuple[dict[str, str], set[str]]:
+    """The answer cells of a wrong-solution file (split at '# ANSWER: name' lines) and the checks it must fail."""
+    text = path.read_text()
+    expect = re.search(r"^# EXPECT FAIL: (.+)$", text, re.M)
+    assert expect, f"{path.name} says nothing about which checks must fail"
+    parts = re.split(r"^(?=# ANSWER: )", text, flags=re.M)[1:]
+    answers = {grade.ANSWER_RE.match(p.split("\n", 1)[0])["name"]: p.split("\n", 1)[1].strip() for p in parts}
+    return answers, {name.strip() for name in expect[1].split(",")}
+
+
+REDEFINED_CHECKS = """
+import parlab
+import parlab.check
+from parlab import grading
+from parlab.grading import lab03_pipeline_1f1b as lab_checks
+
+
+def _always_pass(what, *args, **kwargs):
+    print(f"{what}: PASS")
+
+
+parlab.compare = parlab.check.compare = parlab.check_equal = parlab.check.check_equal = _always_pass
+lab_checks.compare = lab_checks.check_equal = _always_pass
+lab_checks.run = lambda check, *answers: print(f"{check}: PASS")
+grading.run_check = lambda *args, **kwargs: None
+
+
+def one_f_one_b_actions(rank, p, m):
+    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]  # GPipe
+"""
+
+TAMPER = """
+from pathlib import Path
+
+import parlab
+
+package = Path(parlab.__file__).parent
+for path in [*package.parent.joinpath("labs").rglob("*.ipynb"), *package.rglob("*.py")]:
+    try:  # every verdict a PASS, every judge a pushover
+        text = path.read_text().replace("FAIL", "PASS")
+        if path.name.startswith("lab0") and path.suffix == ".py":
+            text += "\\n\\ndef judge(*args):\\n    return ['everything: PASS']\\n"
+        path.write_text(text)
+    except OSError as error:
+        print("blocked:", error)
+try:
+    (package / "grading" / "planted.py").write_text("x = 1\\n")
+except OSError as error:
+    print("blocked:", error)
+
+
+def reduce_scatter_phase(chunks):
+    raise NotImplementedError
+"""
+
+KILL_PARENT = """
+import os
+import signal
+
+os.kill(os.getppid(), signal.SIGKILL)  # the process that runs this kernel
+"""
+
+IGNORE_INTERRUPT = """
+import signal
+
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+while True:
+    pass
+"""
+
+LIBRARY_ALL_REDUCE = """
+def reduce_scatter_phase(chunks):
+    P, r = dist.get_world_size(), dist.get_rank()
+    x = torch.cat(chunks)
+    dist.all_reduce(x)  # the library's all-reduce ...
+    for s in range(P - 1):  # ... and padding traffic of the ring's sizes, on the ring
+        incoming = torch.empty_like(chunks[(r - s - 1) % P])
+        comm.wait_all([comm.isend(chunks[(r - s) % P], (r + 1) % P), comm.irecv(incoming, (r - 1) % P)])
+    for chunk, total in zip(chunks, x.tensor_split(P)):
+        chunk.copy_(total)
+"""
+
+LIBRARY_ALL_GATHER = """
+def all_gather_phase(chunks):
+    P, r = dist.get_world_size(), dist.get_rank()
+    mine = (r + 1) % P
+    x = torch.cat([c if i == mine else torch.zeros_like(c) for i, c in enumerate(chunks)])
+    dist.all_reduce(x)
+    for s in range(P - 1):
+        incoming = torch.empty_like(chunks[(r - s) % P])
+        comm.wait_all([comm.isend(chunks[(r + 1 - s) % P], (r + 1) % P), comm.irecv(incoming, (r - 1) % P)])
+    for i, total in enumerate(x.tensor_split(P)):
+        chunks[i] = total
+"""
+
+SIZE_MISMATCH = """
+def reduce_scatter_phase(chunks):
+    P, r = dist.get_world_size(), dist.get_rank()
+    right, left = (r + 1) % P, (r - 1) % P
+    for s in range(P - 1):
+        send, recv = (r - s) % P, (r - s - 1) % P
+        incoming = torch.empty_like(chunks[recv])
+        message = torch.cat([chunks[send], chunks[send]]) if r == 0 else chunks[send]  # rank 0 sends twice too much
+        comm.wait_all([comm.isend(message, right), comm.irecv(incoming, left)])
+        chunks[recv] += incoming
+"""
+
+
+def _sleep_forever_after(source: str) -> str:
+    loop = "while True:  # stopped by the interrupt: the class above is defined\n    time.sleep(0.05)\n"
+    return f"{source}\n\nimport time\n\n{loop}"
+
+
+def write_submissions(folder: Path) -> dict[str, dict]:
+    """Every submission of the run: {file stem: what the test expects of it}."""
+    cases = {}
+
+    def add(stem: str, nb, **expect):
+        path = folder / f"{stem}.ipynb"
+        if isinstance(nb, str):
+            path.write_text(nb)
+        else:
+            nbformat.write(nb, path)
+        cases[stem] = {"path": path, **expect}
+
+    handout = {s.stem: _notebook(LABS / s.name) for s in SOLUTIONS}
+    solution_nb = {s.stem: _notebook(s) for s in SOLUTIONS}
+    # First, so that its time is measured while the run is young: a cell that ignores the interrupt.
+    ignores = _with_answers(handout["lab03_pipeline_1f1b"], {"one_f_one_b": IGNORE_INTERRUPT})
+    add("lab03_ignores_interrupt", ignores, kind="cheat")
+    for solution in SOLUTIONS:
+        add(solution.stem, solution_nb[solution.stem], kind="solution")
+        answers, failing = _wrong_answers(WRONG / f"{solution.stem}.py")
+        wrong = _with_answers(solution_nb[solution.stem], answers)
+        add(f"{solution.stem.split('_')[0]}_wrong", wrong, kind="wrong", fail=failing)
+    # Lab 03's handout for the cheats that answer nothing: its checks need no ranks, so they cost little.
+    add(
+        "redefined_checks",
+        _with_answers(handout["lab03_pipeline_1f1b"], {"one_f_one_b": REDEFINED_CHECKS}),
+        kind="cheat",
+    )
+    for stem, where in [("own_key_absolute", "absolute"), ("own_key_relative", "relative")]:
+        nb = _notebook(LABS / "lab03_pipeline_1f1b.ipynb")  # stored outputs: every verdict a PASS
+        own = folder / stem
+        nb.metadata["parlab"]["lab"] = str(own) if where == "absolute" else os.path.relpath(own, LABS / "solutions")
+        for cell in nb.cells:
+            if grade.check_marker(cell):
+                cell.source = re.sub(r"\(\d+ points?\)", "(500 points)", cell.source, count=1)
+        add(stem, nb, kind="cheat")
+    add("lab00_tamper", _with_answers(handout["lab00_ring_allreduce"], {"reduce_scatter": TAMPER}), kind="cheat")
+    add("lab00_untouched", handout["lab00_ring_allreduce"], kind="cheat")
+    kill = _with_answers(solution_nb["lab01_data_parallel"], {})
+    for cell in kill.cells:
+        if grade.answer_name(cell) == "average":
+            cell.source += "\n" + KILL_PARENT
+    add("lab01_kills_parent", kill, kind="partial", points=2)  # the shard check ran before the kill
+    sleeper = _with_answers(solution_nb["lab02_tensor_parallel"], {})
+    for cell in sleeper.cells:
+        if grade.answer_name(cell):
+            cell.source = _sleep_forever_after(cell.source)
+    add("lab02_interrupted", sleeper, kind="full")
+    library = {"reduce_scatter": LIBRARY_ALL_REDUCE, "all_gather": LIBRARY_ALL_GATHER}
+    add("lab00_library_allreduce", _with_answers(solution_nb["lab00_ring_allreduce"], library), kind="cheat")
+    mismatch = {"reduce_scatter": SIZE_MISMATCH}
+    add("lab00_size_mismatch", _with_answers(solution_nb["lab00_ring_allreduce"], mismatch), kind="partial", points=3)
+    add("lab00_is_lab01", solution_nb["lab01_data_parallel"], kind="cheat")
+    add("lab02_unreadable", '{"cells": [ this is not json', kind="cheat")
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------------- the run
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+def _package_copy(folder: Path) -> Path:
+    ignore = shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints")
+    shutil.copytree(ROOT / "parlab", folder / "parlab", ignore=ignore)
+    shutil.copytree(LABS, folder / "labs", ignore=ignore)
+    return folder
+
+
+def _grade(copy: Path, paths: list[Path], *options: str) -> tuple[subprocess.CompletedProcess, dict, float]:
+    report = copy / f"report-{time.monotonic_ns()}.json"
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    command = [sys.executable, "-m", "parlab", "grade", "--report", str(report), *options, *map(str, paths)]
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=copy, env=env, timeout=1200)
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done, json.loads(report.read_text()), seconds
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    copy = _package_copy(tmp_path_factory.mktemp("package"))
+    before = {"parlab": _tree(copy / "parlab"), "labs": _tree(copy / "labs")}
+    cases = write_submissions(tmp_path_factory.mktemp("submissions"))
+    done, report, seconds = _grade(copy, [c["path"] for c in cases.values()], "--timeout", str(TIMEOUT), "--jobs", "2")
+    print(done.stdout)
+    for g in report["notebooks"]:  # where the time went (a check near the timeout on a loaded machine shows here)
+        print(f"{Path(g['notebook']).stem}: {g['seconds']:.0f} s, cells {[t[2] for t in g['timings']]}")
+    by_stem = {Path(g["notebook"]).stem: g for g in report["notebooks"]}
+    after = {"parlab": _tree(copy / "parlab"), "labs": _tree(copy / "labs")}
+    return {
+        "cases": cases,
+        "report": report,
+        "grades": by_stem,
+        "table": done.stdout,
+        "stderr": done.stderr,
+        "seconds": seconds,
+        "copy": copy,
+        "unchanged": before == after,
+    }
+
+
+def _checks(grade_: dict) -> dict[str, dict]:
+    return {c["check"]: c for c in grade_["checks"]}
+
+
+def test_every_solution_scores_full_marks(graded):
+    for stem, case in graded["cases"].items():
+        if case["kind"] == "solution":
+            g = graded["grades"][stem]
+            assert g["max_points"] > 0 and g["points"] == g["max_points"], g
+
+
+def test_every_cheating_or_broken_submission_scores_zero(graded):
+    for stem, case in graded["cases"].items():
+        if case["kind"] == "cheat":
+            g = graded["grades"][stem]
+            assert g["points"] == 0, (stem, g)
+            assert g["max_points"] > 0 and g["max_points"] < 100, (stem, g)  # the lab's own points, not the file's
+
+
+def test_wrong_answers_fail_exactly_the_checks_they_break(graded):
+    for stem, case in graded["cases"].items():
+        if case["kind"] == "wrong":
+            failed = {name for name, c in _checks(graded["grades"][stem]).items() if not c["passed"]}
+            assert failed == case["fail"], (stem, graded["grades"][stem]["checks"])
+    backward = _checks(graded["grades"]["lab02_wrong"])["backward"]["detail"]
+    assert re.match(r"rank \d failed: .*invalid gradient at index 1", backward), backward
+
+
+def test_a_submission_that_kills_its_parent_keeps_what_it_passed_and_the_run_goes_on(graded):
+    g = graded["grades"]["lab01_kills_parent"]
+    checks = _checks(g)
+    assert checks["shard"]["passed"] and not checks["average"]["passed"] and not checks["training"]["passed"]
+    assert g["points"] == 2
+    assert graded["table"].rstrip().splitlines()[-2].startswith("TOTAL")
+
+
+def test_a_cell_that_ignores_the_interrupt_is_killed_within_the_minute(graded):
+    g = graded["grades"]["lab03_ignores_interrupt"]
+    assert g["seconds"] < 60, g
+    assert any("ignored the interrupt" in note for note in g["notes"]), g["notes"]
+    assert all("killed" in c["detail"] or "kernel" in c["detail"] for c in g["checks"]), g["checks"]
+
+
+def test_an_interrupted_answer_cell_is_graded_on(graded):
+    g = graded["grades"]["lab02_interrupted"]
+    assert g["points"] == g["max_points"] == 8, g
+    assert f"answer cell 'row_parallel' timed out after {TIMEOUT} s (interrupted)" in g["notes"]
+
+
+def test_lab00_with_the_library_all_reduce_fails_every_check_on_the_ring_itself(graded):
+    checks = _checks(graded["grades"]["lab00_library_allreduce"])
+    for name in ("reduce_scatter", "all_gather", "ring_all_reduce"):
+        assert "library collective(s) ['allreduce']" in checks[name]["detail"], checks[name]
+
+
+def test_a_failing_rank_is_explained_by_its_own_error(graded):
+    checks = _checks(graded["grades"]["lab00_size_mismatch"])
+    detail = checks["reduce_scatter"]["detail"]
+    assert detail.startswith("rank ") and "exited with code" not in detail.split(":", 1)[0], detail
+    assert re.search(r"size|match|length", detail, re.I), detail
+    assert checks["all_gather"]["passed"]  # the other phase is the solution's
+
+
+def test_own_answer_keys_redefined_checks_and_wrong_labs_are_named(graded):
+    grades = graded["grades"]
+    for stem in ("own_key_absolute", "own_key_relative"):
+        assert grades[stem]["lab"] == "lab03_pipeline_1f1b" and grades[stem]["max_points"] == 8
+        assert any("unknown lab" in note for note in grades[stem]["notes"]), grades[stem]
+    assert grades["redefined_checks"]["lab"] == "lab03_pipeline_1f1b" and grades["redefined_checks"]["max_points"] == 8
+    wrong_lab = grades["lab00_is_lab01"]
+    assert wrong_lab["lab"] == "lab00_ring_allreduce" and wrong_lab["max_points"] == 10
+    assert "lab01_data_parallel" in wrong_lab["error"], wrong_lab
+    unreadable = grades["lab02_unreadable"]
+    assert unreadable["max_points"] == 8 and "unreadable" in unreadable["error"], unreadable
+
+
+def test_no_file_of_the_package_or_the_labs_changed(graded):
+    assert graded["unchanged"]  # the copy the kernels imported, which the tampering submission tried to rewrite
+    tamper = graded["grades"]["lab00_tamper"]
+    if graded["report"]["sandbox"] == "none":
+        assert tamper["tampered"], tamper  # the writes happened, were caught and undone
+
+
+def test_the_run_ends_with_a_table_and_says_whether_it_was_sandboxed(graded):
+    table = graded["table"]
+    assert "TOTAL" in table and re.search(r"^sandbox: ", table, re.M)
+    for stem in graded["cases"]:
+        assert stem in table
+    assert "WARNING" not in graded["stderr"] and "Kernel" not in graded["stderr"]  # no kernel chatter
+    print(f"grading run: {len(graded['cases'])} notebooks in {graded['seconds']:.0f} s, {graded['report']['sandbox']}")
+
+
+def test_without_the_sandbox_tampering_is_caught_and_undone(tmp_path):
+    copy = _package_copy(tmp_path / "package")
+    before = {"parlab": _tree(copy / "parlab"), "labs": _tree(copy / "labs")}
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    handout = _notebook(LABS / "lab00_ring_allreduce.ipynb")
+    tamper, untouched = folder / "lab00_tamper.ipynb", folder / "lab00_untouched.ipynb"
+    nbformat.write(_with_answers(handout, {"reduce_scatter": TAMPER + "\n" + KILL_PARENT}), tamper)
+    nbformat.write(handout, untouched)
+    _, report, _ = _grade(copy, [tamper, untouched], "--sandbox", "none", "--timeout", str(TIMEOUT))
+    grades = {Path(g["notebook"]).stem: g for g in report["notebooks"]}
+    assert report["sandbox"] == "none"
+    assert grades["lab00_tamper"]["tampered"] and grades["lab00_tamper"]["points"] == 0
+    assert any(path.endswith("planted.py") for path in grades["lab00_tamper"]["tampered"])
+    assert grades["lab00_untouched"]["points"] == 0 and not grades["lab00_untouched"]["tampered"]
+    assert {"parlab": _tree(copy / "parlab"), "labs": _tree(copy / "labs")} == before
+
+
+def test_the_sandbox_is_used_where_bwrap_works():
+    sandbox = Sandbox("auto")
+    if shutil.which("bwrap") is None:
+        pytest.skip("bwrap is not installed (bash .ci/install-sandbox)")
+    assert sandbox.kind == "bwrap", sandbox.reason
