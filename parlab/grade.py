@@ -350,6 +350,10 @@ class Grader:
         self.lock = threading.Lock()
         self.failed = False  # the grader itself failed on some submission
 
+    def _running_now(self) -> set[int]:
+        with self.lock:
+            return set(self.running)
+
     # --------------------------------------------------------------------------------------------- one notebook
 
     def grade(self, path: str | Path, expected_lab: str | None = None) -> NotebookGrade:
@@ -440,12 +444,11 @@ class Grader:
             worker = [sys.executable, str(PACKAGE / "grading" / "worker.py"), str(scratch)]
             visible = [PACKAGE.parent, Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).parent]
             command = self.sandbox.wrap(worker, scratch, visible)
-            with open(scratch / "worker.log", "ab") as log:
+            with open(scratch / "worker.log", "ab") as log, self.lock:  # started and registered at once
                 process = subprocess.Popen(
                     command, env=env, cwd=scratch, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                     start_new_session=True,
                 )  # fmt: skip
-            with self.lock:
                 self.running.add(process.pid)
             hard_timeout = False
             try:
@@ -454,8 +457,7 @@ class Grader:
                 hard_timeout = True
             with self.lock:
                 self.running.discard(process.pid)
-                spare = set(self.running)
-            kill_tree(process, token, spare)
+            kill_tree(process, token, self._running_now)
             if hard_timeout:
                 grade.notes.append(f"stopped after the grader's hard limit of {limit:g} s")
             with self.lock:

@@ -122,16 +122,18 @@ def _has_token(pid: int, token: str) -> bool:
         return False
 
 
-def kill_tree(process: subprocess.Popen, token: str, spare: set[int] = frozenset()) -> int:
+def kill_tree(process: subprocess.Popen, token: str, spare=lambda: set()) -> int:
     """SIGKILL `process`, every descendant, every process with this submission's token, and orphans adopted by
-    the grader (its children other than `spare`, the workers of other submissions). Returns how many it killed."""
+    the grader (its children but those `spare()` names: the workers of the other submissions being graded, whose
+    start must be registered atomically with it). Returns how many processes it killed."""
     killed, me = 0, os.getpid()
     for _ in range(10):
         parents = _processes()
+        keep = set(spare()) - {process.pid}  # read after the listing: a worker seen there is in it
         children: dict[int, list[int]] = {}
         for pid, parent in parents.items():
             children.setdefault(parent, []).append(pid)
-        roots = [process.pid] + [p for p in children.get(me, []) if p not in spare and p != process.pid]
+        roots = [process.pid] + [p for p in children.get(me, []) if p not in keep and p != process.pid]
         targets, stack = set(), [r for r in roots if r in parents]
         while stack:
             pid = stack.pop()
@@ -139,7 +141,7 @@ def kill_tree(process: subprocess.Popen, token: str, spare: set[int] = frozenset
                 continue
             targets.add(pid)
             stack.extend(children.get(pid, []))
-        targets |= {pid for pid in parents if pid != me and pid not in spare and _has_token(pid, token)}
+        targets |= {pid for pid in parents if pid != me and pid not in keep and _has_token(pid, token)}
         targets = {pid for pid in targets if not _is_zombie(pid)}
         if not targets:
             break
@@ -149,13 +151,13 @@ def kill_tree(process: subprocess.Popen, token: str, spare: set[int] = frozenset
                 killed += 1
             except (ProcessLookupError, PermissionError):
                 pass
-        _reap(spare)
+        _reap(keep | {process.pid})
         time.sleep(0.05)
     try:
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
-    _reap(spare)
+    _reap(set(spare()) | {process.pid})
     return killed
 
 

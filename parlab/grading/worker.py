@@ -9,9 +9,9 @@ SCRATCH/spec.json says what to run: {"timeout": s, "setup_timeout": s, "grace": 
 imports nothing of parlab (nor torch): it starts in a moment, and its time is the submission's.
 
 Each code cell gets its timeout (answer and check cells `timeout`, the lab's own setup cells `setup_timeout`);
-past it the kernel's process group gets SIGINT, and `grace` seconds later SIGKILL (code that ignores the
-interrupt), after which the remaining cells are not run. After every cell, SCRATCH/status.json
-says what happened so far: the grader still has it if this process is killed.
+past it the kernel gets SIGINT (as from Jupyter's interrupt button), and `grace` seconds later its whole process
+group SIGKILL (code that ignores the interrupt), after which the remaining cells are not run. After every cell,
+SCRATCH/status.json says what happened so far: the grader still has it if this process is killed.
 """
 
 from __future__ import annotations
@@ -42,11 +42,10 @@ def kernel_manager():
     return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnv())
 
 
-def _kernel_pgid(client) -> int | None:
+def _kernel_pid(client) -> int | None:
     try:
-        pid = client.km.provisioner.process.pid
-        return os.getpgid(pid)
-    except (AttributeError, ProcessLookupError, OSError):
+        return client.km.provisioner.process.pid
+    except AttributeError:
         return None
 
 
@@ -84,15 +83,17 @@ def main(scratch: str) -> int:
                 if current["started"] is None:
                     continue
                 elapsed = time.monotonic() - current["started"]
-                pgid = _kernel_pgid(client)
-                if pgid is None:
+                pid = _kernel_pid(client)
+                if pid is None:
                     continue
                 if elapsed > current["limit"] and not current["interrupted"]:
+                    # The kernel alone: its launch stops the ranks. (Its process group also holds the rank server,
+                    # which a SIGINT kills while it is still importing torch.)
                     current["interrupted"] = True
-                    _signal_group(pgid, signal.SIGINT)
+                    _signal(os.kill, pid, signal.SIGINT)
                 elif elapsed > current["limit"] + spec["grace"] and not current["killed"]:
-                    current["killed"] = True
-                    _signal_group(pgid, signal.SIGKILL)
+                    current["killed"] = True  # code that ignores the interrupt: the kernel and all it started
+                    _signal(lambda p: os.killpg(os.getpgid(p), signal.SIGKILL), pid)
 
     threading.Thread(target=watchdog, daemon=True).start()
     dead = ""
@@ -136,10 +137,10 @@ def main(scratch: str) -> int:
     return 0
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+def _signal(send, *args) -> None:
     try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
+        send(*args)
+    except (ProcessLookupError, PermissionError, OSError):
         pass
 
 
