@@ -252,9 +252,12 @@ def test_kill_tree_finds_descendants_that_left_the_session(tmp_path):
     while time.monotonic() < deadline and len(_with_token(token)) < 2:
         time.sleep(0.1)
     assert len(_with_token(token)) == 2
-    isolation.kill_tree(process, token)
-    time.sleep(0.2)
-    assert _with_token(token) == []
+    try:
+        isolation.kill_tree(process, token)
+        time.sleep(0.2)
+        assert _with_token(token) == []
+    finally:
+        isolation.become_subreaper(False)  # the rest of this pytest process's tests: orphans go to init again
 
 
 def _with_token(token: str) -> list[int]:

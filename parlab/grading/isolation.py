@@ -93,10 +93,10 @@ class Sandbox:
 # ----------------------------------------------------------------------------------------- processes, killed
 
 
-def become_subreaper() -> None:
+def become_subreaper(on: bool = True) -> None:
     """Orphaned descendants (a double fork) become this process's children, where kill_tree finds them."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on))
     except (OSError, AttributeError):
         pass
 
