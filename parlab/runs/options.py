@@ -77,9 +77,6 @@ class RunOptions:
         """The emulated device and link of this run (None: not paced)."""
         return parse_pace(self.pace)
 
-    def replace(self, **changes) -> RunOptions:
-        return dataclasses.replace(self, **changes)
-
     @classmethod
     def make(cls, **values) -> RunOptions:
         """The options with `values` over the defaults; unknown names are a ValueError naming the known ones."""
@@ -107,7 +104,7 @@ class RunOptions:
                     flag, dest=f.name, action="store_false" if default else "store_true", help=meta.get("help")
                 )
                 continue
-            parse = meta.get("parse") or _parser_for(f.type, default)
+            parse = meta.get("parse") or type(default)  # int, float or str, as the default is
             extra = {"nargs": "?", "const": meta["const"]} if meta.get("const") is not None else {}
             parser.add_argument(
                 flag,
@@ -118,15 +115,6 @@ class RunOptions:
                 help=meta.get("help"),
                 **extra,
             )
-
-
-def _parser_for(annotation: Any, default: Any):
-    text = str(annotation)
-    if "float" in text:
-        return float
-    if "int" in text and "list" not in text:
-        return int
-    return str
 
 
 def _argparse_type(parse):
