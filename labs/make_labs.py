@@ -5,10 +5,11 @@
     python labs/make_labs.py --execute  first re-execute the solutions in place (after editing one)
 
 The solution is the one source. In its `# ANSWER: name` cells, each block between `# BEGIN SOLUTION: hint` and
-`# END SOLUTION` becomes `raise NotImplementedError("hint")`; every stored output is kept, so the check cells of
-the student version show the verdicts a correct answer prints (see parlab/grade.py). After editing a solution or
-its checks module (parlab/grading/labNN_name.py), run this with --execute: the solutions' stored outputs are the
-expected verdicts, the ones the grader compares its own with. Adding a lab: labs/README.md.
+`# END SOLUTION` becomes `raise NotImplementedError("hint")`, and no output is stored: a student sees verdicts only
+from their own run, and a check cell whose verdicts FAIL raises, so `pytest --nbval` catches it (parlab/grade.py).
+After editing a solution or its checks module (parlab/grading/labNN_name.py), run this with --execute: the
+solutions' stored outputs are the expected verdicts, the ones the grader compares its own with. Adding a lab:
+labs/README.md.
 """
 
 from __future__ import annotations

@@ -140,7 +140,8 @@ def strip_solution(source: str) -> str:
 
 
 def student_version(solution):
-    """The notebook handed to students: solution blocks stripped, every stored output kept (the expected ones)."""
+    """The notebook handed to students: solution blocks stripped and no stored output (no verdict shows before the
+    student's own run; the expected verdicts stay in the solution, where the grader reads them)."""
     nb = copy.deepcopy(solution)
     answers = set()
     for index, cell in enumerate(nb.cells):
@@ -156,6 +157,8 @@ def student_version(solution):
             answers.add(name)
             cell.source = strip_solution(cell.source)
         cell.metadata.pop("execution", None)  # timestamps: the generated file must not change from run to run
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
     if not answers:
         raise ValueError("the notebook has no '# ANSWER: name' cell")
     if not any(check_marker(c) for c in nb.cells):

@@ -33,6 +33,8 @@ import os
 import re
 from pathlib import Path
 
+from parlab.check import CheckFailed
+
 LABS = (
     "lab00_ring_allreduce",
     "lab01_data_parallel",
@@ -64,9 +66,13 @@ def run_check(module_name: str, check: str, *answers) -> None:
     module = importlib.import_module(module_name)
     collect = getattr(module, f"collect_{check}")
     out = os.environ.get(OUT_ENV)
-    if not out:
-        for line in judge(module, check, collect(*answers)):
+    if not out:  # a student's own run (or pytest --nbval): judge here, and fail the cell if a verdict failed
+        lines = judge(module, check, collect(*answers))
+        for line in lines:
             print(line)
+        failed = [line for line in lines if line.endswith(": FAIL")]
+        if failed:
+            raise CheckFailed(f"{len(failed)} of {len(lines)} verdicts of check {check!r} FAIL (the lines above)")
         return
     import torch
 
