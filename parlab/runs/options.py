@@ -104,7 +104,7 @@ class RunOptions:
                     flag, dest=f.name, action="store_false" if default else "store_true", help=meta.get("help")
                 )
                 continue
-            parse = meta.get("parse") or type(default)  # int, float or str, as the default is
+            parse = meta.get("parse") or _value_type(f.type, default)
             extra = {"nargs": "?", "const": meta["const"]} if meta.get("const") is not None else {}
             parser.add_argument(
                 flag,
@@ -115,6 +115,14 @@ class RunOptions:
                 help=meta.get("help"),
                 **extra,
             )
+
+
+def _value_type(annotation: Any, default: Any):
+    """int, float or str: the default's type, or for a None default the annotation's ("int | None" -> int)."""
+    if default is not None:
+        return type(default)
+    text = str(annotation)
+    return int if "int" in text else float if "float" in text else str
 
 
 def _argparse_type(parse):
