@@ -8,30 +8,16 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from processes import children_of
 
 import parlab
 from parlab import comm
 from parlab.launch import rank_server_pid
 
 
-def _children_of(pid: int) -> list[int]:
-    """Process ids whose parent is `pid` (read from /proc)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(entry))
-    return found
-
-
 def _rank_processes() -> list[int]:
     pid = rank_server_pid()
-    return [] if pid is None else _children_of(pid)
+    return [] if pid is None else children_of(pid)
 
 
 def _open_fds() -> int:

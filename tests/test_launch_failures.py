@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from processes import CHILDREN, children_of
 
 import parlab
 from parlab import comm
@@ -28,21 +29,6 @@ from parlab.launch import CollectiveMismatch, LaunchTimeout, RankError, rank_ser
 
 launch_module = sys.modules["parlab.launch"]  # (parlab.launch, the attribute, is the function)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _children_of(pid: int) -> list[int]:
-    """Live (non-zombie) processes whose parent is `pid`, from /proc."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(entry))
-    return found
 
 
 def _alive(pid: int) -> bool:
@@ -85,8 +71,8 @@ def clean(private_tmp):
     fds = len(os.listdir("/proc/self/fd"))
     yield private_tmp
     server = rank_server_pid()
-    assert server is None or _wait_until(lambda: _children_of(server) == []), "a rank outlived its launch"
-    assert set(_children_of(os.getpid())) <= {server}, "a process other than the rank server was left"
+    assert server is None or _wait_until(lambda: children_of(server) == []), "a rank outlived its launch"
+    assert set(children_of(os.getpid())) <= {server}, "a process other than the rank server was left"
     assert len(os.listdir("/proc/self/fd")) <= fds, "file descriptors leaked"
     assert _rendezvous_files(private_tmp) == [], "rendezvous files were left"
 
@@ -172,21 +158,6 @@ def _run_script(*parts: str, timeout: float = 120, **env) -> dict:
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-CHILDREN = """
-def children():
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == os.getpid() and fields[0] != "Z":
-                found.append(int(entry))
-    return found
-"""
 
 
 def test_an_interrupted_first_launch_leaves_no_server_behind():

@@ -10,23 +10,9 @@ import sys
 import textwrap
 
 import pytest
+from processes import CHILDREN
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-CHILDREN = """
-import os
-def children():
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == os.getpid() and fields[0] != "Z":
-                found.append(int(entry))
-    return found
-"""
 
 
 def _run_script(code: str, **env: str) -> dict:
