@@ -61,10 +61,11 @@ MASKS = [
     (re.compile(r"at 0x[0-9a-f]+"), "at 0xADDRESS"),
 ]
 
-ANSWER_RE = re.compile(r"^#\s*ANSWER:\s*(?P<name>\S+)\s*$")
+ANSWER_RE = re.compile(r"^#\s*(?:ANSWER|PREDICT):\s*(?P<name>\S+)\s*$")  # a prediction is an answer too
 CHECK_RE = re.compile(r"^#\s*CHECK:\s*(?P<name>\S+)\s*\((?P<points>\d+)\s*points?\)\s*$")
 BEGIN_RE = re.compile(r"^(?P<indent>\s*)#\s*BEGIN SOLUTION(?::\s*(?P<hint>.*?))?\s*$")
 END_RE = re.compile(r"^\s*#\s*END SOLUTION\s*$")
+HANDOUT_RE = re.compile(r"^\s*#\s*HANDOUT\s*$")  # in a solution block: what follows (commented) is handed out
 VERDICT_RE = re.compile(r": (PASS|FAIL)$")
 HINT_WIDTH = 100  # the student version's hint lines stay within this many characters
 
@@ -111,27 +112,29 @@ def check_marker(cell) -> tuple[str, int] | None:
 
 
 def strip_solution(source: str) -> str:
-    """Replace every `# BEGIN SOLUTION: hint` ... `# END SOLUTION` block by `raise NotImplementedError("hint")`."""
-    out, inside = [], False
+    """Replace every `# BEGIN SOLUTION: hint` ... `# END SOLUTION` block by `raise NotImplementedError("hint")`.
+
+    A block with a `# HANDOUT` line (the bug hunt) is replaced by what follows that line instead, uncommented: the
+    solution keeps the broken code as comments, the student gets it as code, under a line naming the hint."""
+    out, inside, handout = [], False, None
     for number, line in enumerate(source.split("\n"), start=1):
         begin, end = BEGIN_RE.match(line), END_RE.match(line)
         if begin:
             if inside:
                 raise ValueError(f"line {number}: BEGIN SOLUTION inside another solution block")
-            inside = True
-            indent, hint = begin["indent"], begin["hint"] or "write this part"
-            out.append(f"{indent}# YOUR CODE HERE")
-            if len(indent) + len(hint) <= HINT_WIDTH - 30:
-                out.append(f"{indent}raise NotImplementedError({json.dumps(hint)})")
-            else:  # a long hint: one string in pieces, one per line, short enough for a projector
-                pieces = textwrap.wrap(hint, HINT_WIDTH - len(indent) - 6, drop_whitespace=False)
-                out.append(f"{indent}raise NotImplementedError(")
-                out.extend(f"{indent}    {json.dumps(piece)}" for piece in pieces)
-                out.append(f"{indent})")
+            inside, handout = True, None
+            indent, hint = begin["indent"], begin["hint"] or ""
+        elif inside and HANDOUT_RE.match(line):
+            if handout is not None:
+                raise ValueError(f"line {number}: two HANDOUT lines in one solution block")
+            handout = []
         elif end:
             if not inside:
                 raise ValueError(f"line {number}: END SOLUTION without BEGIN SOLUTION")
             inside = False
+            out.extend(_handed_out(indent, hint, handout))
+        elif inside and handout is not None:
+            handout.append(line)
         elif not inside:
             out.append(line)
     if inside:
@@ -139,10 +142,43 @@ def strip_solution(source: str) -> str:
     return "\n".join(out)
 
 
-def student_version(solution):
+def _handed_out(indent: str, hint: str, handout: list[str] | None) -> list[str]:
+    """What a solution block becomes in the student version."""
+    if handout is not None:  # the broken code, uncommented, under the hint as a comment
+        width = HINT_WIDTH - len(indent) - 2
+        lines = [f"{indent}# {piece}" for piece in textwrap.wrap(hint, width)] if hint else []
+        for line in handout:
+            body = line[len(indent) :] if line.startswith(indent) else line.lstrip()
+            if not body.startswith("#"):
+                raise ValueError(f"a HANDOUT line must be commented out in the solution: {line.strip()!r}")
+            lines.append(indent + body[2:] if body.startswith("# ") else indent + body[1:])
+        return lines
+    hint = hint or "write this part"
+    lines = [f"{indent}# YOUR CODE HERE"]
+    if len(indent) + len(hint) <= HINT_WIDTH - 30:
+        lines.append(f"{indent}raise NotImplementedError({json.dumps(hint)})")
+    else:  # a long hint: one string in pieces, one per line, short enough for a projector
+        pieces = textwrap.wrap(hint, HINT_WIDTH - len(indent) - 6, drop_whitespace=False)
+        lines.append(f"{indent}raise NotImplementedError(")
+        lines.extend(f"{indent}    {json.dumps(piece)}" for piece in pieces)
+        lines.append(f"{indent})")
+    return lines
+
+
+def hint_of(cell) -> str | None:
+    """The check a hint cell explains (a markdown cell with metadata parlab.hint), or None."""
+    meta = cell.get("metadata", {}).get("parlab", {})
+    hint = meta.get("hint") if isinstance(meta, dict) and cell.cell_type == "markdown" else None
+    return hint if isinstance(hint, str) else None
+
+
+def student_version(solution, hints: bool = True):
     """The notebook handed to students: solution blocks stripped and no stored output (no verdict shows before the
-    student's own run; the expected verdicts stay in the solution, where the grader reads them)."""
+    student's own run; the expected verdicts stay in the solution, where the grader reads them). With
+    `hints=False` the hint cells (markdown cells with metadata parlab.hint) are left out too."""
     nb = copy.deepcopy(solution)
+    if not hints:
+        nb.cells = [cell for cell in nb.cells if hint_of(cell) is None]
     answers = set()
     for index, cell in enumerate(nb.cells):
         has_solution = cell.cell_type == "code" and "BEGIN SOLUTION" in cell.source
@@ -180,6 +216,7 @@ class OfficialLab:
     answers: set[str]
     expected: dict[str, list[str]]  # the solution's verdict lines per check
     module: object  # parlab.grading.<name>: collect_/judge_ per check
+    hints: dict[str, str] = field(default_factory=dict)  # the hint cells' text per check (for the feedback)
 
     @property
     def max_points(self) -> int:
@@ -198,28 +235,46 @@ def load_labs(solutions: str | Path | None = None) -> dict[str, OfficialLab]:
         path = folder / f"{name}.ipynb"  # `name` comes from the fixed list, never from a submission
         if not path.is_file():
             continue
-        solution = nbformat.read(path, as_version=4)
-        checks = [marker for cell in solution.cells if (marker := check_marker(cell))]
-        expected = {
-            marker[0]: verdict_lines(cell.get("outputs", []))
-            for cell in solution.cells
-            if (marker := check_marker(cell))
-        }
-        answers = {n for cell in solution.cells if (n := answer_name(cell))}
-        labs[name] = OfficialLab(
-            name, solution, student_version(solution), checks, answers, expected, grading.checks_module(name)
-        )
+        try:
+            labs[name] = _official_lab(name, nbformat.read(path, as_version=4))
+        except Exception as exc:  # one broken lab must not stop the grading of the others: say it, loudly
+            print(f"parlab grade: warning: lab {name} cannot be graded: {type(exc).__name__}: {exc}", file=sys.stderr)
     if not labs:
         raise ValueError(f"no official lab in {folder} (labs: {', '.join(grading.LABS)})")
     return labs
 
 
+def _official_lab(name: str, solution) -> OfficialLab:
+    from parlab import grading
+
+    checks = [marker for cell in solution.cells if (marker := check_marker(cell))]
+    expected = {
+        marker[0]: verdict_lines(cell.get("outputs", [])) for cell in solution.cells if (marker := check_marker(cell))
+    }
+    answers = {n for cell in solution.cells if (n := answer_name(cell))}
+    hints = {}
+    for cell in solution.cells:
+        if (check := hint_of(cell)) is not None:
+            hints[check] = (hints.get(check, "") + "\n\n" + cell.source).strip()
+    return OfficialLab(
+        name, solution, student_version(solution), checks, answers, expected, grading.checks_module(name), hints
+    )
+
+
+def lab_key(name: str) -> str:
+    """The part of a lab's name a file name starts with: "lab00" for lab00_ring_allreduce, "lab_bug_hunt" for the
+    bug hunt (a lab without a number)."""
+    number = re.match(r"lab\d+", name)
+    return number[0] if number else name
+
+
 def lab_of_file_name(path: Path, labs: dict[str, OfficialLab]) -> str | None:
     """The lab a file name says ("lab00_alice.ipynb" -> lab00_ring_allreduce), if one lab has that number."""
-    number = re.match(r"(lab\d+)", path.name)
-    if not number:
-        return None
-    matches = [name for name in labs if name.split("_")[0] == number[1]]
+    key = re.match(r"lab\d+", path.name)
+    if key:
+        matches = [name for name in labs if lab_key(name) == key[0]]
+    else:
+        matches = [name for name in labs if not re.match(r"lab\d+", name) and path.name.startswith(name)]
     return matches[0] if len(matches) == 1 else None
 
 
@@ -303,7 +358,7 @@ def verdict_lines(outputs) -> list[str]:
 
 def score_lines(name: str, points: int, lines: list[str], expected: list[str]) -> CheckResult:
     """Score one check from the verdict lines the grader computed, against the solution's."""
-    got = [mask(line.rstrip()) for line in lines]
+    got = [mask(line.rstrip()) for line in lines if VERDICT_RE.search(line.rstrip())]  # the rest is information
     fails = [line for line in got if not line.endswith(": PASS")]
     if fails:
         detail = "; ".join(fails[:3]) + (f" (+{len(fails) - 3} more)" if len(fails) > 3 else "")
@@ -640,9 +695,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.description = "Re-execute the answers of lab notebooks in the official labs and score their checks."
-    parser.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="submitted lab notebooks (.ipynb)")
+    parser.add_argument(
+        "notebooks", nargs="+", metavar="NOTEBOOK", help="submitted lab notebooks (.ipynb), or folders of them"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--report", default=None, metavar="FILE", help="also write the JSON report to FILE")
+    parser.add_argument(
+        "--gradebook",
+        default=None,
+        metavar="CSV",
+        help="write one row per student and lab to CSV, and a feedback file per student (see --feedback)",
+    )
+    parser.add_argument(
+        "--feedback", default=None, metavar="DIR", help="folder of the feedback files (default: CSV's name + _feedback)"
+    )
     parser.add_argument("--lab", default=None, help="the lab every notebook must be (default: from its file name)")
     parser.add_argument("--solutions", default=None, help="folder of solution notebooks (default: labs/solutions)")
     parser.add_argument("--jobs", type=int, default=1, help="notebooks graded at once (one kernel each)")
@@ -662,12 +728,20 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from parlab.grading import gradebook
     from parlab.grading.isolation import Sandbox, TreeGuard, become_subreaper
 
     sys.dont_write_bytecode = True  # the grader's own imports must not change the package it guards
-    missing = [p for p in args.notebooks if not Path(p).is_file()]
+    missing = [p for p in args.notebooks if not (Path(p).is_file() or Path(p).is_dir())]
     if missing:
-        print(f"parlab grade: error: no such notebook: {', '.join(missing)}", file=sys.stderr)
+        print(f"parlab grade: error: no such notebook or folder: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    found = gradebook.notebooks_in(args.notebooks)
+    if not found:
+        print(f"parlab grade: error: no notebook (.ipynb) in {', '.join(args.notebooks)}", file=sys.stderr)
+        return 2
+    if args.feedback and not args.gradebook:
+        print("parlab grade: error: --feedback goes with --gradebook", file=sys.stderr)
         return 2
     if not args.timeout > 0:
         print(f"parlab grade: error: --timeout must be > 0, got {args.timeout}", file=sys.stderr)
@@ -698,7 +772,7 @@ def run(args: argparse.Namespace) -> int:
         return grade
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        grades = list(pool.map(one, args.notebooks))
+        grades = list(pool.map(one, [str(path) for path, _ in found]))
     points, max_points = sum(g.points for g in grades), sum(g.max_points for g in grades)
     report = {
         "notebooks": [g.to_dict() for g in grades],
@@ -709,8 +783,45 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1))
+    if args.gradebook:
+        write_class(args, labs, found, report["notebooks"])
     if args.json:
         print(json.dumps(report))
     else:
         print(format_table(grades, sandbox.describe()))
     return 1 if grader.failed else 0
+
+
+def write_class(args: argparse.Namespace, labs: dict[str, OfficialLab], found, grades: list[dict]) -> None:
+    """The gradebook (CSV) and a feedback file per student (parlab/grading/gradebook.py)."""
+    from parlab.grading import gradebook
+
+    students = []
+    for (path, root), grade_ in zip(found, grades, strict=True):
+        students.append(gradebook.student_of(path, root, grade_["lab"], lab_key(grade_["lab"]), _metadata(path)))
+    table = gradebook.rows(grades, students, [root for _, root in found])
+    csv_path = Path(args.gradebook)
+    gradebook.write_gradebook(csv_path, table)
+    folder = Path(args.feedback) if args.feedback else csv_path.with_name(f"{csv_path.stem}_feedback")
+    hints = {name: _hints(lab) for name, lab in labs.items()}
+    written = gradebook.write_feedback(folder, table, grades, students, hints)
+    print(f"gradebook: {csv_path} ({len(table)} rows); feedback: {folder} ({len(written)} files)", file=sys.stderr)
+
+
+def _hints(lab: OfficialLab) -> dict[str, str]:
+    """A check's hint where its lab has no hint cell for it: what the check verifies."""
+    structural = getattr(lab.module, "STRUCTURAL", {})
+    return {check: f"the check verifies: {structural[check]}" for check, _ in lab.checks if check in structural} | {
+        check: text for check, text in lab.hints.items()
+    }
+
+
+def _metadata(path: Path) -> dict:
+    """A notebook's parlab metadata, read as data (only the student's name is taken from it), or {}."""
+    try:
+        if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+            return {}
+        meta = json.loads(path.read_text(encoding="utf-8")).get("metadata", {}).get("parlab", {})
+        return meta if isinstance(meta, dict) else {}
+    except (OSError, ValueError, AttributeError):
+        return {}

@@ -180,10 +180,15 @@ def write_submissions(folder: Path) -> dict[str, dict]:
     ignores = _with_answers(handout["lab03_pipeline_1f1b"], {"one_f_one_b": IGNORE_INTERRUPT})
     add("lab03_ignores_interrupt", ignores, kind="cheat")
     for solution in SOLUTIONS:
+        key = grade.lab_key(solution.stem)
         add(solution.stem, solution_nb[solution.stem], kind="solution")
-        answers, failing = _wrong_answers(WRONG / f"{solution.stem}.py")
-        wrong = _with_answers(solution_nb[solution.stem], answers)
-        add(f"{solution.stem.split('_')[0]}_wrong", wrong, kind="wrong", fail=failing)
+        for path in sorted(WRONG.glob(f"{solution.stem}*.py")):
+            answers, failing = _wrong_answers(path)
+            wrong = _with_answers(solution_nb[solution.stem], answers)
+            bug = path.stem[len(solution.stem) :].strip("_")
+            add(f"{key}_wrong{'_' + bug if bug else ''}", wrong, kind="wrong", fail=failing)
+        if key != "lab00":  # lab 00's handout is graded below (untouched) beside the tampering submission
+            add(f"{key}_handout", handout[solution.stem], kind="cheat")
     # Lab 03's handout for the cheats that answer nothing: its checks need no ranks, so they cost little.
     add(
         "redefined_checks",
@@ -257,7 +262,11 @@ def graded(tmp_path_factory):
     copy = _package_copy(tmp_path_factory.mktemp("package"))
     before = {"parlab": _tree(copy / "parlab"), "labs": _tree(copy / "labs")}
     cases = write_submissions(tmp_path_factory.mktemp("submissions"))
-    done, report, seconds = _grade(copy, [c["path"] for c in cases.values()], "--timeout", str(TIMEOUT), "--jobs", "2")
+    folder = next(iter(cases.values()))["path"].parent
+    gradebook = copy / "class" / "grades.csv"
+    done, report, seconds = _grade(
+        copy, [folder], "--timeout", str(TIMEOUT), "--jobs", "2", "--gradebook", str(gradebook)
+    )  # the whole folder, as an instructor grades a class
     print(done.stdout)
     for g in report["notebooks"]:  # where the time went (a check near the timeout on a loaded machine shows here)
         print(f"{Path(g['notebook']).stem}: {g['seconds']:.0f} s, cells {[t[2] for t in g['timings']]}")
@@ -272,6 +281,7 @@ def graded(tmp_path_factory):
         "seconds": seconds,
         "copy": copy,
         "unchanged": before == after,
+        "gradebook": gradebook,
     }
 
 
@@ -390,3 +400,44 @@ def test_the_sandbox_is_used_where_bwrap_works():
     if shutil.which("bwrap") is None:
         pytest.skip("bwrap is not installed (bash .ci/install-sandbox)")
     assert sandbox.kind == "bwrap", sandbox.reason
+
+
+def test_a_class_gradebook_has_a_row_per_notebook_and_a_feedback_file_per_student(graded):
+    import csv
+
+    from parlab.grading import gradebook
+
+    with open(graded["gradebook"], newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(graded["cases"]) >= 20  # a class of mixed labs
+    by_notebook = {Path(row["notebook"]).stem: row for row in rows}
+    assert set(by_notebook) == set(graded["cases"])
+    for stem, row in by_notebook.items():
+        g = graded["grades"][stem]
+        assert (int(row["points"]), int(row["max_points"]), row["lab"]) == (g["points"], g["max_points"], g["lab"])
+        parts = [part.rsplit(" ", 1)[1].split("/") for part in row["parts"].split("; ") if part]
+        assert sum(int(got) for got, _ in parts) == (g["points"] if not g["tampered"] else sum(
+            c["points"] for c in g["checks"]))  # fmt: skip
+        assert sum(int(most) for _, most in parts) == g["max_points"]
+        assert int(row["failed"]) == sum(not c["passed"] for c in g["checks"])
+    # The CSV is what the report says, in a fixed order (seconds aside): grading the same class again writes it again.
+    folder = next(iter(graded["cases"].values()))["path"].parent
+    notebooks = graded["report"]["notebooks"]
+    students = [
+        gradebook.student_of(Path(g["notebook"]), folder, g["lab"], grade.lab_key(g["lab"]), {}) for g in notebooks
+    ]
+    recomputed = gradebook.rows(notebooks, students, [folder] * len(notebooks))
+    assert [{**r, "seconds": ""} for r in rows] == [
+        {**{k: str(v) for k, v in r.items()}, "seconds": ""} for r in recomputed
+    ]
+    assert by_notebook["lab01_wrong"]["student"] == "wrong"
+    assert by_notebook["redefined_checks"]["student"] == "redefined_checks"  # no lab prefix: the whole name
+    feedback = graded["gradebook"].with_name("grades_feedback")
+    assert {p.stem for p in feedback.glob("*.md")} == {row["student"] for row in rows}
+    wrong = (feedback / "wrong.md").read_text()  # every lab's first wrong answer: lab00_wrong, lab01_wrong, ...
+    for stem, case in graded["cases"].items():
+        if case["kind"] == "wrong" and stem.endswith("_wrong"):
+            assert f"## {graded['grades'][stem]['lab']} " in wrong
+            for check in case["fail"]:
+                assert f"**{check}** (0/" in wrong, (stem, check)
+    assert wrong.count("hint:") >= sum(len(c["fail"]) for s, c in graded["cases"].items() if s.endswith("_wrong"))

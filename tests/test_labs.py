@@ -60,7 +60,9 @@ def test_student_version_stores_no_outputs_and_hides_the_solution():
         checks = 0
         for ours, theirs in zip(student.cells, solution.cells, strict=True):
             if grade.answer_name(theirs):
-                assert "BEGIN SOLUTION" not in ours.source and "NotImplementedError" in ours.source
+                assert "BEGIN SOLUTION" not in ours.source and "END SOLUTION" not in ours.source
+                handed_out = "# HANDOUT" in theirs.source  # the bug hunt hands out broken code instead
+                assert handed_out or "NotImplementedError" in ours.source
             if grade.check_marker(theirs):
                 checks += 1
                 expected = grade.verdict_lines(theirs.outputs)
@@ -273,3 +275,204 @@ def _with_token(token: str) -> list[int]:
             if f"PARLAB_GRADE_TOKEN={token}".encode() in environ and state != "Z":
                 found.append(int(entry))
     return found
+
+
+# ------------------------------------------------------------------------------- labs that teach (fast)
+
+
+def _normalised(text: str) -> str:
+    return "".join(text.split())
+
+
+def _solution_code_lines(source: str) -> list[str]:
+    """The code lines inside a cell's solution blocks (not the bug hunt's handed-out part), trailing comments
+    removed, whitespace dropped."""
+    lines, inside = [], False
+    for line in source.split("\n"):
+        if grade.BEGIN_RE.match(line):
+            inside = True
+        elif grade.END_RE.match(line) or grade.HANDOUT_RE.match(line):
+            inside = False
+        elif inside and line.strip() and not line.strip().startswith("#"):
+            code = _without_comment(line.strip())
+            lines.append(_normalised(code))
+    return lines
+
+
+def _without_comment(line: str) -> str:
+    import io
+    import tokenize
+
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(line + "\n").readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return line
+    comments = [t for t in tokens if t.type == tokenize.COMMENT]
+    return line[: comments[0].start[1]].rstrip() if comments else line
+
+
+def _handout_text_and_code(nb) -> tuple[str, str]:
+    """(what a student reads as prose: markdown, comments and string literals, hints included; the code the handout
+    gives), both with whitespace dropped."""
+    import io
+    import tokenize
+
+    prose, code = [], []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            prose.append(cell.source)
+            continue
+        try:
+            tokens = list(tokenize.generate_tokens(io.StringIO(cell.source + "\n").readline))
+        except (tokenize.TokenError, IndentationError, SyntaxError):
+            prose.append(cell.source)
+            continue
+        prose += [t.string for t in tokens if t.type in (tokenize.COMMENT, tokenize.STRING)]
+        prose += [t.string for t in tokens if t.type == getattr(tokenize, "FSTRING_MIDDLE", -1)]
+        code += [_without_comment(line.strip()) for line in cell.source.split("\n")]
+    return _normalised("\n".join(prose)), "\n".join(_normalised(line) for line in code)
+
+
+def test_no_line_of_an_answer_is_in_its_handout_text():
+    """Hints guide, never give: no code line (> 20 characters) of a solution's answers appears in the handout's
+    markdown, comments or strings (hints included), unless the handout already gives that line as code."""
+    for solution_path in SOLUTIONS:
+        solution = nbformat.read(solution_path, as_version=4)
+        handout = nbformat.read(LABS / solution_path.name, as_version=4)
+        prose, given = _handout_text_and_code(handout)
+        given_lines = set(given.split("\n"))
+        for cell in solution.cells:
+            if not grade.answer_name(cell):
+                continue
+            for line in _solution_code_lines(cell.source):
+                if len(line) > 20 and line not in given_lines:
+                    assert line not in prose, f"{solution_path.stem}: the handout's text gives away {line!r}"
+
+
+def test_the_leak_test_catches_a_hint_that_is_the_code():
+    cell = "# ANSWER: merge\ndef merge(a, b):\n    # BEGIN SOLUTION: h\n    total = torch.logaddexp(a, b)  # why\n"
+    cell += "    # END SOLUTION\n"
+    lines = _solution_code_lines(cell)
+    assert lines == ["total=torch.logaddexp(a,b)"]
+    leaky = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("use `total = torch.logaddexp(a,b)`")])
+    assert lines[0] in _handout_text_and_code(leaky)[0]
+    stub = nbformat.v4.new_notebook(cells=[new_code_cell('raise NotImplementedError("total = torch.logaddexp(a, b)")')])
+    assert lines[0] in _handout_text_and_code(stub)[0]
+
+
+def test_every_lab_has_three_code_parts_hint_cells_that_fold_and_two_wrong_answers():
+    for name, lab in grade.load_labs().items():
+        predictions = {c.source.split("\n", 1)[0] for c in lab.solution.cells if c.source.startswith("# PREDICT:")}
+        assert len(lab.checks) - len(predictions) >= 3, f"{name}: at least three graded code parts"
+        checks = {check for check, _ in lab.checks}
+        for cell in lab.solution.cells:
+            if grade.hint_of(cell) is not None:
+                assert grade.hint_of(cell) in checks, f"{name}: a hint cell names no check: {cell.source[:60]}"
+                assert cell.metadata.get("jupyter", {}).get("source_hidden") is True, f"{name}: hint not folded"
+        wrong = sorted(WRONG.glob(f"{name}*.py"))
+        assert len(wrong) >= 2, f"{name}: at least two wrong solutions in tests/wrong_solutions/"
+
+
+def test_no_hints_handouts_carry_no_hint_cells(tmp_path):
+    make_labs = _load_make_labs()
+    assert make_labs.main(["--no-hints", "--out", str(tmp_path)]) == 0
+    hinted = 0
+    for solution_path in SOLUTIONS:
+        with_hints = nbformat.read(LABS / solution_path.name, as_version=4)
+        without = nbformat.read(tmp_path / solution_path.name, as_version=4)
+        hints = [c for c in with_hints.cells if grade.hint_of(c) is not None]
+        hinted += bool(hints)
+        assert not [c for c in without.cells if grade.hint_of(c) is not None]
+        assert len(without.cells) == len(with_hints.cells) - len(hints)
+    assert hinted, "no lab has a hint cell"
+
+
+def test_a_handout_block_hands_out_the_broken_code():
+    source = (
+        "def average(g, P):\n"
+        "    # BEGIN SOLUTION: the gradient comes out P times too large\n"
+        "    return g / P\n"
+        "    # HANDOUT\n"
+        "    # return g\n"
+        "    # END SOLUTION\n"
+    )
+    assert grade.strip_solution(source) == (
+        "def average(g, P):\n    # the gradient comes out P times too large\n    return g\n"
+    )
+    with pytest.raises(ValueError, match="commented"):
+        grade.strip_solution("# BEGIN SOLUTION\nx = 1\n# HANDOUT\nx = 2\n# END SOLUTION")
+
+
+def test_prediction_lines_score_against_the_theory_and_show_all_three():
+    lines = grading.prediction_lines("bytes", 6100, 6144, measured=6144, rtol=0.05)
+    assert lines == [
+        "bytes: predicted 6,100 | theory 6,144 | measured 6,144",
+        "bytes: prediction within 5% of theory: PASS",
+        "bytes: measured equals theory: PASS",
+    ]
+    assert grading.prediction_lines("b", 5000, 6144)[1].endswith(": FAIL")
+    for bad in ["6144", float("nan"), float("inf"), None, [6144], True]:
+        assert grading.prediction_lines("b", bad, 6144)[1].endswith(": FAIL"), bad
+    assert grading.prediction_lines("b", torch.tensor(6144), 6144)[1].endswith(": PASS")
+    assert grading.prediction_lines("b", 0.0, 0.0)[1].endswith(": PASS")
+    assert grading.prediction_lines("b", 1, 1, measured=2)[2].endswith(": FAIL")
+    # A right prediction that is not the solution's own number scores: only verdict lines are compared.
+    expected = [line for line in grading.prediction_lines("b", 6144, 6144, 6144) if grade.VERDICT_RE.search(line)]
+    assert grade.score_lines("p", 2, grading.prediction_lines("b", 6000, 6144, 6144), expected).passed
+
+
+def test_the_gradebook_names_students_from_folders_then_file_names_then_metadata(tmp_path):
+    from parlab.grading import gradebook
+
+    (tmp_path / "alice").mkdir()
+    for path in [
+        "alice/lab00.ipynb",
+        "lab00_bob.ipynb",
+        "lab00_ring_allreduce_carol.ipynb",
+        "lab00_ring_allreduce.ipynb",
+    ]:
+        (tmp_path / path).write_text("{}")
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    (tmp_path / ".ipynb_checkpoints" / "lab00_bob-checkpoint.ipynb").write_text("{}")
+    found = gradebook.notebooks_in([str(tmp_path)])
+    assert [p.relative_to(tmp_path).as_posix() for p, _ in found] == [
+        "alice/lab00.ipynb",
+        "lab00_bob.ipynb",
+        "lab00_ring_allreduce.ipynb",
+        "lab00_ring_allreduce_carol.ipynb",
+    ]
+    lab, key = "lab00_ring_allreduce", "lab00"
+    names = [gradebook.student_of(p, root, lab, key, {"student": "dave/../x"}) for p, root in found]
+    assert names == ["alice", "bob", "dave_.._x", "carol"]  # the metadata only where the file name says nothing
+    assert gradebook.student_of(tmp_path / "lab_bug_hunt_eve.ipynb", tmp_path, "lab_bug_hunt", "lab_bug_hunt") == "eve"
+    assert gradebook.student_of(tmp_path / "lab00_ring_allreduce.ipynb", None, lab, key, {}) == lab
+
+
+def test_the_gradebook_rows_and_feedback_from_a_report():
+    from parlab.grading import gradebook
+
+    def graded(notebook, lab, checks, **extra):
+        entries = [
+            {"check": c, "passed": p, "points": n if p else 0, "max_points": n, "detail": d} for c, p, n, d in checks
+        ]
+        points, max_points = sum(e["points"] for e in entries), sum(n for _, _, n, _ in checks)
+        base = {"notebook": notebook, "lab": lab, "checks": entries, "notes": [], "error": None, "seconds": 3.14159}
+        return {**base, "points": points, "max_points": max_points, **extra}
+
+    grades = [
+        graded("/x/lab01_zed.ipynb", "lab01_data_parallel", [("shard", True, 2, ""), ("average", False, 3, "a: FAIL")]),
+        graded("/x/lab00_amy.ipynb", "lab00_ring_allreduce", [("reduce_scatter", True, 4, "")]),
+        graded("/x/lab00_amy2.ipynb", "lab00_ring_allreduce", [("reduce_scatter", True, 4, "")]),
+    ]
+    students = ["zed", "amy", "amy"]
+    table = gradebook.rows(grades, students, [None] * 3)
+    assert [(r["student"], r["lab"], r["points"], r["max_points"], r["failed"]) for r in table] == [
+        ("amy", "lab00_ring_allreduce", 4, 4, 0),
+        ("amy", "lab00_ring_allreduce", 4, 4, 0),
+        ("zed", "lab01_data_parallel", 2, 5, 1),
+    ]
+    assert table[0]["notes"].startswith("DUPLICATE") and table[2]["parts"] == "shard 2/2; average 0/3"
+    text = gradebook.feedback_text(
+        "zed", grades[:1], {"lab01_data_parallel": {"average": "**Hint.** Sum, then scale."}}
+    )
+    assert "**average** (0/3): a: FAIL" in text and "hint: Sum, then scale." in text and "shard" not in text

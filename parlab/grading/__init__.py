@@ -29,6 +29,7 @@ never by a path taken from the submission.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import re
 from pathlib import Path
@@ -42,6 +43,10 @@ LABS = (
     "lab03_pipeline_1f1b",
     "lab04_ring_attention",
     "lab05_zero",
+    "lab06_offload",
+    "lab07_hybrid",
+    "lab08_parameter_server",
+    "lab_bug_hunt",
 )
 
 OUT_ENV = "PARLAB_GRADE_OUT"  # set by the grader: the folder the kernel saves each check's data in
@@ -84,6 +89,51 @@ def run_check(module_name: str, check: str, *answers) -> None:
         raise
     torch.save(data, path)
     print(f"{check}: collected for the grader")
+
+
+# ------------------------------------------------------------------------------------------ graded predictions
+
+
+def _number(value) -> float | None:
+    """A prediction as a float, or None when it is not one finite number (a string, a list, nan, a bool)."""
+    if isinstance(value, (bool, str, bytes)):  # True is not 1 byte, "6144" is not a number
+        return None
+    try:
+        number = float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _shown(value) -> str:
+    number = _number(value)
+    if number is None:
+        return repr(value)[:40]
+    return f"{number:,.0f}" if number == int(number) and abs(number) < 1e15 else f"{number:.4g}"
+
+
+def prediction_lines(label: str, predicted, theory: float, measured=None, rtol: float = 0.05) -> list[str]:
+    """The lines of one graded prediction: what was predicted, the theory and the measurement side by side (shown,
+    not scored), then the verdicts: the prediction within `rtol` of the theory the judge computed itself, and (when
+    a measurement is given) the measurement equal to the theory.
+
+    The first line carries no verdict, so a prediction that is right but not the solution's own number still
+    scores: the verdict lines are the same for every prediction within the tolerance."""
+    columns = f"predicted {_shown(predicted)} | theory {_shown(theory)}"
+    if measured is not None:
+        columns += f" | measured {_shown(measured)}"
+    lines = [f"{label}: {columns}"]
+    number, within = _number(predicted), f"{rtol:.0%}" if rtol >= 0.01 else f"{rtol:g}"
+    if number is None:
+        lines.append(f"{label}: prediction is not a finite number ({type(predicted).__name__}): FAIL")
+    else:
+        ok = abs(number - theory) <= rtol * abs(theory) + (1e-12 if theory == 0 else 0.0)
+        lines.append(f"{label}: prediction within {within} of theory: {'PASS' if ok else 'FAIL'}")
+    if measured is not None:
+        value = _number(measured)
+        ok = value is not None and abs(value - theory) <= 1e-9 * max(abs(theory), 1.0)
+        lines.append(f"{label}: measured equals theory: {'PASS' if ok else 'FAIL'}")
+    return lines
 
 
 # ------------------------------------------------------------------------------------------ reasons, in a line
