@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 
 from parlab import grade
@@ -82,8 +83,10 @@ def plan(args: argparse.Namespace) -> int:
 
     sizes = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq", "vocab", "devices", "batch", "top")}
     bad = [f"--{k.replace('_', '-')} {v}" for k, v in {**sizes, "micro_batch": args.micro_batch}.items() if v < 1]
-    if bad or args.memory <= 0:
-        return _error(f"{', '.join(bad) or f'--memory {args.memory}'}: must be positive")
+    if bad:
+        return _error(f"{', '.join(bad)}: must be positive")
+    if not 0 < args.memory < math.inf:  # false for nan
+        return _error(f"--memory {args.memory}: must be a positive finite number of GB")
     model = ModelSpec(args.layers, args.hidden, args.heads, args.seq, args.vocab, tied=not args.untied)
     cluster = Cluster(args.devices, args.memory * 1e9, args.devices_per_node)
     found = plans(model, cluster, args.batch, args.micro_batch)
@@ -123,6 +126,21 @@ def tour(world_size: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line's exit status: a command's own, 130 after Ctrl-C, 1 when stdout was closed early
+    (`parlab plan | head -2`), each without a traceback."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # the ranks were stopped by launch's own handler; say it in one line
+        print("parlab: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader left: point stdout at /dev/null so the interpreter's last flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "list":
         for name, scheme in all_schemes().items():

@@ -45,11 +45,15 @@ class Pace:
     bandwidth: float = 50e6
 
     def __post_init__(self):
-        for name in ("unit", "bandwidth"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"pace {name}={getattr(self, name)} must be > 0")
-        if self.alpha < 0:
-            raise ValueError(f"pace alpha={self.alpha} must be >= 0")
+        # A modelled time must be one a lesson can wait for: a unit of at most a minute, a latency of at most ten
+        # seconds, at least 1 KB/s (a 1 MB message in under 20 minutes); nan and inf are refused.
+        for name, value, low, high, what in [
+            ("unit", self.unit, 1e-6, 60.0, "between 1us and 60s"),
+            ("alpha", self.alpha, 0.0, 10.0, "between 0 and 10s"),
+            ("bandwidth", self.bandwidth, 1e3, 1e15, "between 1KB/s and 1e6GB/s"),
+        ]:
+            if not (low <= value <= high):  # false for nan too
+                raise ValueError(f"pace {name}={value:g} must be {what}")
 
     def compute_seconds(self, kind: str) -> float:
         """Modelled duration of a compute span of this kind (0: not held)."""
@@ -84,7 +88,12 @@ def parse(text: str) -> Pace | None:
                 f"pace {text!r}: expected 'default' or items like unit=20ms, alpha=1ms, bandwidth=50MB/s, "
                 f"got {item.strip()!r}"
             )
-        values[match[1]] = float(match[2]) * _UNITS.get(match[3], 1.0)
+        if match[1] in values:
+            raise ValueError(f"pace {text!r}: {match[1]} is given twice")
+        try:
+            values[match[1]] = float(match[2]) * _UNITS.get(match[3], 1.0)
+        except ValueError:
+            raise ValueError(f"pace {text!r}: {match[2]!r} is not a number") from None
     return Pace(**values)
 
 

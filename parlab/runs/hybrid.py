@@ -78,7 +78,10 @@ class HybridOptions(ModelOptions):
             raise ValueError("sequence_parallel with zero: not combined here; pick one")
         if self.tied and self.pp > 1:
             raise ValueError("a tied embedding and LM head live on different pipeline stages: use --pp 1 or untied")
-        TPOptions.for_config(self.gpt_config(), world_size=self.tp, batch=1).validate()  # what TP splits
+        try:  # what TP splits, named by its axis: the tp axis is not the whole world here
+            TPOptions.for_config(self.gpt_config(), world_size=self.tp, batch=1).validate()
+        except ValueError as exc:
+            raise ValueError(f"the tp axis (tp={self.tp}): {str(exc).replace('world_size=', 'tp=')}") from None
 
 
 def hybrid_rank(opts: HybridOptions) -> dict:

@@ -58,7 +58,7 @@ class OffloadOptions(ModelOptions):
                          "new temporary folder)")  # fmt: skip
     reference: bool = option(True, "also train without offload (target none) and compare (--no-reference skips)")
     optimizer: str = option("adam", "offload steps Adam (written out): adam only", choices=["adam"])
-    lr: float = option(1e-3, "learning rate")
+    lr: float = option(1e-3, "learning rate", bounds="(0, 100]")
 
     def __post_init__(self):
         for name in ("device_budget", "host_budget", "disk_budget"):

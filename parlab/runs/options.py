@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -24,14 +26,20 @@ from parlab.pace import Pace
 from parlab.pace import parse as parse_pace
 
 
-def option(default: Any, help: str, *, flag: str | None = None, choices=None, parse=None, const=None) -> Any:
+def option(
+    default: Any, help: str, *, flag: str | None = None, choices=None, parse=None, const=None, bounds: str = ""
+) -> Any:
     """A dataclass field that is also a command-line option.
 
     flag: the option's name on the command line (default: --name-with-dashes). parse: a function from the
     command-line string to the value (its ValueError becomes a clear CLI error). A bool option with default
     False is a --flag; with default True it is a --no-flag. const: the value of the flag given alone (--pace).
+    bounds: the interval a number must lie in, as written in mathematics: "(0, 10]", "[1, 1000]". Every float
+    option must be finite (nan and inf are refused) whether or not it has bounds.
     """
-    meta = {"help": help, "flag": flag, "choices": choices, "parse": parse, "const": const}
+    if bounds:
+        parse_bounds(bounds)  # a typo in the interval is the programmer's error, found at import
+    meta = {"help": help, "flag": flag, "choices": choices, "parse": parse, "const": const, "bounds": bounds}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -43,6 +51,25 @@ def int_list(text: str) -> list[int]:
         return [int(n) for n in text.split(",")]
     except ValueError:
         raise ValueError(f"{text!r} is not a comma-separated list of integers (e.g. 3,2,2,1)") from None
+
+
+def parse_bounds(bounds: str) -> tuple[float, float, bool, bool]:
+    """ "(0, 10]" -> (0.0, 10.0, low open, high closed)."""
+    match = re.fullmatch(r"\s*([\[(])\s*([^,]+),\s*([^\])]+)\s*([\])])\s*", bounds)
+    if not match:
+        raise ValueError(f"bounds {bounds!r}: write an interval such as '(0, 10]'")
+    return float(match[2]), float(match[3]), match[1] == "(", match[4] == ")"
+
+
+def check_number(name: str, value: float, bounds: str = "") -> None:
+    """A number option: finite, and inside `bounds` when given."""
+    if not math.isfinite(value):
+        raise ValueError(f"{name}={value} must be a finite number")
+    if bounds:
+        low, high, low_open, high_open = parse_bounds(bounds)
+        inside = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+        if not inside:
+            raise ValueError(f"{name}={value:g} must be in {bounds.strip()}")
 
 
 def positive(name: str, value: int | float) -> None:
@@ -67,6 +94,10 @@ class RunOptions:
 
     def validate(self) -> None:
         """Raise a clear ValueError for options that cannot work: called before any process starts."""
+        for f in fields(self):  # every number in range, in one place: nan and inf never reach a rank
+            value = getattr(self, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                check_number(f.name, value, f.metadata.get("bounds", ""))
         positive("world_size", self.world_size)
         positive("steps", self.steps)
         if self.dtype not in DTYPES:
@@ -155,7 +186,7 @@ class ModelOptions(RunOptions):
     optimizer: str = option(
         "sgd", "sgd, or adam (compare adam in float64: it turns last-bit noise into steps)", choices=["sgd", "adam"]
     )
-    lr: float = option(0.1, "learning rate")
+    lr: float = option(0.1, "learning rate", bounds="(0, 100]")
 
     def validate(self) -> None:
         super().validate()

@@ -9,6 +9,8 @@ workers train with an all-reduce and no server. The parent checks:
          step, which version it had read): the final parameters and the loss of every gradient. The order itself
          depends on timing; what is checked is deterministic: N x K updates, K per worker, every worker's first
          gradient computed on theta_0, hence a largest staleness >= N-1.
+  both:  the gradients the server received (N x K) and the updates it applied (sync: K, one averaged update per
+         step; async: N x K, one per gradient), each beside its theory.
   both:  the bytes each rank sent and received (parlab.comm) against the protocol: server = N x a worker's.
 """
 
@@ -45,7 +47,7 @@ class PSOptions(ModelOptions):
         "sync", "sync (wait for every worker) or async (apply each gradient as it arrives)", choices=MODES
     )
     straggler: int | None = option(None, "the worker rank (1..world-1) to slow down (default: none)")
-    slowdown: float = option(1.0, "the straggler's step takes this many times its compute time (>= 1)")
+    slowdown: float = option(1.0, "the straggler's step takes this many times its compute time", bounds="[1, 1000]")
     dp: bool = option(True, "also train the same workers with an all-reduce, no server (--no-dp skips it)")
 
     def validate(self) -> None:
@@ -192,11 +194,18 @@ def ps_report(opts: PSOptions, results: Results) -> dict:
         ]
         reference_losses = None
 
-    # ---- counts that are deterministic in both modes
+    # ---- counts that are deterministic in both modes. Gradients received and updates applied differ in sync mode:
+    # the server averages the N gradients of a step into ONE update (K in all); async applies each one (N x K).
     per_worker = [sum(u["worker"] == w for u in updates) for w in range(1, P)]
-    counts = [check_equal(f"{mode}: updates applied by the server (N x K)", len(updates), N * K, show=False)]
+    applied = server["applied"]  # counted by the server at each optimizer step
+    applied_theory, formula = (K, "K") if mode == "sync" else (N * K, "N x K")
+    counts = [
+        check_equal(f"{mode}: updates applied by the server ({formula})", applied, applied_theory, show=False),
+        check_equal(f"{mode}: gradients received by the server (N x K)", len(updates), N * K, show=False),
+    ]
     counts += [
-        check_equal(f"{mode}: gradients applied from worker {w}", per_worker[w - 1], K, show=False) for w in range(1, P)
+        check_equal(f"{mode}: gradients received from worker {w} (K)", per_worker[w - 1], K, show=False)
+        for w in range(1, P)
     ]
     if mode == "sync":
         counts.append(check_equal("sync: largest staleness", max(staleness), 0, show=False))
@@ -260,7 +269,8 @@ def ps_report(opts: PSOptions, results: Results) -> dict:
         "worker_bytes": worker_bytes,
         "grad_bytes": grad_bytes,
         "staleness": staleness,
-        "updates": updates,
+        "updates": updates,  # one record per gradient received (async: each is one update applied)
+        "updates_applied": applied,
         "update_seconds": [t - t0 for t in server["update_times"]],  # when each update was applied (server clock)
         "eval_losses": server["eval_losses"],  # the loss of theta_0, theta_1, ... on a fixed batch
         "loss_single": reference_losses,

@@ -50,11 +50,13 @@ class ZeROOptions(ModelOptions):
     stage: int = option(1, "ZeRO stage: 1 (optimizer states), 2 (+ gradients), 3 (+ parameters)")
     mixed_precision: bool = option(False, "compute copy in --compute-dtype, fp32 master weights and Adam states")
     compute_dtype: str = option("bfloat16", "the compute copy under --mixed-precision: bfloat16, or float16")
-    loss_scale: float = option(1024.0, "float16 only: the initial loss scale (halved on overflow)")
+    loss_scale: float = option(
+        1024.0, "float16 only: the initial loss scale (halved on overflow)", bounds="(0, 16777216]"
+    )
     prefetch: bool = option(False, "stage 3: all-gather the next layer's parameters one layer early")
     reference: bool = option(True, "also train with PyTorch's own (ZeroRedundancyOptimizer / FSDP2) and compare")
     optimizer: str = option("adam", "ZeRO shards Adam's states: adam only", choices=["adam"])
-    lr: float = option(1e-3, "learning rate")
+    lr: float = option(1e-3, "learning rate", bounds="(0, 100]")
 
     def validate(self) -> None:
         super().validate()

@@ -1,0 +1,109 @@
+"""Reliability at the edges: impossible values are refused in one line before any process starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from parlab import runs
+from parlab.cli import main
+from parlab.pace import parse as parse_pace
+from parlab.runs import all_schemes
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Any attempt to start ranks fails the test: refusals must come first."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a process was started for options that should have been refused")
+
+    monkeypatch.setattr(runs, "launch", refuse)  # what launch_scheme calls
+
+
+def _float_options():
+    cases = []
+    for name, scheme in all_schemes().items():
+        for f in dataclasses.fields(scheme.options):
+            default = f.default if f.default is not dataclasses.MISSING else None
+            if isinstance(default, float) and f.name not in dict(scheme.fixed):
+                cases.append((name, f.name, f.metadata.get("flag") or "--" + f.name.replace("_", "-")))
+    return cases
+
+
+FLOATS = _float_options()
+
+
+def test_there_are_float_options_to_check():
+    assert {"lr", "slowdown", "loss_scale"} <= {option for _, option, _ in FLOATS}
+
+
+@pytest.mark.parametrize("scheme, option, flag", FLOATS, ids=[f"{s}-{o}" for s, o, _ in FLOATS])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999", "-1"])
+def test_every_float_option_of_every_scheme_is_finite_and_in_range(scheme, option, flag, value, capsys, no_launch):
+    extra = ["--straggler", "1"] if scheme == "ps" else []
+    assert main(["run", scheme, *extra, f"{flag}={value}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("parlab: error: ") and option in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    "pace, message",
+    [
+        ("unit=1e999s", "unit=inf must be between"),
+        ("unit=nan", "got 'unit=nan'"),
+        ("bandwidth=1e-9MB/s", "bandwidth=0.001 must be between 1KB/s"),
+        ("alpha=100s", "alpha=100 must be between"),
+        ("unit=20ms,unit=30ms", "unit is given twice"),
+        ("unit=1.2.3ms", "is not a number"),
+    ],
+)
+def test_a_pace_that_no_lesson_could_wait_for_is_refused(pace, message, capsys, no_launch):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        parse_pace(pace)
+    assert main(["run", "dp", "--pace", pace]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("memory", ["nan", "inf", "0", "-5"])
+def test_plan_refuses_a_memory_that_is_not_a_positive_finite_number(memory, capsys):
+    assert main(["plan", f"--memory={memory}"]) == 2
+    assert "--memory" in capsys.readouterr().err
+
+
+def test_hybrid_names_the_tp_axis_not_the_world(capsys, no_launch):
+    assert main(["run", "hybrid", "--dp", "2", "--pp", "2", "--tp", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "the tp axis (tp=3): heads=4 is not divisible by tp=3" in err and "world_size" not in err, err
+
+
+def _closed_reader(*args: str) -> tuple[int, str]:
+    """Run the CLI with its stdout read by nobody (a `| head` that already left)."""
+    process = subprocess.Popen([sys.executable, "-m", "parlab", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    return process.wait(timeout=120), err
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    code, err = _closed_reader("plan", "--top", "50")
+    assert code == 1 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_ctrl_c_stops_a_run_quietly_with_status_130():
+    process = subprocess.Popen(
+        [sys.executable, "-m", "parlab", "run", "pp", "--steps", "100000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(5)  # the ranks are running
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.strip().splitlines()[-1] == "parlab: interrupted"
