@@ -58,33 +58,36 @@ def _die_with_parent() -> None:
 
 
 def _run_rank(job: dict, rank: int, out: Connection, slot: memoryview) -> None:
-    """Body of one forked rank: set up the process, then hand over to parlab.launch._rank_main. Never returns."""
-    _die_with_parent()
-    os.setpgid(0, 0)  # its own process group: whatever the rank code starts is stopped with it (killpg)
-    # The parent's environment as it is at this launch (not as it was when the server started), plus the rank's.
-    os.environ.clear()
-    os.environ.update(job["env"])
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(job["world_size"]),
-        LOCAL_WORLD_SIZE=str(job["world_size"]),
-        GLOO_SOCKET_IFNAME="lo",  # gloo's own sockets on loopback too, not on the machine's network
-        NCCL_SOCKET_IFNAME="lo",
-        PARLAB_LAUNCHED="1",
-    )
-    sys.path[:] = job["sys_path"]
-    os.chdir(job["cwd"])
-    torch.set_num_threads(job["threads"])
+    """Body of one forked rank: set up the process, then hand over to parlab.launch._rank_main. Never returns:
+    whatever fails in here ends this process, which must never fall back into the server's own loop."""
     captured = io.StringIO()  # the rank's prints go back to the parent, which shows them in rank order
-    sys.stdout = sys.stderr = captured
     try:
+        _die_with_parent()
+        os.setpgid(0, 0)  # its own process group: whatever the rank code starts is stopped with it (killpg)
+        # The parent's environment as it is at this launch (not as it was when the server started), plus the rank's.
+        os.environ.clear()
+        os.environ.update(job["env"])
+        os.environ.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(job["world_size"]),
+            LOCAL_WORLD_SIZE=str(job["world_size"]),
+            GLOO_SOCKET_IFNAME="lo",  # gloo's own sockets on loopback too, not on the machine's network
+            NCCL_SOCKET_IFNAME="lo",
+            PARLAB_LAUNCHED="1",
+        )
+        sys.path[:] = job["sys_path"]
+        os.chdir(job["cwd"])
+        torch.set_num_threads(job["threads"])
+        sys.stdout = sys.stderr = captured
         # (importlib: the package attribute parlab.launch is the launch function, not the module)
         rank_main = importlib.import_module("parlab.launch")._rank_main
-    except BaseException:  # parlab itself does not import (e.g. a file being edited): say why
-        message = {"rank": rank, "ok": False, "traceback": traceback.format_exc(), "stdout": captured.getvalue()}
-        out.send_bytes(pickle.dumps(message))
-        os._exit(1)
+    except BaseException:  # the set-up failed, or parlab itself does not import (a file being edited): say why
+        try:
+            message = {"rank": rank, "ok": False, "traceback": traceback.format_exc(), "stdout": captured.getvalue()}
+            out.send_bytes(pickle.dumps(message))
+        finally:
+            os._exit(1)
     try:
         rank_main(job, rank, out, slot, captured)  # sends the rank's message itself
     except BaseException:

@@ -81,12 +81,15 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 def plan(args: argparse.Namespace) -> int:
     from parlab.planner import Cluster, ModelSpec, describe, plans
 
-    sizes = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq", "vocab", "devices", "batch", "top")}
+    names = ("layers", "hidden", "heads", "seq", "vocab", "devices", "devices_per_node", "batch", "top")
+    sizes = {k: getattr(args, k) for k in names}
     bad = [f"--{k.replace('_', '-')} {v}" for k, v in {**sizes, "micro_batch": args.micro_batch}.items() if v < 1]
     if bad:
         return _error(f"{', '.join(bad)}: must be positive")
     if not 0 < args.memory < math.inf:  # false for nan
         return _error(f"--memory {args.memory}: must be a positive finite number of GB")
+    if args.hidden % args.heads:  # as `run` refuses it: every head gets hidden / heads features
+        return _error(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
     model = ModelSpec(args.layers, args.hidden, args.heads, args.seq, args.vocab, tied=not args.untied)
     cluster = Cluster(args.devices, args.memory * 1e9, args.devices_per_node)
     found = plans(model, cluster, args.batch, args.micro_batch)

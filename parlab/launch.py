@@ -28,6 +28,7 @@ import dataclasses
 import glob
 import itertools
 import json
+import math
 import os
 import pickle
 import queue
@@ -343,16 +344,18 @@ def default_backend(world_size: int) -> str:
     return "gloo"
 
 
-def check_launch_args(fn: Any, world_size: Any, backend: str | None, timeout: float) -> str:
+def check_launch_args(fn: Any, world_size: Any, backend: str | None, timeout: float, threads: Any = None) -> str:
     """Reject bad arguments before any process starts; return the backend to use."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be None (share the cores out) or an int >= 1, got {threads!r}")
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if isinstance(world_size, bool) or not isinstance(world_size, int):
         raise TypeError(f"world_size must be an int, got {world_size!r}")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
     backend = backend or default_backend(world_size)
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
@@ -424,7 +427,7 @@ def launch(
     never match each other, naming each rank's call; `LaunchTimeout` at the timeout otherwise.
     Ctrl-C stops the ranks; the next launch works as usual.
     """
-    backend = check_launch_args(fn, world_size, backend, timeout)
+    backend = check_launch_args(fn, world_size, backend, timeout, threads)
     threads = threads or max(1, available_cpus() // world_size)
     seed = int.from_bytes(os.urandom(4), "little")
     job = {

@@ -27,6 +27,7 @@ hidden under compute: a rough upper bound, good for ranking, not for predicting.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 GB = 1e9
@@ -192,20 +193,30 @@ def estimate(
     return Estimate(plan, device, host, wire, comm_seconds, seconds, device["total"] <= cluster.memory)
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of n, in increasing order (trial division up to sqrt(n))."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 def plans(model: ModelSpec, cluster: Cluster, batch: int, micro_batch: int = 1, **bytes_per) -> list[Estimate]:
     """Every plan that divides the model and the cluster, estimated: the ones that fit first, by estimated step
     time, then the ones that do not, by how much memory they need."""
     found = []
-    for tp, pp in itertools.product(range(1, cluster.devices + 1), repeat=2):
-        if cluster.devices % (tp * pp) or model.heads % tp or model.layers % pp or tp > cluster.devices_per_node:
-            continue
-        dp = cluster.devices // (tp * pp)
-        if batch % (dp * micro_batch) or batch // (dp * micro_batch) < pp:
-            continue  # every replica needs whole micro-batches, at least pp of them for 1F1B
-        for sp, zero, offload in itertools.product((False, True), (0, 1, 2, 3), (False, True)):
-            if (sp and tp == 1) or (zero and dp == 1) or (offload and zero not in (0, 2)):
-                continue  # SP needs TP; ZeRO shards over dp; offload as ZeRO-Offload (on top of stage 2) or alone
-            found.append(estimate(model, cluster, Plan(dp, tp, pp, sp, zero, offload), batch, micro_batch, **bytes_per))
+    # Only divisors can be axis sizes: O(sqrt(devices)) candidates per axis, not devices^2 pairs to test.
+    tps = [tp for tp in divisors(cluster.devices) if tp <= cluster.devices_per_node and model.heads % tp == 0]
+    for tp in tps:
+        for pp in divisors(cluster.devices // tp):
+            if model.layers % pp:
+                continue
+            dp = cluster.devices // (tp * pp)
+            if batch % (dp * micro_batch) or batch // (dp * micro_batch) < pp:
+                continue  # every replica needs whole micro-batches, at least pp of them for 1F1B
+            for sp, zero, offload in itertools.product((False, True), (0, 1, 2, 3), (False, True)):
+                if (sp and tp == 1) or (zero and dp == 1) or (offload and zero not in (0, 2)):
+                    continue  # SP needs TP; ZeRO shards over dp; offload as ZeRO-Offload (on stage 2) or alone
+                plan = Plan(dp, tp, pp, sp, zero, offload)
+                found.append(estimate(model, cluster, plan, batch, micro_batch, **bytes_per))
     return sorted(found, key=lambda e: (not e.fits, e.seconds if e.fits else e.device_bytes["total"]))
 
 

@@ -107,3 +107,85 @@ def test_ctrl_c_stops_a_run_quietly_with_status_130():
     out, err = process.communicate(timeout=60)
     assert process.returncode == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.strip().splitlines()[-1] == "parlab: interrupted"
+
+
+def _rank_number() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+@pytest.mark.parametrize("threads", [-1, 0, 1.5, True, "2"])
+def test_launch_refuses_bad_threads_before_anything_starts(threads):
+    import parlab
+
+    with pytest.raises(ValueError, match="threads must be"):
+        parlab.launch(_rank_number, 2, threads=threads, echo=False)
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0, -1])
+def test_launch_refuses_a_timeout_that_is_not_a_finite_positive_number(timeout):
+    import parlab
+
+    with pytest.raises(ValueError, match="timeout must be"):
+        parlab.launch(_rank_number, 2, timeout=timeout, echo=False)
+
+
+def test_a_rank_whose_set_up_fails_reports_it_and_never_runs_the_servers_code(monkeypatch):
+    import importlib
+
+    import parlab
+
+    launch_module = importlib.import_module("parlab.launch")  # the module (parlab.launch is the function)
+    # Let a bad value through the parent's checks, as a future bug might: the ranks fail while they set up.
+    monkeypatch.setattr(launch_module, "check_launch_args", lambda *args: "gloo")
+    with pytest.raises(parlab.RankError) as failed:
+        parlab.launch(_rank_number, 2, threads=-1, echo=False, timeout=30)
+    assert "set_num_threads" in failed.value.remote_traceback and "BufferError" not in str(failed.value)
+    monkeypatch.undo()
+    assert list(parlab.launch(_rank_number, 2, echo=False)) == [0, 1]  # the server is fine
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--devices", "65536"],
+        ["--devices", "16384"],
+        ["--layers", "1000000", "--hidden", "1000000", "--heads", "1000", "--devices", "1000000"],
+        ["--devices", "720720", "--batch", "720720", "--layers", "120", "--heads", "120", "--hidden", "1200"],
+    ],
+)
+def test_the_planner_answers_any_size_within_seconds(argv, capsys):
+    started = time.perf_counter()
+    code = main(["plan", *argv])
+    seconds = time.perf_counter() - started
+    out, err = capsys.readouterr()
+    assert seconds < 5, seconds
+    assert (code == 0 and "plans fit" in out) or (code == 2 and err.startswith("parlab: error: ")), (code, err)
+
+
+def test_the_planner_still_finds_every_plan_a_brute_force_search_finds():
+    from parlab.planner import Cluster, ModelSpec, plans
+
+    model, cluster = ModelSpec(12, 768, 12, 1024, 50257, tied=True), Cluster(48, 80e9, 8)
+    found = {(e.plan.dp, e.plan.tp, e.plan.pp) for e in plans(model, cluster, 96)}
+    brute = {
+        (48 // (tp * pp), tp, pp)
+        for tp in range(1, 49)
+        for pp in range(1, 49)
+        if 48 % (tp * pp) == 0 and 12 % tp == 0 and 12 % pp == 0 and tp <= 8
+        and 96 % (48 // (tp * pp)) == 0 and 96 // (48 // (tp * pp)) >= pp
+    }  # fmt: skip
+    assert found == brute and len(found) > 5
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--devices-per-node", "0"], "--devices-per-node 0: must be positive"),
+        (["--hidden", "100", "--heads", "7"], "--hidden 100 is not divisible by --heads 7"),
+    ],
+)
+def test_the_planner_names_the_flag_at_fault(argv, message, capsys):
+    assert main(["plan", *argv]) == 2
+    assert capsys.readouterr().err.strip() == f"parlab: error: {message}"
