@@ -48,10 +48,36 @@ def offload_folder(path: str | Path | None = None) -> Iterator[Path]:
 
 
 def check_folder(path: str | Path | None) -> None:
-    """A folder given for the disk files must be new or empty: the run removes it afterwards."""
-    if path and Path(path).exists() and (not Path(path).is_dir() or any(Path(path).iterdir())):
+    """A folder given for the disk files must be new or empty, and one this process can create and write in:
+    the run removes it afterwards, and a folder that cannot be written must be refused before any rank starts.
+    Nothing is left behind by the check (a folder it had to create to try is removed again)."""
+    if not path:
+        return
+    path = Path(path)
+    if path.is_file():
+        raise ValueError(f"folder {str(path)!r} is a file, not a folder: give a new or empty folder")
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ValueError(f"folder {str(path)!r} exists and is not empty: the run removes its folder afterwards; "
                          "give a new one")  # fmt: skip
+    for parent in path.parents:  # the nearest part of the path that exists must be a folder
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"folder {str(path)!r} cannot be created: {str(parent)!r} is a file")
+            break
+    created = [p for p in (path, *path.parents) if not p.exists()]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".parlab-write-test-{os.getpid()}"
+        probe.write_bytes(b"parlab")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"folder {str(path)!r} cannot be created or written here: {exc.strerror or exc}") from None
+    finally:
+        for folder in created:  # deepest first: only what this check made
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
 
 
 def sweep_orphans(root: str | Path | None = None) -> list[Path]:
@@ -66,10 +92,15 @@ def sweep_orphans(root: str | Path | None = None) -> list[Path]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs: a zombie (dead, not yet reaped: where pid 1 does not reap) is dead."""
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
         return False
     except PermissionError:  # it exists, and belongs to someone else
         pass
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # not Linux, or gone meanwhile
+        return not Path("/proc").is_dir()  # on Linux it just ended; elsewhere kill(pid, 0) is all we know
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"  # the state letter follows the command name in (...)

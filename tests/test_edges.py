@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import subprocess
 import sys
@@ -189,3 +190,47 @@ def test_the_planner_still_finds_every_plan_a_brute_force_search_finds():
 def test_the_planner_names_the_flag_at_fault(argv, message, capsys):
     assert main(["plan", *argv]) == 2
     assert capsys.readouterr().err.strip() == f"parlab: error: {message}"
+
+
+@pytest.mark.parametrize(
+    "folder, message",
+    [
+        ("/proc/1/nope", "cannot be created or written here"),
+        ("/etc/passwd/sub", "'/etc/passwd' is a file"),
+        ("/etc/passwd", "is a file, not a folder"),
+    ],
+)
+def test_a_disk_folder_that_cannot_be_made_is_refused_before_launch(folder, message, capsys, no_launch):
+    assert main(["run", "offload", "--target", "disk", "--folder", folder]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("parlab: error: ") and message in err and len(err.splitlines()) == 1, err
+
+
+def test_checking_a_new_folder_leaves_nothing_behind(tmp_path):
+    from parlab.scratch import check_folder
+
+    check_folder(tmp_path / "a" / "b")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_offload_folders_of_dead_or_zombie_owners_are_swept_by_any_run(tmp_path, monkeypatch):
+    import tempfile
+
+    from parlab.runs import all_schemes
+    from parlab.scratch import FOLDER_PREFIX
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # gone and reaped
+    zombie = subprocess.Popen(["true"])  # not reaped yet: a zombie, as under a pid 1 that does not reap
+    time.sleep(0.5)
+    live = tmp_path / f"{FOLDER_PREFIX}{os.getpid()}-live"
+    folders = [tmp_path / f"{FOLDER_PREFIX}{pid}-abcd1234" for pid in (dead.pid, zombie.pid)] + [live]
+    for folder in folders:
+        (folder / "rank0").mkdir(parents=True)
+        (folder / "rank0" / "m.bin").write_bytes(b"x" * 10)
+    try:
+        all_schemes()["offload"].make_options(target="disk")  # what the CLI does before it launches
+        assert [f.exists() for f in folders] == [False, False, True]
+    finally:
+        zombie.wait()

@@ -30,7 +30,7 @@ from parlab.offload import (
 )
 from parlab.runs import Scheme, launch_scheme
 from parlab.runs.options import ModelOptions, option
-from parlab.scratch import check_folder, new_folder_path, offload_folder
+from parlab.scratch import check_folder, new_folder_path, offload_folder, sweep_orphans
 from parlab.trace import Trace
 from parlab.zero import plan_units
 
@@ -81,6 +81,8 @@ class OffloadOptions(ModelOptions):
         if self.optimizer != "adam":
             raise ValueError(f"optimizer={self.optimizer!r}: offload steps Adam; use adam")
         check_folder(self.folder)  # never a folder with someone's files in it: it is removed after the run
+        if self.target == "disk":
+            sweep_orphans()  # the folders of earlier runs whose parent was killed (CLI or Python, as rendezvous)
         if self.batch % self.world_size:
             raise ValueError(f"global batch={self.batch} is not divisible by world_size={self.world_size}")
         unit_numels = self.unit_numels()
