@@ -1,33 +1,57 @@
-"""Lab 05's checks: one rank's ZeRO stage-1 step (its optimizer-state shard, the reduce-scatter of the gradients,
-Adam on its shard, the all-gather of the parameters), on live ranks (see parlab/grading)."""
+"""Lab 05's checks: ZeRO's three stages written by the student, on live ranks (see parlab/grading).
+
+Every collective the student's code makes is seen where it reaches the process group (`recording` below), with its
+payload in parlab.comm's convention: an all-gather hands in this rank's contribution, a reduce-scatter its whole
+input. A buffer of the wrong dtype or size is refused there with a sentence, before gloo aborts on it.
+"""
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 
 import parlab
-from parlab.check import check_equal, compare
+from parlab.check import compare
 from parlab.data_parallel import shard_batch
-from parlab.grading import probe, run_check
+from parlab.grading import prediction_lines, run_check
 from parlab.memory import tensor_bytes
-from parlab.models import GPTConfig, build_model, lm_loss, make_batches, train_single_device
+from parlab.models import GPTConfig, build_model, lm_loss, make_batches
+from parlab.zero import adam_step
 
 LAUNCH = {"timeout": 60, "echo": False}  # a hang (a collective some rank never calls) stops after 60 s
 CFG = GPTConfig()  # the reference GPT: 2 layers, hidden 32, float64: Psi = 30,080 parameters
-B, STEPS, LR = 8, 3, 1e-3  # global batch rows, training steps, Adam's learning rate
+B, STEPS, LR = 6, 2, 1e-3  # global batch rows, training steps, Adam's learning rate
 BATCHES = make_batches(CFG, B, STEPS, seed=0)  # [(x, y)], x, y: [B, T] token ids
+N = 3  # ranks in parts 1-3: 30,080 is not a multiple of 3, nor is any layer's parameter count
 K = 3 * 8  # bytes of optimizer state per parameter in float64: master weight, Adam m, Adam v
 
+# Part 3: an MLP x [B, 10] -> 13 -> 13 -> 6, tanh between the layers, float64. W_l: [out, in], no bias.
+WIDTHS = (10, 13, 13, 6)
+
+# The graded prediction: ZeRO stage 2 as parlab.zero runs it, mixed precision, on BUDGET_N ranks, for a GPT of 3
+# blocks (Psi = 42,784): none of its numbers is one lesson 05 prints (for 2 blocks on 4 ranks).
+BUDGET_N = 2
+BUDGET_CFG = GPTConfig(layers=3, dtype="float32")  # the fp32 master weights; the compute copy is bf16
+
 STRUCTURAL = {
-    "state": "on 3 ranks (Psi = 30,080 is not divisible by 3: one padding number), each rank's master, m and v are "
-    "[S] with S = ceil(Psi/3): the master its own slice of the flat parameters, m = v = 0; it holds K S bytes",
-    "step": "one step on 4 ranks, each from the gradient of its own rows: every rank ends with one device's Adam "
-    "step; at the process group, one reduce-scatter into an [S] shard and one all-gather of [N*S], no all-reduce",
-    "training": "3 steps on 2 ranks: the losses and every parameter match one device with Adam; the optimizer "
-    "states each rank holds are K Psi/N bytes",
+    "zero1": "3 ranks, 2 Adam steps of the GPT from each rank's own rows: losses and parameters equal one device's; "
+    "each rank's master weights are its [S] slice of one device's parameters zero-padded to N S (S = ceil(Psi/N)); "
+    "it holds K S bytes of optimizer state; per step exactly one reduce-scatter of the padded gradient [N S] and "
+    "one all-gather of its [S] shard, nothing else",
+    "zero2": "3 ranks, one backward of the GPT with a bucket per layer: each rank's gradient shards equal its slices "
+    "of one device's (mean) gradient, padding zero; during backward exactly one reduce-scatter of [N S_b] per "
+    "bucket, in the order backward completes the buckets; no .grad left after backward; the gradient memory held "
+    "(live .grad tensors plus the shards) never exceeds the shards plus the largest bucket",
+    "zero2_budget": "the predicted payload bytes and held bytes of rank 0 in one mixed-precision ZeRO-2 step on 2 "
+    "ranks (a GPT of 3 blocks), against the theory and against parlab.zero's measured run",
+    "zero3": "3 ranks, an MLP of 3 layers whose weights exist only as [S_l] shards: outputs and gradient shards equal "
+    "one device's; one all-gather per layer in forward, one all-gather and one reduce-scatter per layer in backward; "
+    "the gathered weights are dropped after use (at most one layer's alive at a time, none between forward and "
+    "backward), and nothing but inputs, outputs and shards is kept for backward",
 }
 
 
@@ -36,122 +60,517 @@ def run(check: str, *answers) -> None:
     run_check(__name__, check, *answers)
 
 
-def flat_model(N: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
-    """The reference GPT whose parameters and gradients are views of two flat buffers [N*S], S = ceil(Psi/N),
-    zero-padded: flat_param (writing it writes the parameters) and flat_grad (backward accumulates into it)."""
+# ------------------------------------------------------------------------------- what the ranks hand to gloo
+
+_GATHERS = {"all_gather_single", "_allgather_base", "allgather", "allgather_into_tensor_coalesced"}
+_SCATTERS = {"reduce_scatter_single", "_reduce_scatter_base", "reduce_scatter", "reduce_scatter_tensor_coalesced"}
+_NAMES = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "alltoall": "all_to_all"}
+_SKIP = {"rank", "size", "name", "group_name", "group_desc", "bound_device_id", "boxed", "unbox", "abort"}
+_SKIP |= {"shutdown", "set_timeout", "get_group_store", "split_group", "merge_remote_group"}
+_SKIP |= {"use_pg_for_symm_mem_rendezvous"}
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    return []
+
+
+def _mirror(value):
+    """Fresh tensors shaped as `value` (a tensor or nested lists of tensors)."""
+    if isinstance(value, torch.Tensor):
+        return torch.empty_like(value)
+    return [_mirror(item) for item in value]
+
+
+def _copy_into(target, source) -> None:
+    if isinstance(target, torch.Tensor):
+        target.copy_(source)
+    else:
+        for t, s in zip(target, source, strict=True):
+            _copy_into(t, s)
+
+
+def _op(name: str) -> str:
+    if name in _GATHERS or name.startswith("all_gather"):
+        return "all_gather"
+    if name in _SCATTERS or name.startswith("reduce_scatter"):
+        return "reduce_scatter"
+    return _NAMES.get(name, name)
+
+
+def _refuse_bad_buffers(op: str, output: torch.Tensor, given: torch.Tensor, P: int) -> None:
+    """A clear error, on the rank, for the buffers gloo would abort on from C++."""
+    what = "all-gather" if op == "all_gather" else "reduce-scatter"
+    if output.dtype != given.dtype:
+        raise TypeError(
+            f"{what}: the output buffer is {str(output.dtype).removeprefix('torch.')} but the input is "
+            f"{str(given.dtype).removeprefix('torch.')}: a buffer must have the dtype of the numbers it receives"
+        )
+    small, large = (given, output) if op == "all_gather" else (output, given)
+    if large.numel() != P * small.numel():
+        if op == "all_gather":
+            sizes = f"the output holds {output.numel():,} numbers, not N = {P} times the input's {given.numel():,}"
+        else:
+            sizes = f"the input holds {given.numel():,} numbers, not N = {P} times the output's {output.numel():,}"
+        raise ValueError(f"{what}: {sizes} (every rank's chunk must have the same size)")
+
+
+class Recorder:
+    """The calls a rank makes into its process group while recording, and the all-gathered buffers' storages."""
+
+    def __init__(self):
+        self.calls: list[list] = []  # [op, payload bytes], in order
+        self._gathered: list = []  # weak references to the storages all-gathers wrote into
+        self.peak_gathered = 0  # the most bytes of all-gathered buffers alive at once (right after each gather)
+
+    def gathered_alive(self) -> int:
+        """Bytes of the storages all-gathers wrote into that are still alive (a storage resized to 0 counts 0)."""
+        seen, total = set(), 0
+        for ref in self._gathered:
+            storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+            if storage is not None and storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        return total
+
+    def _record(self, name: str, args) -> None:
+        op = _op(name)
+        given = _tensors(args[1]) if op in ("all_gather", "reduce_scatter") and len(args) > 1 else []
+        payload = given if op in ("all_gather", "reduce_scatter") else (_tensors(args[0]) if args else [])
+        self.calls.append([op, sum(t.numel() * t.element_size() for t in payload)])
+
+    def _after(self, name: str, self_pg, args) -> None:
+        if _op(name) == "all_gather" and args:
+            from torch.multiprocessing.reductions import StorageWeakRef
+
+            self._gathered += [StorageWeakRef(t.untyped_storage()) for t in _tensors(args[0])]
+            self.peak_gathered = max(self.peak_gathered, self.gathered_alive())
+
+
+@contextmanager
+def recording() -> Iterator[Recorder]:
+    """Record this process's process-group calls inside the block (whatever the student called: parlab.comm,
+    torch.distributed or the group itself); refuse a mismatched all-gather or reduce-scatter with a sentence."""
+    from torch._C._distributed_c10d import ProcessGroup
+
+    recorder = Recorder()
+    names = [m for m in dir(ProcessGroup) if not m.startswith("__") and m not in _SKIP]
+    originals = {m: getattr(ProcessGroup, m) for m in names}
+    originals = {m: fn for m, fn in originals.items() if callable(fn) and not isinstance(fn, type)}
+    originals = {m: fn for m, fn in originals.items() if not m.startswith("_") or m in _GATHERS | _SCATTERS}
+
+    def wrap(name, original):
+        def recorded(self, *args, **kwargs):
+            op = _op(name)
+            if op in ("all_gather", "reduce_scatter") and len(args) > 1:
+                out, given = args[0], args[1]
+                if isinstance(out, torch.Tensor) and isinstance(given, torch.Tensor):
+                    _refuse_bad_buffers(op, out, given, self.size())
+            recorder._record(name, args)
+            if op != "all_gather" or not args:
+                return original(self, *args, **kwargs)
+            # gloo's worker keeps the output it wrote for a while after the call: let it keep a copy, so that the
+            # student's buffer lives exactly as long as the student's references to it.
+            private = _mirror(args[0])
+            work = original(self, private, *args[1:], **kwargs)
+            work.wait()
+            _copy_into(args[0], private)
+            recorder._after(name, self, args)
+            return work
+
+        return recorded
+
+    for name, original in originals.items():
+        setattr(ProcessGroup, name, wrap(name, original))
+    try:
+        yield recorder
+    finally:
+        for name, original in originals.items():
+            setattr(ProcessGroup, name, original)
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """The judges' single-device references run on one thread: tiny tensors, and with a busy CPU two threads
+    spend most of their time waiting for each other (10x slower, measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _line(what: str, measured, theory) -> str:
+    """An exact verdict on counted figures (numbers or lists of them)."""
+    if measured == theory:
+        return f"{what}: measured {measured} = theory {theory}: PASS"
+    return f"{what}: measured {measured} != theory {theory}: FAIL"
+
+
+def _by_op(calls: list) -> dict[str, list[int]]:
+    """The payloads of the calls, grouped by collective (keys sorted), each group in order."""
+    grouped: dict[str, list[int]] = {}
+    for op, nbytes in calls:
+        grouped.setdefault(op, []).append(nbytes)
+    return dict(sorted(grouped.items()))
+
+
+def _shard(flat: torch.Tensor, r: int, P: int) -> torch.Tensor:
+    """Rank r's slice of `flat` zero-padded to P equal slices (the reference; a different road from yours)."""
+    S = -(-flat.numel() // P)
+    return torch.nn.functional.pad(flat.reshape(-1), (0, P * S - flat.numel())).view(P, S)[r].clone()
+
+
+# ---------------------------------------------------------------------------------------- part 1: ZeRO-1
+
+
+def flat_model() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The reference GPT whose parameters and gradients are views of two flat buffers of Psi numbers (not padded):
+    flat_param (writing it writes the parameters) and flat_grad (backward accumulates into it)."""
     model = build_model(CFG, seed=0)  # the same weights on every rank
-    psi = sum(p.numel() for p in model.parameters())
-    S = math.ceil(psi / N)
-    flat_param = torch.zeros(N * S, dtype=torch.float64)
-    flat_grad = torch.zeros(N * S, dtype=torch.float64)
+    flat_param = torch.cat([p.detach().reshape(-1) for p in model.parameters()])  # [Psi]
+    flat_grad = torch.zeros_like(flat_param)  # [Psi]
     offset = 0
     for p in model.parameters():
         n = p.numel()
-        flat_param[offset : offset + n] = p.detach().reshape(-1)
         p.data = flat_param[offset : offset + n].view_as(p)
         p.grad = flat_grad[offset : offset + n].view_as(p)
         offset += n
     return model, flat_param, flat_grad
 
 
-def train_zero1(init_state, zero_step, batches) -> dict:
-    """Rank code: ZeRO stage 1 with your two functions. batches: the global batches, the same list on every rank."""
-    N, r = dist.get_world_size(), dist.get_rank()
-    model, flat_param, flat_grad = flat_model(N)
-    state = init_state(flat_param)  # rank r's master weights, m, v: [S] each
-    losses = []
+def train_zero1(init_shard, zero1_step, batches) -> dict:
+    """Rank code: ZeRO-1 with your two functions. batches: the global batches, the same list on every rank."""
+    P, r = dist.get_world_size(), dist.get_rank()
+    model, flat_param, flat_grad = flat_model()
+    state = init_shard(flat_param)  # rank r's master weights, m, v
+    losses, calls = [], []
     for step, (x, y) in enumerate(batches, start=1):
         flat_grad.zero_()
-        x_r, y_r = shard_batch(x, y, r, N)  # [B/N, T]
+        x_r, y_r = shard_batch(x, y, r, P)  # [B/N, T]
         loss = lm_loss(model(x_r), y_r)  # the mean over this rank's rows
-        loss.backward()  # flat_grad <- the gradient of this rank's rows [N*S]
-        zero_step(flat_param, flat_grad, state, step)
+        loss.backward()  # flat_grad <- the gradient of this rank's rows [Psi]
+        with recording() as seen:
+            zero1_step(flat_param, flat_grad, state, step)
         losses.append(loss.item())
-    held = {"params": tensor_bytes(flat_param), "grads": tensor_bytes(flat_grad), "optimizer": tensor_bytes(state)}
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return {"losses": torch.tensor(losses, dtype=torch.float64), "params": params, "held": held}
+        calls.append(seen.calls)
+    return {
+        "losses": torch.tensor(losses, dtype=torch.float64),
+        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+        "master": state["master"].detach().clone(),
+        "held": tensor_bytes(state),
+        "calls": calls,
+    }
 
 
-# ------------------------------------------------------------------------------------------------ the checks
+def single_device_adam(batches) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The reference: one device, the whole batch, Adam on all Psi parameters at once (parlab.zero.adam_step is
+    torch.optim.Adam's arithmetic, checked against it in tests/test_zero.py; torch.optim would import torch._dynamo,
+    seconds of this notebook's budget). Returns the loss of each step and the final parameters."""
+    model = build_model(CFG, seed=0)
+    params = list(model.parameters())
+    master = torch.cat([p.detach().reshape(-1) for p in params])  # [Psi]
+    m, v, losses = torch.zeros_like(master), torch.zeros_like(master), []
+    for step, (x, y) in enumerate(batches, start=1):
+        model.zero_grad(set_to_none=True)
+        loss = lm_loss(model(x), y)
+        loss.backward()
+        adam_step(master, torch.cat([p.grad.reshape(-1) for p in params]), m, v, step, LR)
+        torch.nn.utils.vector_to_parameters(master, params)
+        losses.append(loss.item())
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _run_state(init_state) -> dict:
-    _, flat_param, _ = flat_model(dist.get_world_size())
-    state = init_state(flat_param)
-    return {"state": dict(state), "flat": flat_param, "held": tensor_bytes(state)}
+def collect_zero1(init_shard, zero1_step) -> dict:
+    return {"ranks": list(parlab.launch(train_zero1, N, init_shard, zero1_step, BATCHES, **LAUNCH))}
 
 
-def collect_state(init_shard_state) -> dict:
-    return {"ranks": list(parlab.launch(_run_state, 3, init_shard_state, **LAUNCH))}
-
-
-def judge_state(data) -> list[str]:
-    ranks, N = data["ranks"], 3
-    S = len(ranks[0]["flat"]) // N
-    lines = []
-    for r, res in enumerate(ranks):
-        state, mine = res["state"], res["flat"][r * S : (r + 1) * S]
-        zeros = torch.zeros(S, dtype=torch.float64)
-        what = f"rank {r}: master weights"
-        master = compare(what, state["master"], mine, show=False, against=f"slice {r} of the flat parameters")
-        moments = compare(f"rank {r}: m and v", [state["m"], state["v"]], [zeros, zeros], show=False, against="zeros")
-        held = check_equal(f"rank {r}: optimizer bytes held (K x S, padding included)", res["held"], K * S, show=False)
-        lines += [master.line, moments.line, held.line]
-    return lines
-
-
-def _run_step(init_state, zero_step, x, y) -> dict:
-    N, r = dist.get_world_size(), dist.get_rank()
-    model, flat_param, flat_grad = flat_model(N)
-    x_r, y_r = shard_batch(x, y, r, N)
-    lm_loss(model(x_r), y_r).backward()  # the gradient of this rank's rows, in the flat gradient
-    state = init_state(flat_param)
-    with probe.recording(keep_sent_data=False) as calls:
-        zero_step(flat_param, flat_grad, state, 1)
-    return {"params": {n: p.detach().clone() for n, p in model.named_parameters()}, "calls": calls}
-
-
-def collect_step(init_shard_state, zero_step) -> dict:
-    return {"ranks": list(parlab.launch(_run_step, 4, init_shard_state, zero_step, *BATCHES[0], **LAUNCH))}
-
-
-def judge_step(data) -> list[str]:
-    ranks, N = data["ranks"], 4
-    reference = train_single_device(CFG, BATCHES[:1], seed=0, optimizer="adam", lr=LR).params
-    psi = sum(t.numel() for t in reference.values())
-    S = math.ceil(psi / N)
-    lines = []
-    for r, res in enumerate(ranks):
-        lines.append(compare(f"rank {r}: parameters after one step", res["params"], reference, show=False).line)
-    for r, res in enumerate(ranks):
-        calls = res["calls"]
-        scattered = probe.total_bytes(calls, "reduce_scatter_single")
-        gathered = probe.total_bytes(calls, "all_gather_single")
-        all_reduces = sum(c["op"] == "allreduce" for c in calls)
-        lines += [
-            check_equal(f"rank {r}: bytes reduce-scattered into its gradient shard", scattered, S * 8, show=False).line,
-            check_equal(f"rank {r}: bytes of the all-gathered parameters", gathered, N * S * 8, show=False).line,
-            check_equal(f"rank {r}: all-reduces", all_reduces, 0, show=False).line,
-        ]
-    return lines
-
-
-def collect_training(init_shard_state, zero_step) -> dict:
-    return {"ranks": list(parlab.launch(train_zero1, 2, init_shard_state, zero_step, BATCHES, **LAUNCH))}
-
-
-def judge_training(data) -> list[str]:
-    ranks, N = data["ranks"], 2
-    reference = train_single_device(CFG, BATCHES, seed=0, optimizer="adam", lr=LR)
+def judge_zero1(data) -> list[str]:
+    ranks = data["ranks"]
+    with one_thread():
+        losses, params = single_device_adam(BATCHES)
+    psi = sum(t.numel() for t in params.values())
+    S = -(-psi // N)
+    flat = torch.cat([t.reshape(-1) for t in params.values()])
     mean_loss = torch.stack([res["losses"] for res in ranks]).mean(dim=0)  # each rank's loss is over B/N rows
-    losses = torch.tensor(reference.losses, dtype=torch.float64)
-    psi = sum(t.numel() for t in reference.params.values())
-    lines = [compare("loss of each step, averaged over ranks", mean_loss, losses, show=False).line]
-    for r in range(N):
-        lines.append(
-            compare(f"rank {r}'s parameters after {STEPS} steps", ranks[r]["params"], reference.params, show=False).line
-        )
-    for r in range(N):
-        held = ranks[r]["held"]["optimizer"]
-        lines.append(check_equal(f"rank {r}: optimizer bytes held = K Psi/N", held, K * psi // N, show=False).line)
+    lines = [
+        compare(
+            "loss of each step, averaged over ranks", mean_loss, torch.tensor(losses, dtype=torch.float64), show=False
+        ).line,
+        compare(
+            f"every rank's parameters after {STEPS} steps",
+            [res["params"] for res in ranks],
+            [params] * N,
+            show=False,
+        ).line,
+        compare(
+            "every rank's master weights: its slice of the parameters, zero-padded to N S",
+            [res["master"] for res in ranks],
+            [_shard(flat, r, N) for r in range(N)],
+            show=False,
+        ).line,
+        _line("optimizer bytes each rank holds (K S)", [res["held"] for res in ranks], [K * S] * N),
+    ]
+    per_step = [["reduce_scatter", N * S * 8], ["all_gather", S * 8]]
+    lines.append(_line("collectives [op, payload bytes] of rank 0's steps", ranks[0]["calls"], [per_step] * STEPS))
+    same = [res["calls"] == [per_step] * STEPS for res in ranks[1:]]
+    lines.append(_line(f"ranks 1-{N - 1}: the same collectives", same, [True] * (N - 1)))
     return lines
+
+
+# ---------------------------------------------------------------------------------------- part 2: ZeRO-2
+
+
+def buckets_of(model: nn.Module) -> list[list[nn.Parameter]]:
+    """One bucket per layer, in the model's order: wte, wpe, each block, ln_f, lm_head."""
+    layers = [model.wte, model.wpe, *model.blocks, model.ln_f, model.lm_head]
+    return [list(layer.parameters()) for layer in layers]
+
+
+def run_zero2(Zero2Grads, x, y) -> dict:
+    """Rank code: one forward and backward of the GPT on this rank's rows, with your gradient hooks."""
+    P, r = dist.get_world_size(), dist.get_rank()
+    model = build_model(CFG, seed=0)
+    params, yours, held = list(model.parameters()), [], []
+
+    def observe(p):  # runs before your hook of the same parameter: what this rank holds as p's gradient lands
+        live = [q.grad for q in params if q.grad is not None]
+        held.append(tensor_bytes(live) + tensor_bytes(getattr(yours[0], "shards", []) if yours else []))
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(observe)
+    yours.append(Zero2Grads(buckets_of(model)))
+    x_r, y_r = shard_batch(x, y, r, P)  # [B/N, T]
+    loss = lm_loss(model(x_r), y_r)  # the mean over this rank's rows
+    with recording() as seen:
+        loss.backward()
+    return {
+        "shards": [s.detach().clone() for s in yours[0].shards],
+        "calls": seen.calls,
+        "grads_after": tensor_bytes([p.grad for p in params if p.grad is not None]),
+        "peak": max(held),
+    }
+
+
+def collect_zero2(Zero2Grads) -> dict:
+    return {"ranks": list(parlab.launch(run_zero2, N, Zero2Grads, *BATCHES[0], **LAUNCH))}
+
+
+def _bucket_order(model: nn.Module, loss: torch.Tensor) -> list[int]:
+    """The buckets in the order backward completes them (the same on every rank: the same graph)."""
+    buckets, done = buckets_of(model), []
+    left = [len(b) for b in buckets]
+    where = {id(p): b for b, bucket in enumerate(buckets) for p in bucket}
+
+    def arrived(p):
+        left[where[id(p)]] -= 1
+        if left[where[id(p)]] == 0:
+            done.append(where[id(p)])
+
+    hooks = [p.register_post_accumulate_grad_hook(arrived) for p in model.parameters()]
+    loss.backward()
+    for hook in hooks:
+        hook.remove()
+    return done
+
+
+def judge_zero2(data) -> list[str]:
+    ranks = data["ranks"]
+    model = build_model(CFG, seed=0)
+    with one_thread():
+        order = _bucket_order(model, lm_loss(model(BATCHES[0][0]), BATCHES[0][1]))  # the mean over all B rows
+    buckets = buckets_of(model)
+    sizes = [sum(p.numel() for p in bucket) for bucket in buckets]  # Psi_b
+    S = [-(-n // N) for n in sizes]  # S_b
+    expected = [[_shard(torch.cat([p.grad.reshape(-1) for p in b]), r, N) for b in buckets] for r in range(N)]
+    calls = [["reduce_scatter", N * S[b] * 8] for b in order]
+    return [
+        compare(
+            "every rank's gradient shards: its slices of the mean gradient, zero-padded",
+            [res["shards"] for res in ranks],
+            expected,
+            show=False,
+        ).line,
+        _line("collectives [op, payload bytes] of rank 0's backward", ranks[0]["calls"], calls),
+        _line(f"ranks 1-{N - 1}: the same collectives", [res["calls"] == calls for res in ranks[1:]], [True] * (N - 1)),
+        _line("bytes of .grad tensors each rank holds after backward", [res["grads_after"] for res in ranks], [0] * N),
+        _line(
+            "peak gradient bytes each rank holds (.grad alive + shards) = shards + largest bucket",
+            [res["peak"] for res in ranks],
+            [8 * (sum(S) + max(sizes))] * N,
+        ),
+    ]
+
+
+# ----------------------------------------------------------------------------- the prediction: ZeRO-2 budget
+
+
+def run_budget() -> dict:
+    """Rank code: one ZeRO-2 step of parlab.zero, bf16 compute copy, fp32 master weights and Adam, this rank's
+    rows; what rank 0 hands to the collectives during the step and what it holds before the optimizer step."""
+    from parlab.zero import ZeRO
+
+    P, r = dist.get_world_size(), dist.get_rank()
+    model = build_model(BUDGET_CFG, seed=0)
+    x, y = make_batches(BUDGET_CFG, B, 1, seed=0)[0]
+    x_r, y_r = shard_batch(x, y, r, P)
+    with recording() as seen:
+        zero = ZeRO(model, 2, lr=LR, compute_dtype=torch.bfloat16)
+        lm_loss(model(x_r), y_r).backward()  # the reduce-scatters start in here
+        held = zero.held()  # the gradient shard, the compute copy, the optimizer states (fixed sizes)
+        zero.step()  # Adam on the shard, all-gather the parameters
+    zero.remove()
+    return {"payload": sum(b for op, b in seen.calls), "held": held["params"] + held["grads"] + held["optimizer"]}
+
+
+def collect_zero2_budget(bytes_rank0, held_rank0) -> dict:
+    measured = parlab.launch(run_budget, BUDGET_N, **LAUNCH)[0]
+    return {"bytes_rank0": _plain(bytes_rank0), "held_rank0": _plain(held_rank0), **measured}
+
+
+def _plain(value):
+    """A prediction as plain data for the grader (a number stays a number; anything else its text)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    return value if isinstance(value, (int, float)) else repr(value)[:80]
+
+
+def judge_zero2_budget(data) -> list[str]:
+    model = build_model(BUDGET_CFG)
+    sizes = [sum(p.numel() for p in bucket) for bucket in buckets_of(model)]  # parlab.zero: a unit per layer
+    S = sum(-(-n // BUDGET_N) for n in sizes)
+    payload = 2 * (BUDGET_N * S + S)  # bf16: each unit's whole padded gradient in, its parameter shard out
+    held = 2 * BUDGET_N * S + 2 * S + 12 * S  # the bf16 compute copy, the bf16 gradient shard, fp32 master, m, v
+    return [
+        *prediction_lines(
+            "payload bytes rank 0 hands to collectives per step", data["bytes_rank0"], payload, data["payload"]
+        ),
+        *prediction_lines(
+            "bytes of params, grads and optimizer states rank 0 holds", data["held_rank0"], held, data["held"]
+        ),
+    ]
+
+
+# ---------------------------------------------------------------------------------------- part 3: ZeRO-3
+
+
+def mlp_problem(seed: int = 0) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """The full weights W_l: [out, in], the inputs x: [B, 10] and the targets: [B, 6] (the loss of a row is
+    sum((y - target)^2); a rank's loss is the mean over its rows)."""
+    gen = torch.Generator().manual_seed(seed)
+    ws = [
+        torch.randn(o, i, generator=gen, dtype=torch.float64) / i**0.5
+        for i, o in zip(WIDTHS[:-1], WIDTHS[1:], strict=True)
+    ]
+    x = torch.randn(B, WIDTHS[0], generator=gen, dtype=torch.float64)
+    target = torch.randn(B, WIDTHS[-1], generator=gen, dtype=torch.float64)
+    return ws, x, target
+
+
+def mlp(layer, shards: list[torch.Tensor], shapes: list[tuple[int, int]], x: torch.Tensor) -> list[torch.Tensor]:
+    """The MLP with your layer: x [b, 10] -> [b, 13] -> [b, 13] -> [b, 6]; every activation it makes, in order."""
+    acts = [x]
+    for k, (w_shard, shape) in enumerate(zip(shards, shapes, strict=True)):
+        acts.append(layer.apply(acts[-1], w_shard, shape))  # [b, out]
+        if k < len(shards) - 1:
+            acts.append(torch.tanh(acts[-1]))
+    return acts
+
+
+def _kept_for_backward(output: torch.Tensor, allowed: list[torch.Tensor]) -> int:
+    """Bytes the custom layers in output's graph keep for backward (saved tensors and tensor attributes of ctx),
+    besides the `allowed` tensors' storages (the activations and the shards)."""
+    allowed_ptrs = {t.untyped_storage().data_ptr() for t in allowed}
+    kept, seen, stack = [], set(), [output.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, torch.autograd.function.BackwardCFunction):
+            kept += list(node.saved_tensors) + list(vars(node).values())
+        stack += [nxt for nxt, _ in node.next_functions]
+    mine = [t for t in _tensors(kept) if t.untyped_storage().data_ptr() not in allowed_ptrs]
+    return tensor_bytes(mine)
+
+
+def run_zero3(Zero3Linear) -> dict:
+    """Rank code: forward and backward of the MLP with your layer, each weight held as this rank's shard only."""
+    P, r = dist.get_world_size(), dist.get_rank()
+    ws, x, target = mlp_problem()
+    b = B // P
+    x_r, t_r = x[r * b : (r + 1) * b], target[r * b : (r + 1) * b]  # this rank's rows: [b, 10], [b, 6]
+    shards = [_shard(w, r, P).requires_grad_() for w in ws]  # [S_l]: all of W_l this rank ever keeps
+    shapes = [tuple(w.shape) for w in ws]
+    del ws
+    with recording() as seen:
+        acts = mlp(Zero3Linear, shards, shapes, x_r)
+        forward_calls, seen.calls = seen.calls, []
+        alive_after_forward = seen.gathered_alive()
+        kept = _kept_for_backward(acts[-1], acts + shards)
+        loss = ((acts[-1] - t_r) ** 2).sum(dim=-1).mean()
+        loss.backward()
+        alive_after_backward = seen.gathered_alive()
+    return {
+        "y": acts[-1].detach(),
+        "grads": [s.grad for s in shards],
+        "forward": forward_calls,
+        "backward": seen.calls,
+        "peak": seen.peak_gathered,
+        "alive": [alive_after_forward, alive_after_backward],
+        "kept": kept,
+    }
+
+
+def collect_zero3(Zero3Linear) -> dict:
+    return {"ranks": list(parlab.launch(run_zero3, N, Zero3Linear, **LAUNCH))}
+
+
+def judge_zero3(data) -> list[str]:
+    ranks = data["ranks"]
+    ws, x, target = mlp_problem()
+    ws = [w.requires_grad_() for w in ws]
+    h = x
+    for k, w in enumerate(ws):
+        h = h @ w.T
+        h = torch.tanh(h) if k < len(ws) - 1 else h
+    ((h - target) ** 2).sum(dim=-1).mean().backward()  # the mean over all B rows
+    S = [-(-w.numel() // N) for w in ws]
+    b = B // N
+    gathers = [["all_gather", s * 8] for s in S]  # forward: layers 0, 1, 2
+    backward = {"all_gather": [s * 8 for s in reversed(S)], "reduce_scatter": [N * s * 8 for s in reversed(S)]}
+    same = [res["forward"] == gathers and _by_op(res["backward"]) == backward for res in ranks[1:]]
+    return [
+        compare(
+            "every rank's y (its rows)",
+            [res["y"] for res in ranks],
+            [h[r * b : (r + 1) * b] for r in range(N)],
+            show=False,
+        ).line,
+        compare(
+            "every rank's gradient shards of W_0, W_1, W_2: its slices of dL/dW, zero-padded",
+            [res["grads"] for res in ranks],
+            [[_shard(w.grad, r, N) for w in ws] for r in range(N)],
+            show=False,
+        ).line,
+        _line("collectives [op, payload bytes] of rank 0's forward", ranks[0]["forward"], gathers),
+        _line("payload bytes of rank 0's backward, by collective, in order", _by_op(ranks[0]["backward"]), backward),
+        _line(f"ranks 1-{N - 1}: the same collectives", same, [True] * (N - 1)),
+        _line(
+            "peak bytes of gathered weights alive on each rank (the largest layer)",
+            [res["peak"] for res in ranks],
+            [N * max(S) * 8] * N,
+        ),
+        _line(
+            "bytes of gathered weights alive after forward, after backward",
+            [res["alive"] for res in ranks],
+            [[0, 0]] * N,
+        ),
+        _line(
+            "bytes the layers keep for backward besides activations and shards", [res["kept"] for res in ranks], [0] * N
+        ),
+    ]

@@ -13,6 +13,7 @@ Each record is plain data (str, int, tensor), so it travels to the grader as suc
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -44,6 +45,9 @@ def recording(keep_sent_data: bool = True) -> Iterator[list[dict]]:
     calls: list[dict] = []
     originals = {name: getattr(ProcessGroup, name) for name in _methods(ProcessGroup)}
     originals = {name: fn for name, fn in originals.items() if not isinstance(fn, type)}
+    # What is put back must be the class's own attribute (a pybind11 instancemethod), not what getattr returned
+    # (a plain builtin that would no longer receive `self`: every later call would fail with a TypeError).
+    own = {name: inspect.getattr_static(ProcessGroup, name) for name in originals}
 
     def wrap(name, original):
         def recorded(self, *args, **kwargs):
@@ -63,8 +67,8 @@ def recording(keep_sent_data: bool = True) -> Iterator[list[dict]]:
     try:
         yield calls
     finally:
-        for name, original in originals.items():
-            setattr(ProcessGroup, name, original)
+        for name, attribute in own.items():
+            setattr(ProcessGroup, name, attribute)
 
 
 def total_bytes(calls, op: str) -> int:

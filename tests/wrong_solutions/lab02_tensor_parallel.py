@@ -1,9 +1,9 @@
 # ruff: noqa
-# A wrong answer to labs/lab02_tensor_parallel.ipynb (tests/test_labs.py grades it; the other answers are the
-# solution's). The bug: the weight gradient is computed as x_r^T grad_y, [k, out], the transpose of the weight's
-# shape [out, k]. The forward is right; in the backward, autograd rejects the gradient on the ranks, so the check
-# fails with the failing rank's error.
-# EXPECT FAIL: backward
+# A wrong answer to labs/lab02_tensor_parallel.ipynb (tests/test_grade_run.py grades it; the other answers are the
+# solution's). The bug: the row-parallel layer's weight gradient is computed as x_r^T grad_y, [k, out], the
+# transpose of the weight's shape [out, k]. The forward is right; in the backward, autograd rejects the gradient on
+# the ranks, so the check fails with the failing rank's error.
+# EXPECT FAIL: row_parallel
 
 # ANSWER: row_parallel
 class RowParallelLinear(torch.autograd.Function):

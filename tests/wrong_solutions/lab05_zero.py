@@ -1,15 +1,24 @@
 # ruff: noqa
-# A wrong answer to labs/lab05_zero.ipynb (tests/test_labs.py grades it; the other answers are the solution's).
-# The bug: the reduce-scattered gradient is the SUM over ranks, never divided by N. Adam divides m by sqrt(v), so a
-# gradient N times too large changes the step only through eps: by ~1e-8 here, far beyond float64's tolerance of
-# 1e-10. The bytes are right; the parameters are not.
-# EXPECT FAIL: step, training
+# A wrong answer to labs/lab05_zero.ipynb (tests/test_grade_run.py grades it; the other answers are the solution's).
+# The bug: no padding. S = Psi // N rounds down, so the N S numbers that are reduce-scattered and all-gathered stop
+# short of the end of the flat vector: on 3 ranks the last 2 of the 30,080 parameters are never updated, and each
+# rank holds K x 10,026 bytes of optimizer state instead of K x 10,027. No collective complains: every rank hands in
+# the same sizes.
+# EXPECT FAIL: zero1
 
-# ANSWER: zero_step
-def zero_step(flat_param: torch.Tensor, flat_grad: torch.Tensor, state: dict, step: int, lr: float = LR) -> None:
+# ANSWER: zero1
+def init_shard(flat_param: torch.Tensor) -> dict[str, torch.Tensor]:
+    N, r = comm.group_size(), comm.group_rank()
+    S = len(flat_param) // N
+    master = flat_param[r * S : (r + 1) * S].clone()
+    return {"master": master, "m": torch.zeros_like(master), "v": torch.zeros_like(master)}
+
+
+def zero1_step(flat_param: torch.Tensor, flat_grad: torch.Tensor, state: dict, step: int, lr: float = LR) -> None:
     N = comm.group_size()
     S = len(flat_param) // N
     grad = torch.empty(S, dtype=flat_grad.dtype)
-    comm.reduce_scatter_tensor(grad, flat_grad)
+    comm.reduce_scatter_tensor(grad, flat_grad[: N * S])
+    grad /= N
     adam_step(state["master"], grad, state["m"], state["v"], step, lr)
-    comm.all_gather_into_tensor(flat_param, state["master"])
+    comm.all_gather_into_tensor(flat_param[: N * S], state["master"])

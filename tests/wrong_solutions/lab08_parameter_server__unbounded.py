@@ -1,0 +1,18 @@
+# ruff: noqa
+# A wrong answer to labs/lab08_parameter_server.ipynb (tests/test_labs.py grades it; the other answers are the
+# solution's). The bug: the "bounded" server never holds a reply: it is lesson 08's asynchronous server, whatever s
+# is. Its numbers replay exactly, but with s = 0 the first worker to push gets its next parameters before anyone
+# else has pushed, and the check sees that reply break the rule (whatever the timing).
+# EXPECT FAIL: ssp
+
+# ANSWER: ssp
+def ssp_server(theta, steps, lr, s):
+    N = dist.get_world_size() - 1
+    for w in range(1, N + 1):
+        comm.send(theta, w)
+    g = torch.empty_like(theta)
+    for _ in range(N * steps):
+        w = comm.recv(g, None)
+        theta = theta - lr * g
+        comm.send(theta, w)
+    return theta
