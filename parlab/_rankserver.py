@@ -32,6 +32,7 @@ import io
 import mmap
 import os
 import pickle
+import shutil
 import signal
 import sys
 import tempfile
@@ -57,11 +58,16 @@ def _die_with_parent() -> None:
         pass
 
 
-def _run_rank(job: dict, rank: int, out: Connection, slot: memoryview) -> None:
+def _run_rank(job: dict, rank: int, out: Connection, slot: memoryview, err_fd: int) -> None:
     """Body of one forked rank: set up the process, then hand over to parlab.launch._rank_main. Never returns:
-    whatever fails in here ends this process, which must never fall back into the server's own loop."""
+    whatever fails in here ends this process, which must never fall back into the server's own loop.
+
+    err_fd: a file for what the process itself writes to its stderr (file descriptor 2: gloo's C++ messages, a
+    fatal error), which the server reads after the rank has exited: a rank that aborts is explained by it."""
     captured = io.StringIO()  # the rank's prints go back to the parent, which shows them in rank order
     try:
+        os.dup2(err_fd, 2)
+        os.close(err_fd)
         _die_with_parent()
         os.setpgid(0, 0)  # its own process group: whatever the rank code starts is stopped with it (killpg)
         # The parent's environment as it is at this launch (not as it was when the server started), plus the rank's.
@@ -156,11 +162,12 @@ def _run_job(job: dict, parent: Connection) -> tuple[dict, dict | None]:
     world_size, slot_bytes = job["world_size"], job["slot_bytes"]
     # Shared memory where each rank publishes the traced call it is in (parlab.comm), for the hang diagnosis.
     board = mmap.mmap(-1, world_size * slot_bytes)
-    pids, pipes = {}, {}
+    pids, pipes, errs = {}, {}, {}
     messages, exited, first_failure, cancelled, next_request = {}, set(), None, False, None
     try:
         for rank in range(world_size):
             reader, writer = os.pipe()
+            errs[rank] = tempfile.TemporaryFile()  # already unlinked: nothing is left behind, even after a kill
             pid = os.fork()
             if pid == 0:  # the rank
                 os.close(reader)
@@ -168,7 +175,7 @@ def _run_job(job: dict, parent: Connection) -> tuple[dict, dict | None]:
                     other.close()
                 parent.close()
                 slot = memoryview(board)[rank * slot_bytes : (rank + 1) * slot_bytes]
-                _run_rank(job, rank, Connection(writer, readable=False), slot)
+                _run_rank(job, rank, Connection(writer, readable=False), slot, errs[rank].fileno())
             try:
                 os.setpgid(pid, pid)  # also here, so that a kill right after the fork reaches the whole group
             except (PermissionError, ProcessLookupError):
@@ -223,8 +230,34 @@ def _run_job(job: dict, parent: Connection) -> tuple[dict, dict | None]:
             exit_codes[rank] = os.waitstatus_to_exitcode(status)
         _remove(job["rendezvous"])
         board.close()
-    report = {"messages": messages, "first_failure": first_failure, "cancelled": cancelled, "exit_codes": exit_codes}
+        stderr_tails = {rank: _tail_and_pass_on(err) for rank, err in errs.items()}
+    report = {
+        "messages": messages,
+        "first_failure": first_failure,
+        "cancelled": cancelled,
+        "exit_codes": exit_codes,
+        "stderr_tails": {rank: tail for rank, tail in stderr_tails.items() if tail},
+    }
     return report, next_request
+
+
+def _tail_and_pass_on(err, tail_bytes: int = 4096) -> str:
+    """What a rank wrote to its own stderr: passed on to the server's stderr (where it went before it was
+    captured), and its last `tail_bytes` returned for the report."""
+    try:
+        err.seek(0, os.SEEK_END)
+        size = err.tell()
+        if size:
+            err.seek(0)
+            shutil.copyfileobj(err, sys.stderr.buffer)
+            sys.stderr.flush()
+            err.seek(max(0, size - tail_bytes))
+            return err.read().decode("utf-8", "replace")
+        return ""
+    except (OSError, ValueError):
+        return ""
+    finally:
+        err.close()
 
 
 def main(fd: int) -> None:

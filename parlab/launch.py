@@ -33,6 +33,7 @@ import os
 import pickle
 import queue
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -513,10 +514,11 @@ def _results_from(report, stopped, calls, world_size, timeout, seconds, echo, se
         raise LaunchTimeout(timeout, unfinished, world_size, calls)
     if failed is not None:
         message = messages.get(failed)
-        if message is None:  # the process died without a word (killed, segfault, os._exit)
-            code = report["exit_codes"].get(failed)
-            raise RankError(failed, f"the process exited with code {code} before returning a result")
-        raise RankError(failed, message["traceback"], message.get("stdout", ""), message.get("reason", ""))
+        if message is None:  # the process died without a word (killed, an abort in C++, segfault, os._exit)
+            raise _died(failed, report, calls)
+        # Its peer may have aborted on a mismatch first, and this rank only lost the connection: say so too.
+        reason = "\n".join(r for r in (message.get("reason", ""), _mismatch(report, calls)) if r)
+        raise RankError(failed, message["traceback"], message.get("stdout", ""), reason)
     values, events = [], []
     for rank in range(world_size):
         try:
@@ -531,6 +533,41 @@ def _results_from(report, stopped, calls, world_size, timeout, seconds, echo, se
             for line in text.splitlines():
                 print(f"[rank {rank}] {line}")
     return Results(values, Trace(events, world_size), stdout, seconds, seed)
+
+
+# gloo's words when the ranks of one collective disagree on its size ("Received data size doesn't match expected
+# size"; "... size mismatch"): it aborts the process from C++, so they reach only the rank's own stderr.
+_GLOO_MISMATCH = re.compile(r"(doesn't match expected size|size mismatch|collective mismatch|op mismatch)", re.I)
+
+
+def _died(rank: int, report: dict, calls: dict[int, str]) -> RankError:
+    """The error for a rank that exited without a message: its exit code, the last lines it wrote to its own
+    stderr (the rank server captured them), and a collective mismatch if gloo reported one."""
+    code = report["exit_codes"].get(rank)
+    text = f"the process exited with code {code} before returning a result"
+    own = [line for line in report.get("stderr_tails", {}).get(rank, "").splitlines() if line.strip()][-8:]
+    if own:
+        text += "\n--- the last lines it wrote to its stderr ---\n" + "\n".join(own)
+    return RankError(rank, text, "", _mismatch(report, calls))
+
+
+def _mismatch(report: dict, calls: dict[int, str]) -> str:
+    """When gloo said on some rank's stderr that the ranks' calls disagree: a collective mismatch, named with
+    gloo's words and what each rank was doing (its traced call); else ''."""
+    tails = report.get("stderr_tails", {})
+    said = [(r, line.strip()) for r in sorted(tails) for line in tails[r].splitlines() if _GLOO_MISMATCH.search(line)]
+    if not said:
+        return ""
+    where, line = said[0]
+    reason = (
+        f"Collective mismatch: gloo on rank {where} said: {line[:300]}\n"
+        "The ranks of a group called one collective with different sizes or kinds (every rank must make the "
+        "same calls in the same order: same operation, size, dtype, group and root)."
+    )
+    known = {r: state for r, state in sorted(calls.items()) if state and not state.startswith("computing")}
+    if known:
+        reason += "\nWhat each rank was doing:" + "".join(f"\n  rank {r}: {state}" for r, state in known.items())
+    return reason
 
 
 # ---------------------------------------------------------------------------------------------- hang diagnosis

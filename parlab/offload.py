@@ -10,9 +10,15 @@ runs Adam well enough), the DISK (NVMe: larger still, slower). ZeRO-2 keeps ever
 what is touched once per step (gradients in, optimizer step, parameters out) off it:
 
     target   device                    host                              disk
-    none     b_c N S + b_c S + 3 b_m S  -                                 -           (ZeRO-2, the reference)
+    none     b_c N S + b_m S + 3 b_m S  -                                 -           (ZeRO-2, the reference)
     cpu      b_c N S                    b_m S grads + 3 b_m S master,m,v  -           (Ren et al. 2021, ZeRO-Offload)
     disk     b_c N S                    b_m S grads + read-ahead buffers  3 b_m S     (Rajbhandari et al. 2021)
+
+The gradient shard is kept in the MASTER dtype (b_m S, `host_grad`): the reduce-scatter's output (b_c S bytes, what
+the copy to the host moves) is converted on arrival, as DeepSpeed's ZeRO-1/2 optimizer keeps its gradient partition
+in the dtype of its fp32 master partition. The ZeRO-Offload paper counts fp16 gradients on the host instead: with
+b_c = 2, b_m = 4 on one rank its host holds 2 Psi + 12 Psi = 14 Psi, this table's 4 Psi + 12 Psi = 16 Psi (divide
+by N per rank). Same arithmetic, same numbers: only the host bytes differ (lesson 06).
 
 plus, on the device during backward, the gradient buckets in flight (at most two units' full gradients and their
 reduce-scatter outputs: "grad buckets" in `offload_memory`). Activations are not model states: not counted here.

@@ -160,13 +160,14 @@ def run_sync_server(model, optimizer, steps: int, *, group=None, keep_history: b
     """Synchronous server rank code: K times {send theta_v to every worker; wait for ALL N gradients; average;
     one optimizer step}, then send the final parameters to every worker.
 
-    Returns the updates applied (every gradient read version v and is applied at version v: staleness 0), the time
-    of each update, and with keep_history the parameter vector of every version (history[v] = theta_v)."""
+    Returns "updates": one record per gradient RECEIVED (N per step, each read version v and averaged into the
+    update applied at version v: staleness 0); "applied": the updates APPLIED (one per step: K); the time of each
+    update, and with keep_history the parameter vector of every version (history[v] = theta_v)."""
     P = comm.group_size(group)
     N, workers = P - 1, range(1, P)
     theta = params_to_vector(model)  # theta_0 [Psi]
     grads = {w: torch.empty_like(theta) for w in workers}  # one receive buffer [Psi] per worker
-    history, updates, times = [theta], [], []
+    history, updates, times, applied = [theta], [], [], 0
     for step in range(steps):
         for w in workers:  # the server's link carries N pulls of G bytes...
             comm.send(theta, comm.global_rank(group, w), group=group, label=f"params v{step} to {w}")
@@ -175,15 +176,16 @@ def run_sync_server(model, optimizer, steps: int, *, group=None, keep_history: b
         with comm.span("average, update", kind="optimizer", step=step):
             g = sum(grads[w] for w in workers) / N  # (1/N) sum_w g_w, summed in worker order [Psi]
             vector_to_grads(g, model)
-            optimizer.step()  # theta_{v+1} = theta_v - lr g (SGD)
+            optimizer.step()  # theta_{v+1} = theta_v - lr g (SGD): ONE update for the N gradients
             theta = params_to_vector(model)
+        applied += 1
         times.append(time.perf_counter())
         updates += [{"worker": w, "step": step, "read_version": step, "staleness": 0} for w in workers]
         if keep_history:
             history.append(theta)
     for w in workers:
         comm.send(theta, comm.global_rank(group, w), group=group, label=f"params v{steps} to {w}")
-    return {"updates": updates, "update_times": times, "history": history if keep_history else None}
+    return {"updates": updates, "applied": applied, "update_times": times, "history": history if keep_history else None}
 
 
 def recv_from_any(buffer: torch.Tensor, group=None, label: str = "") -> int:
@@ -199,9 +201,9 @@ def run_async_server(model, optimizer, steps: int, *, group=None, keep_history: 
     """Asynchronous server rank code: send theta_0 to every worker; then apply each gradient as it arrives,
     from whichever worker sends it, and send the new parameters back to that worker only.
 
-    Every worker pushes K gradients, so the server applies exactly N x K updates. For each it records the worker,
-    that worker's step, the version r the worker had read, and the staleness tau = v - r (v: the version the
-    update is applied to, i.e. updates applied so far)."""
+    Every worker pushes K gradients, so the server receives N x K gradients and applies each as one update:
+    "applied" = N x K. For each it records ("updates") the worker, that worker's step, the version r the worker had
+    read, and the staleness tau = v - r (v: the version the update is applied to, i.e. updates applied so far)."""
     P = comm.group_size(group)
     N, workers = P - 1, range(1, P)
     theta = params_to_vector(model)  # theta_0 [Psi]
@@ -210,7 +212,7 @@ def run_async_server(model, optimizer, steps: int, *, group=None, keep_history: 
     for w in workers:
         comm.send(theta, comm.global_rank(group, w), group=group, label=f"params v0 to {w}")
     g = torch.empty_like(theta)  # [Psi]: the receive buffer
-    history, updates, times = [theta], [], []
+    history, updates, times, applied = [theta], [], [], 0
     for v in range(N * steps):  # v updates applied so far: theta is theta_v
         w = recv_from_any(g, group=group, label="grad from any worker")
         tau = v - read_version[w]  # updates applied since w read its parameters
@@ -218,6 +220,7 @@ def run_async_server(model, optimizer, steps: int, *, group=None, keep_history: 
             vector_to_grads(g, model)
             optimizer.step()  # theta_{v+1} = theta_v - lr g_w, g_w computed at theta_{v - tau}
             theta = params_to_vector(model)
+        applied += 1
         times.append(time.perf_counter())
         updates.append({"worker": w, "step": pushes[w], "read_version": read_version[w], "staleness": tau})
         pushes[w] += 1
@@ -225,7 +228,7 @@ def run_async_server(model, optimizer, steps: int, *, group=None, keep_history: 
         read_version[w] = v + 1
         if keep_history:
             history.append(theta)
-    return {"updates": updates, "update_times": times, "history": history if keep_history else None}
+    return {"updates": updates, "applied": applied, "update_times": times, "history": history if keep_history else None}
 
 
 # ---------------------------------------------------------------------------------------- the training loop
@@ -250,8 +253,9 @@ def train_parameter_server(
     mode: "sync" or "async". straggler: the worker (rank of the group) slowed by `slowdown`, or None.
     loss_fn(model, x, y): the mean loss of rows x (default: the GPT's next-token loss).
 
-    Returns, on the server: role "server", the updates applied (worker, step, read_version, staleness), their
-    times, the final parameters (and with keep_history, history[v] = theta_v); on a worker: role "worker", its
+    Returns, on the server: role "server", the gradients received (worker, step, read_version, staleness), the
+    number of updates applied (sync: K, one per step; async: N x K, one per gradient), their times, the final
+    parameters (and with keep_history, history[v] = theta_v); on a worker: role "worker", its
     losses (per step, mean over its rows), its final parameters."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} must be one of {MODES}")

@@ -172,7 +172,7 @@ def timeline(
                 textangle=0,  # never rotate a label to squeeze it into a thin bar
                 hovertemplate=[
                     f"rank {e.rank} · {kind_label(e.kind)} {e.label}<br>start %{{base:.3f}} {unit}<br>"
-                    f"duration %{{x:.3f}} {unit}<br>{e.bytes} bytes"
+                    f"duration %{{x:.3f}} {unit}<br>payload {e.bytes} bytes"
                     + (f"<br>peer rank {e.peer}" if e.peer is not None else "")
                     + (f"<br>axis {e.axis}" if e.axis is not None else "")
                     + "<extra></extra>"

@@ -234,3 +234,26 @@ def test_offload_folders_of_dead_or_zombie_owners_are_swept_by_any_run(tmp_path,
         assert [f.exists() for f in folders] == [False, False, True]
     finally:
         zombie.wait()
+
+
+def _sizes_disagree(traced: bool):
+    import torch
+    import torch.distributed as dist
+
+    from parlab import comm
+
+    x = torch.ones(4 if dist.get_rank() == 0 else 8)
+    (comm.all_reduce if traced else dist.all_reduce)(x)
+    return x
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["dist", "comm"])
+def test_a_size_mismatch_that_gloo_aborts_on_is_named_in_the_exception(traced):
+    import parlab
+
+    with pytest.raises(parlab.RankError) as failed:
+        parlab.launch(_sizes_disagree, 2, traced, echo=False, timeout=60)
+    text = str(failed.value)
+    assert "Collective mismatch: gloo on rank" in text and "Received data size doesn't match" in text, text
+    assert "exited with code -6" in text or "Traceback" in text  # the rank that died, or the one left alone
+    assert list(parlab.launch(_rank_number, 2, echo=False)) == [0, 1]

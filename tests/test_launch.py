@@ -137,7 +137,7 @@ def test_interrupt_stops_the_ranks():
         (lambda: 0, True, {}, TypeError, "world_size must be an int"),
         ("not a function", 2, {}, TypeError, "fn must be callable, got str"),
         (lambda: 0, 2, {"backend": "mpi"}, ValueError, "backend must be 'gloo' or 'nccl'"),
-        (lambda: 0, 2, {"timeout": 0}, ValueError, "timeout must be > 0"),
+        (lambda: 0, 2, {"timeout": 0}, ValueError, "timeout must be a finite number of seconds > 0"),
     ],
 )
 def test_bad_arguments_are_rejected_before_any_process_starts(fn, world_size, kwargs, error, message):

@@ -137,7 +137,7 @@ def test_async_fast_workers_do_not_wait(async_straggler):
         (4, {"straggler": 0, "slowdown": 2.0}, "straggler=0 is the server"),
         (4, {"straggler": 4, "slowdown": 2.0}, "straggler=4 does not exist: the workers are ranks 1..3"),
         (4, {"straggler": -1, "slowdown": 2.0}, "straggler=-1 does not exist"),
-        (4, {"straggler": 1, "slowdown": 0.5}, "slowdown=0.5 must be >= 1"),
+        (4, {"straggler": 1, "slowdown": 0.5}, r"slowdown=0.5 must be in \[1, 1000\]"),
         (4, {"slowdown": 2.0}, "slowdown=2.0 needs a straggler"),
         (4, {"batch": 8}, "batch=8 is not divisible by the 3 workers"),
         (4, {"mode": "hogwild"}, "mode='hogwild' must be one of"),

@@ -3,12 +3,15 @@
 The ring all-reduce itself is in parlab/collectives.py; this module runs the demos and draws what each rank holds:
 
     six collectives      `show_collective`, `draw_collective`: who holds which chunk before and after
+    two byte counts      `wire_bytes`, `bytes_table`: the payload handed to a collective, the bytes on the wire
     the ring, stepped    `ring_demo_rank_fn`, `draw_ring_step`: the chunks in flight at each of the 2(P-1) steps
 
 Rank code here (`*_rank_fn`) imports torch only; plotly is imported inside each figure function.
 """
 
 from __future__ import annotations
+
+from fractions import Fraction
 
 import torch
 
@@ -86,6 +89,65 @@ def draw_collective(kind: str, results: Results):
 
     title = f"{kind.replace('_', '-')} on {P} ranks (chunk value 100 x origin rank + chunk index)"
     return plots.chunk_grid([panel("before", "before", "none"), panel("after", "after", kind)], title)
+
+
+# ---------------------------------------------------------------------------------- two ways to count bytes
+
+# Every communication byte figure in the lessons is one of two, and says which (lesson 00, "Two ways to count
+# bytes"):
+#   PAYLOAD  the bytes of the tensors a rank hands to a collective or to send/recv: what parlab.comm counts.
+#            all-reduce, broadcast, all-to-all: the tensor passed; all-gather: the rank's own contribution;
+#            reduce-scatter: the whole input it reduces; send / recv: the tensor sent / received.
+#   WIRE     the bytes a rank sends on its link ("sent", "on the wire"); they depend on the algorithm the backend
+#            picks. With ring algorithms on P ranks they follow from the payload, per rank:
+RING_WIRE = {
+    "all_reduce": "2(P-1)/P x payload",  # a reduce-scatter, then an all-gather: 2(P-1) chunks of payload/P
+    "reduce_scatter": "(P-1)/P x payload",  # the payload is the whole input: P-1 of its P chunks leave the rank
+    "all_gather": "(P-1) x payload",  # the payload is the rank's own chunk: it sends P-1 chunks of that size
+    "all_to_all": "(P-1)/P x payload",  # the chunk addressed to itself stays
+    "send": "payload",  # point to point: the payload is what goes on the wire
+}
+_RING_FACTOR = {
+    "all_reduce": lambda P: Fraction(2 * (P - 1), P),
+    "reduce_scatter": lambda P: Fraction(P - 1, P),
+    "all_gather": lambda P: Fraction(P - 1),
+    "all_to_all": lambda P: Fraction(P - 1, P),
+    "send": lambda P: Fraction(1),
+}
+
+
+def wire_bytes(kind: str, payload: float, world_size: int) -> int | float:
+    """Bytes one rank sends on its link for a collective whose payload (parlab.comm's count) is `payload` bytes,
+    with the ring algorithms of RING_WIRE. A broadcast or reduce has no one figure per rank (a tree or a chain)."""
+    if kind not in _RING_FACTOR:
+        raise ValueError(f"no ring formula for {kind!r}; one of {list(RING_WIRE)}")
+    sent = _RING_FACTOR[kind](world_size) * Fraction(payload)
+    return int(sent) if sent.denominator == 1 else float(sent)
+
+
+def bytes_table(world_size: int = 4) -> list[str]:
+    """Both counts for each collective of `show_collective`: the payload each rank handed over (measured by
+    parlab.comm, from the tensors passed) and the bytes a ring algorithm sends per rank for it (theory)."""
+    P = world_size
+
+    def same(values: list[int]) -> str:
+        return f"{values[0]} (every rank)" if len(set(values)) == 1 else str(values)
+
+    lines = [f"{'collective':15s} {'payload per rank (measured)':28s} sent per rank, on the wire (ring algorithms)"]
+    for kind in COLLECTIVES:
+        measured = show_collective(kind, P).trace.bytes_per_rank()
+        if kind == "send_recv":
+            payload = same(measured["send"])
+            wire = f"the payload itself = {wire_bytes('send', measured['send'][0], P)} (and as much received)"
+        elif kind == "broadcast":
+            payload = same(measured[kind])
+            chain = " -> ".join(str(r) for r in range(P))
+            wire = f"no one figure: a chain {chain} sends {measured[kind][0]} from each rank but the last"
+        else:
+            payload = same(measured[kind])
+            wire = f"{RING_WIRE[kind]} = {wire_bytes(kind, measured[kind][0], P)}"
+        lines.append(f"{kind:15s} {payload:28s} {wire}")
+    return lines
 
 
 # -------------------------------------------------------------------------------------- the ring, step by step

@@ -4,7 +4,8 @@ The scheme is parlab/hybrid.py (run and checked by parlab/runs/hybrid.py); the p
 This module draws what a run did and tabulates what the planner estimates:
 
     the mesh            `mesh_figure`: every rank at its (dp, pp, tp) place, what it holds, its groups
-    traffic per axis    `axis_traffic_figure`: bytes each rank moved on each axis, measured beside the theory
+    traffic per axis    `axis_traffic_figure`: payload bytes each rank handed over on each axis, measured beside the
+                        theory (lesson 00's count; for send, the payload is what goes on the wire)
     the planner         `plan_table`: the best plans for a model and a cluster, one line each
 """
 
@@ -33,7 +34,7 @@ def rank_places(report: dict) -> list[dict]:
 def mesh_figure(report: dict):
     """The mesh of a hybrid run: one panel per data-parallel replica, pipeline stages as rows, tensor-parallel
     ranks as columns. Each cell: the rank, the blocks it holds and its 1/T slice; hover: its group on each axis
-    and the bytes it moved on each axis (measured)."""
+    and the payload bytes it handed over on each axis (measured)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -50,7 +51,9 @@ def mesh_figure(report: dict):
             [f"rank {r}: dp {place['dp']}, pp {place['pp']}, tp {place['tp']}", place["holds"]]
             + [
                 f"{axis} group {place['groups'][axis]}: "
-                + ", ".join(f"{key.split()[1]} {m[r]} bytes" for key, m in measured.items() if key.startswith(axis))
+                + ", ".join(
+                    f"{key.split()[1]} payload {m[r]} bytes" for key, m in measured.items() if key.startswith(axis)
+                )
                 for axis in AXES
             ]
         )
@@ -77,8 +80,8 @@ def mesh_figure(report: dict):
 
 
 def axis_traffic_figure(report: dict):
-    """Bytes each rank moved on each axis during the run (measured from the trace: each call's mesh axis), one
-    panel per axis and kind of call, bars, with the theory as black markers."""
+    """Payload bytes each rank handed to its calls on each axis during the run (measured from the trace: each
+    call's mesh axis), one panel per axis and kind of call, bars, with the theory as black markers."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -91,22 +94,27 @@ def axis_traffic_figure(report: dict):
     fig = make_subplots(rows=len(keys), cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.08)
     ranks = [f"rank {r}" for r in range(report["world_size"])]
     for row, key in enumerate(keys, start=1):
+        hover = "%{x}: %{y} payload bytes measured<extra></extra>"
         fig.add_trace(go.Bar(name=f"{key} measured", x=ranks, y=measured[key], marker_color=kind_color(key.split()[1]),
-                             hovertemplate="%{x}: %{y} bytes measured<extra></extra>"), row=row, col=1)  # fmt: skip
+                             hovertemplate=hover), row=row, col=1)  # fmt: skip
         marker = {"color": "black", "symbol": "line-ew-open", "size": 28, "line": {"width": 3}}
         fig.add_trace(go.Scatter(name="theory", showlegend=row == 1, x=ranks, y=theory[key], mode="markers",
-                                 marker=marker, hovertemplate="%{x}: %{y} bytes in theory<extra></extra>"),
+                                 marker=marker, hovertemplate="%{x}: %{y} payload bytes in theory<extra></extra>"),
                       row=row, col=1)  # fmt: skip
-        fig.update_yaxes(title_text="bytes", row=row, col=1)
-    return style(fig, f"Bytes each rank moved on each axis in {report['steps']} steps", height=180 + 190 * len(keys))
+        fig.update_yaxes(title_text="payload bytes", row=row, col=1)
+    title = f"Payload bytes each rank handed over on each axis in {report['steps']} steps"
+    return style(fig, title, height=180 + 190 * len(keys))
 
 
 def plan_table(
     layers: int, hidden: int, heads: int, seq: int, vocab: int, devices: int, memory_gb: float, batch: int, top=8
 ) -> list[str]:
-    """The planner's best plans for a (tied-embedding) GPT on `devices` devices of `memory_gb` GB."""
+    """The planner's best plans for a (tied-embedding) GPT on `devices` devices of `memory_gb` GB. Its "comm" is
+    bytes on the wire: what each device sends per step (ring all-reduces, pipeline sends, and with offload its
+    copies to and from the host), lesson 00's second count."""
     model = ModelSpec(layers, hidden, heads, seq, vocab, tied=True)
     found = plans(model, Cluster(devices, memory_gb * 1e9), batch)
     fitting = sum(e.fits for e in found)
     head = f"{model.params() / 1e9:.2f}B parameters, {devices} x {memory_gb:g} GB: {fitting} of {len(found)} plans fit"
-    return [head] + [describe(e) for e in found[:top]]
+    note = "(GB/device: held per device; comm: GB each device sends on the wire per step, + host copies with offload)"
+    return [head, note] + [describe(e) for e in found[:top]]

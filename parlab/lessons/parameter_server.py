@@ -9,6 +9,11 @@ The scheme (servers, worker, stragglers, all-reduce DP beside it, theory) is in 
     staleness                 `draw_staleness`: how stale the applied gradients were, by worker
     convergence               `draw_loss_curves`: sync vs async, by updates applied or by seconds
     the server's limit        `bottleneck_sweep`, `draw_bottleneck`: measured at 2..8 ranks, beside the formula
+    the exercise              `check_prediction`, `exercise_answer`: a student's prediction checked, the answer
+                              shown only on request
+
+Bytes (lesson 00's two counts): every parameter-server message is a send/recv, whose payload is what goes on the
+wire; the figures add what a rank sends and what it receives. An all-reduce's figure is its payload.
 """
 
 from __future__ import annotations
@@ -83,6 +88,11 @@ def draw_traffic(report: dict):
         "ring all-reduce, sent + received (theory)": plots.KIND_COLORS["all_reduce"],
         "all-reduce payload (measured)": plots.KIND_COLORS["reduce_scatter"],
     }
+    unit_of = {  # lesson 00's two counts: what went over the link, or what was handed to the all-reduce
+        "parameter server, measured": " sent + received (send/recv: the payload is on the wire)",
+        "ring all-reduce, sent + received (theory)": " sent + received on the wire",
+        "all-reduce payload (measured)": " handed to the all-reduce (its payload)",
+    }
     fig = go.Figure()
     for what, color in colors.items():
         mine = [(bar, b) for bar, w, b in rows if w == what]
@@ -94,7 +104,9 @@ def draw_traffic(report: dict):
                 x=[bar for bar, _ in mine],
                 y=[b / 1e6 for _, b in mine],
                 marker={"color": color},
-                hovertemplate=[f"{bar}<br>{b:,.0f} bytes = {b / G:.2f} G<extra>{what}</extra>" for bar, b in mine],
+                hovertemplate=[
+                    f"{bar}<br>{b:,.0f} bytes = {b / G:.2f} G{unit_of[what]}<extra>{what}</extra>" for bar, b in mine
+                ],
             )
         )
     fig.update_layout(barmode="group")
@@ -226,3 +238,31 @@ def draw_bottleneck(rows: list[dict]):
     fig.update_yaxes(title_text="MB sent + received", row=1, col=1)
     fig.update_yaxes(title_text="ms", row=1, col=2)
     return plots.style(fig, "Adding workers: the server's link grows with N, a ring rank's does not", height=480)
+
+
+# ------------------------------------------------------------------------------------------------ the exercise
+
+
+def check_prediction(prediction: int | None, report: dict) -> str:
+    """Exercise 1 of lesson 08: the student's prediction of the server's bytes (sent + received over the run, as a
+    multiple of G) against the run's measured figure, without giving the figure away when it is wrong."""
+    measured = report["server_bytes"] / report["grad_bytes"]
+    if prediction is None:
+        return "No prediction yet: put yours in my_prediction above and run both cells again."
+    if prediction == measured:
+        return f"Your prediction, {prediction} x G: right, the server sent + received exactly that."
+    return (
+        f"Your prediction, {prediction} x G: not what the server sent + received. Count, per step, the messages "
+        "with the server at one end, then the last pull; try again, or reveal the answer below."
+    )
+
+
+def exercise_answer(report: dict) -> str:
+    """Exercise 1's answer with its reasoning, from a run's report (measured) beside the protocol's count."""
+    G, N, K = report["grad_bytes"], report["workers"], report["steps"]
+    server, worker = report["server_bytes"] // G, report["worker_bytes"][0] // G
+    return (
+        f"server: {server} x G measured = N (2K+1) = {N} x {2 * K + 1} in theory: per step it sends theta to each of "
+        f"the N = {N} workers and receives each one's gradient (2N messages of G), K = {K} times, plus one last "
+        f"pull per worker. Each worker: {worker} x G = 2K+1. The server's link carries N = {N} times a worker's."
+    )

@@ -7,7 +7,8 @@ parlab/ring_attention.py and parlab/ulysses.py; this module runs them in small p
                                each step and which tiles of the T x T score matrix are done, from the trace
     Ulysses' all-to-all        `ulysses_demo`, `draw_ulysses`: the (sequence block, head group) pieces each rank
                                holds before and after, a transpose
-    bytes vs theory            `comm_table`, `comm_figure`: per method, measured payload per rank per step
+    bytes vs theory            `comm_rows`, `comm_figure`: per method, measured bytes per rank per step: the
+                               payload handed to each collective, or what is sent (lesson 00's two counts)
     memory vs sequence length  `measure_activations`, `memory_figure`: saved activations per rank (parlab.memory)
 
 Rank code in this module (`*_rank_fn`) imports torch only; plotly is imported inside each figure function.
@@ -209,7 +210,8 @@ def draw_ulysses(results: Results):
 
 
 def comm_rows(reports: dict[str, dict]) -> list[tuple[str, str, int | float, int | float]]:
-    """(method, what, measured per rank per step on rank 0, theory) for each method's attention traffic."""
+    """(method, what, measured per rank per step on rank 0, theory) for each method's attention traffic, in lesson
+    00's two counts: a collective's payload (what the rank hands over) or the bytes on the wire (sent)."""
     rows = []
     for method, rep in reports.items():
         c = rep["comm"]
@@ -218,19 +220,22 @@ def comm_rows(reports: dict[str, dict]) -> list[tuple[str, str, int | float, int
                          c["layers_theory"]["all_gather"]))  # fmt: skip
             rows.append((method, "reduce-scatter payload, layers", c["layers_reduce_scatter_per_step"][0],
                          c["layers_theory"]["reduce_scatter"]))  # fmt: skip
-            rows.append((method, "sent (ring), layers", c["layers_sent_per_step"][0], c["tp_all_reduce_sent_per_step"]))
+            rows.append((method, "on the wire (ring), layers", c["layers_sent_per_step"][0],
+                         c["tp_all_reduce_sent_per_step"]))  # fmt: skip
         elif method == "ulysses":
             rows.append((method, "all-to-all payload", c["all_to_all_per_step"][0], c["all_to_all_per_step_theory"]))
         else:
             for item in ("kv fwd", "kv bwd", "dkv bwd"):
-                rows.append((method, f"send {item}", c["send_per_step"][item][0], c["send_per_step_theory"][item]))
-        rows.append((method, "gradient all-reduce", c["grad_all_reduce_per_step"][0],
+                rows.append((method, f"send {item} (payload = wire)", c["send_per_step"][item][0],
+                             c["send_per_step_theory"][item]))  # fmt: skip
+        rows.append((method, "gradient all-reduce payload", c["grad_all_reduce_per_step"][0],
                      c["grad_all_reduce_per_step_theory"]))  # fmt: skip
     return rows
 
 
 def comm_figure(reports: dict[str, dict]):
-    """Measured bytes per rank per training step (bars) beside the theory (markers), per method and item."""
+    """Measured bytes per rank per training step (bars) beside the theory (markers), per method and item: payloads,
+    and bytes sent on the wire where the item says so."""
     import plotly.graph_objects as go
 
     rows = comm_rows(reports)
@@ -240,7 +245,8 @@ def comm_figure(reports: dict[str, dict]):
     marker = {"symbol": "line-ew-open", "size": 30, "line": {"width": 3}, "color": "black"}
     fig.add_trace(go.Scatter(x=labels, y=[r[3] for r in rows], name="theory", mode="markers", marker=marker))
     P = next(iter(reports.values()))["world_size"]
-    return style(fig, f"Communication per rank per training step, {P} ranks", None, "bytes", height=520)
+    title = f"Communication per rank per training step, {P} ranks (payload, or bytes on the wire)"
+    return style(fig, title, None, "bytes per rank per step", height=520)
 
 
 # ------------------------------------------------------------------------------ memory vs sequence length

@@ -352,7 +352,7 @@ def check_layers(world_size: int = 4, dtype: str = "float64", seed: int = 0, bat
         verdicts.append(compare(f"{name}: output and every gradient", ours, ref, show=False))
     measured = itemise_labels(results.trace)
     checks = [
-        check_equal(f"{name}: {label} bytes", measured.get(label, [0])[0], value, show=False)
+        check_equal(f"{name}: {label} payload bytes", measured.get(label, [0])[0], value, show=False)
         for name, labels in layer_comm_theory(cfg, batch, world_size).items()
         for label, value in labels.items()
     ]
@@ -372,7 +372,8 @@ def itemise_labels(trace) -> dict[str, list[int]]:
 
 
 def comm_figure(report: dict) -> go.Figure:
-    """All-reduce bytes per training step by item, measured on rank 0 beside the theory, from a tp report."""
+    """All-reduce payload bytes per training step by item (lesson 00: what each rank hands to the all-reduce; a
+    ring sends 2(P-1)/P of it), measured on rank 0 beside the theory, from a tp report."""
     import plotly.graph_objects as go
 
     from parlab.plots import kind_color, style
@@ -386,7 +387,7 @@ def comm_figure(report: dict) -> go.Figure:
             x=names,
             y=[items[k]["measured"][0] for k in names],
             marker_color=kind_color("all_reduce"),
-            hovertemplate="%{x}: %{y} bytes<extra></extra>",
+            hovertemplate="%{x}: %{y} payload bytes<extra></extra>",
         )
     )
     fig.add_trace(
@@ -395,7 +396,7 @@ def comm_figure(report: dict) -> go.Figure:
             x=names,
             y=[items[k]["theory"] for k in names],
             marker_color="#BAB0AC",
-            hovertemplate="%{x}: %{y} bytes<extra></extra>",
+            hovertemplate="%{x}: %{y} payload bytes<extra></extra>",
         )
     )
     fig.update_layout(barmode="group")
@@ -403,7 +404,7 @@ def comm_figure(report: dict) -> go.Figure:
         f"All-reduce payload per step: L={report['layers']}, B={report['batch']}, T={report['seq']}, "
         f"H={report['hidden']}, {report['world_size']} ranks"
     )
-    return style(fig, title, "what the all-reduce is for", "bytes per rank per step", height=460)
+    return style(fig, title, "what the all-reduce is for", "payload bytes per rank per step", height=460)
 
 
 # ---------------------------------------------------------------------------- memory: what each rank holds
