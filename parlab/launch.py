@@ -495,7 +495,7 @@ def _wait_for_report(server: _RankServer, job_id: int, timeout: float, world_siz
         progress.close()
         calls = watch.describe()
         return server.cancel(job_id), stopped, calls
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, or a bug of the watch itself: the ranks must not outlive the launch
         progress.close()
         server.cancel(job_id)  # the ranks are gone once it returns (a second Ctrl-C leaves at once; they still go)
         raise
@@ -626,7 +626,10 @@ def _stuck_ranks(states: list[dict | None], world_size: int) -> list[int]:
         changed = False
         for rank in sorted(stuck):
             call = states[rank]["call"]
-            if all(_may_serve(p, states[p], rank, call, stuck, world_size) for p in _partners(rank, call, world_size)):
+            partners = _partners(rank, call, world_size)
+            if any(not 0 <= p < world_size for p in partners):
+                continue  # a send to (or recv from) a rank that does not exist can never complete
+            if all(_may_serve(p, states[p], rank, call, stuck, world_size) for p in partners):
                 stuck.discard(rank)
                 changed = True
     return sorted(stuck)

@@ -257,3 +257,24 @@ def test_a_size_mismatch_that_gloo_aborts_on_is_named_in_the_exception(traced):
     assert "Collective mismatch: gloo on rank" in text and "Received data size doesn't match" in text, text
     assert "exited with code -6" in text or "Traceback" in text  # the rank that died, or the one left alone
     assert list(parlab.launch(_rank_number, 2, echo=False)) == [0, 1]
+
+
+def _send_past_the_last_rank():
+    import torch
+    import torch.distributed as dist
+
+    from parlab import comm
+
+    if dist.get_rank() == 0:
+        comm.wait_all([comm.isend(torch.ones(3), dist.get_world_size())])  # rank 2 of a world of 2: no such rank
+    return dist.get_rank()
+
+
+def test_a_send_to_a_rank_that_does_not_exist_is_diagnosed_not_a_crash_of_the_watch():
+    import parlab
+
+    started = time.monotonic()
+    with pytest.raises(parlab.CollectiveMismatch, match="12 bytes to rank 2"):
+        parlab.launch(_send_past_the_last_rank, 2, echo=False, timeout=60)
+    assert time.monotonic() - started < 30  # diagnosed, not the timeout
+    assert list(parlab.launch(_rank_number, 2, echo=False)) == [0, 1]
