@@ -45,6 +45,7 @@ import torch
 import torch._dynamo  # noqa: F401  (preloaded: the first torch.optim optimizer imports it, ~3 s per rank)
 
 PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
+PR_SET_CHILD_SUBREAPER = 36  # prctl: orphaned descendants become this process's children
 RENDEZVOUS_PREFIX = "parlab-rendezvous-"  # + "<server pid>-<job id>", in the temp folder
 CALLS_EVERY = 0.25  # seconds between two looks at the ranks' published calls
 CALLS_RESEND = 1.0  # seconds after which they are sent again even if unchanged (the parent sees they still hold)
@@ -56,6 +57,45 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: the server still kills its ranks on every exit path
         pass
+
+
+def _become_subreaper() -> None:
+    """Orphans (a process the rank code started in a new session with setsid, whose rank then died) become this
+    server's children instead of init's, so that _stop_adopted finds and stops them after each job."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
+    except (OSError, AttributeError):  # not Linux: a process started with setsid may outlive its rank
+        pass
+
+
+def _stop_adopted(rounds: int = 20) -> None:
+    """Kill and reap every child of this server: once a job's ranks are reaped, any child left is an orphan the
+    server adopted (as subreaper) from rank code. Killing one can orphan its own children: repeat until none."""
+    for _ in range(rounds):
+        adopted = _children(os.getpid())
+        if not adopted:
+            return
+        for pid in adopted:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in adopted:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc; [] where there is none)."""
+    found = []
+    for task in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            found += [int(child) for child in open(task).read().split()]
+        except OSError:
+            pass
+    return found
 
 
 def _run_rank(job: dict, rank: int, out: Connection, slot: memoryview, err_fd: int) -> None:
@@ -228,6 +268,7 @@ def _run_job(job: dict, parent: Connection) -> tuple[dict, dict | None]:
         for rank, pid in pids.items():
             _, status = os.waitpid(pid, 0)
             exit_codes[rank] = os.waitstatus_to_exitcode(status)
+        _stop_adopted()  # what the rank code started in sessions of its own, out of reach of killpg
         _remove(job["rendezvous"])
         board.close()
         stderr_tails = {rank: _tail_and_pass_on(err) for rank, err in errs.items()}
@@ -263,6 +304,7 @@ def _tail_and_pass_on(err, tail_bytes: int = 4096) -> str:
 def main(fd: int) -> None:
     parent = Connection(fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the kernel is handled by the parent, not here
+    _become_subreaper()
     _remove_stale_rendezvous_files()
     try:
         parent.send_bytes(

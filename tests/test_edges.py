@@ -278,3 +278,40 @@ def test_a_send_to_a_rank_that_does_not_exist_is_diagnosed_not_a_crash_of_the_wa
         parlab.launch(_send_past_the_last_rank, 2, echo=False, timeout=60)
     assert time.monotonic() - started < 30  # diagnosed, not the timeout
     assert list(parlab.launch(_rank_number, 2, echo=False)) == [0, 1]
+
+
+def _start_escapees() -> list[int]:
+    """Rank code that starts processes in sessions of their own (out of reach of its process group), two deep."""
+    started = subprocess.Popen(["setsid", "sleep", "302"])
+    shell = subprocess.Popen(["setsid", "sh", "-c", "setsid sleep 303 & sleep 304"])
+    time.sleep(0.5)
+    return [started.pid, shell.pid]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_processes_the_rank_code_started_in_new_sessions_stop_with_the_launch():
+    import parlab
+
+    pids = [pid for rank_pids in parlab.launch(_start_escapees, 2, echo=False) for pid in rank_pids]
+    sleepers = [int(e) for e in os.listdir("/proc") if e.isdigit() and _cmdline(int(e)) in ("sleep 303",)]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not all(_gone(pid) for pid in pids + sleepers):
+        time.sleep(0.1)
+    assert all(_gone(pid) for pid in pids), [pid for pid in pids if not _gone(pid)]
+    left = [int(e) for e in os.listdir("/proc") if e.isdigit() and _cmdline(int(e)) in ("sleep 302", "sleep 303")]
+    assert not [pid for pid in left if not _gone(pid)], left
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
