@@ -695,6 +695,8 @@ class _HangWatch:
         waited = time.monotonic() - entered
         kinds = {self.states[r]["call"]["kind"] for r in stuck}
         what = "send/recv mismatch" if kinds <= set(P2P) else "collective mismatch"
+        if kinds == {"send"} and len(stuck) > 1:  # a cycle of blocking sends: nobody is there to receive
+            what = "deadlock: each of these ranks waits in a blocking send and none is receiving"
         calls = self.describe(with_time=False)
         return CollectiveMismatch(what, stuck, waited, entered, calls)
 

@@ -315,3 +315,23 @@ def _cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode().strip()
     except OSError:
         return ""
+
+
+def _both_send_first():
+    import torch
+    import torch.distributed as dist
+
+    from parlab import comm
+
+    peer = 1 - dist.get_rank()
+    big = torch.ones(1 << 20)  # large enough that a blocking send waits for its receiver
+    comm.send(big, peer)
+    comm.recv(torch.empty_like(big), peer)
+    return True
+
+
+def test_a_cycle_of_blocking_sends_is_called_a_deadlock():
+    import parlab
+
+    with pytest.raises(parlab.CollectiveMismatch, match="deadlock: each of these ranks waits in a blocking send"):
+        parlab.launch(_both_send_first, 2, echo=False, timeout=60)
