@@ -1,8 +1,9 @@
 # ruff: noqa
 # A wrong answer to labs/lab_bug_hunt.ipynb (tests/test_labs.py grades it; the other answers are the solution's).
 # The bug: part 1 "fixed" by all-reducing after the FIRST micro-batch instead of the last (DDP's no_sync must wrap
-# every micro-batch but the last). The traffic is one copy of the gradients, as asked, but the later micro-batches'
-# gradients are added after the average, locally: the ranks' gradients differ from one device's and from each other.
+# every micro-batch but the last). The traffic is one copy of the gradients, as the check expects, but the later
+# micro-batches' gradients are added after the average, locally: the ranks' gradients differ from one device's and
+# from each other.
 # EXPECT FAIL: dp_accumulation
 
 # ANSWER: train_step
