@@ -32,26 +32,30 @@ K = 3 * 8  # bytes of optimizer state per parameter in float64: master weight, A
 # Part 3: an MLP x [B, 10] -> 13 -> 13 -> 6, tanh between the layers, float64. W_l: [out, in], no bias.
 WIDTHS = (10, 13, 13, 6)
 
-# The graded prediction: ZeRO stage 2 as parlab.zero runs it, mixed precision, on BUDGET_N ranks, for a GPT of 3
-# blocks (Psi = 42,784): none of its numbers is one lesson 05 prints (for 2 blocks on 4 ranks).
-BUDGET_N = 2
-BUDGET_CFG = GPTConfig(layers=3, dtype="float32")  # the fp32 master weights; the compute copy is bf16
+# The graded prediction: one step of ZeRO stage 3 as parlab.zero runs it in fp16 (fp16 compute copy and gradients,
+# fp32 master weights and Adam, a loss scale, no prefetch), on TRAFFIC_N ranks, for a GPT of 3 blocks (Psi = 42,784):
+# lesson 05 prints no number of it (its stage-3 run is bf16, unscaled, on 4 ranks, for 2 blocks).
+TRAFFIC_N = 2
+TRAFFIC_CFG = GPTConfig(layers=3, dtype="float32")  # the fp32 master weights; the compute copy is fp16
+LOSS_SCALE = 1024.0  # the first step does not overflow: nothing is skipped
 
 STRUCTURAL = {
     "zero1": "3 ranks, 2 Adam steps of the GPT from each rank's own rows: losses and parameters equal one device's; "
-    "each rank's master weights are its [S] slice of one device's parameters zero-padded to N S (S = ceil(Psi/N)); "
-    "it holds K S bytes of optimizer state; per step exactly one reduce-scatter of the padded gradient [N S] and "
-    "one all-gather of its [S] shard, nothing else",
+    "each rank's master weights and Adam m are its [S] slices of one device's, zero-padded to N S (S = ceil(Psi/N)); "
+    "every step changes the model's own parameters; it holds K S bytes of optimizer state; per step exactly one "
+    "reduce-scatter of the padded gradient [N S] and one all-gather of its [S] shard, nothing else, every buffer in "
+    "the model's dtype",
     "zero2": "3 ranks, one backward of the GPT with a bucket per layer: each rank's gradient shards equal its slices "
     "of one device's (mean) gradient, padding zero; during backward exactly one reduce-scatter of [N S_b] per "
-    "bucket, in the order backward completes the buckets; no .grad left after backward; the gradient memory held "
-    "(live .grad tensors plus the shards) never exceeds the shards plus the largest bucket",
-    "zero2_budget": "the predicted payload bytes and held bytes of rank 0 in one mixed-precision ZeRO-2 step on 2 "
-    "ranks (a GPT of 3 blocks), against the theory and against parlab.zero's measured run",
+    "bucket, in the order backward completes the buckets, in the model's dtype; no .grad left after backward; the "
+    "gradient memory held (live .grad tensors plus the shards) never exceeds the shards plus the largest bucket",
+    "zero3_traffic": "the predicted number of collective calls (exactly) and payload bytes (within 5%) of rank 0 in "
+    "one fp16, loss-scaled ZeRO-3 step on 2 ranks (a GPT of 3 blocks), against the theory and against parlab.zero's "
+    "measured run",
     "zero3": "3 ranks, an MLP of 3 layers whose weights exist only as [S_l] shards: outputs and gradient shards equal "
-    "one device's; one all-gather per layer in forward, one all-gather and one reduce-scatter per layer in backward; "
-    "the gathered weights are dropped after use (at most one layer's alive at a time, none between forward and "
-    "backward), and nothing but inputs, outputs and shards is kept for backward",
+    "one device's; one all-gather per layer in forward, one all-gather and one reduce-scatter per layer in backward, "
+    "in the model's dtype; the gathered weights are dropped after use (at most one layer's alive at a time, none "
+    "between forward and backward), and nothing but activations and shards is kept for backward",
 }
 
 
@@ -123,6 +127,7 @@ class Recorder:
 
     def __init__(self):
         self.calls: list[list] = []  # [op, payload bytes], in order
+        self.dtypes: set[str] = set()  # the dtypes of the payloads, e.g. {"float64"}
         self._gathered: list = []  # weak references to the storages all-gathers wrote into
         self.peak_gathered = 0  # the most bytes of all-gathered buffers alive at once (right after each gather)
 
@@ -141,6 +146,7 @@ class Recorder:
         given = _tensors(args[1]) if op in ("all_gather", "reduce_scatter") and len(args) > 1 else []
         payload = given if op in ("all_gather", "reduce_scatter") else (_tensors(args[0]) if args else [])
         self.calls.append([op, sum(t.numel() * t.element_size() for t in payload)])
+        self.dtypes.update(str(t.dtype).removeprefix("torch.") for t in payload)
 
     def _after(self, name: str, self_pg, args) -> None:
         if _op(name) == "all_gather" and args:
@@ -211,6 +217,59 @@ def _line(what: str, measured, theory) -> str:
     return f"{what}: measured {measured} != theory {theory}: FAIL"
 
 
+def _verdict(passed: bool, passing: str, failing: str) -> str:
+    """A verdict whose FAIL line names the symptom."""
+    return f"{passing}: PASS" if passed else f"{failing}: FAIL"
+
+
+def _dtype_line(ranks: list[dict]) -> str:
+    """Every buffer handed to a collective in the model's dtype: float64."""
+    wrong = sorted({d for res in ranks for d in res["dtypes"] if d != "float64"})
+    where = [r for r, res in enumerate(ranks) if set(res["dtypes"]) & set(wrong)]
+    return _verdict(
+        not wrong,
+        "every buffer handed to a collective is float64, the model's dtype",
+        f"rank(s) {where} handed {' and '.join(wrong)} buffers to collectives, but the model is float64: the numbers "
+        "lost precision on the way",
+    )
+
+
+def _scale(got, ref) -> float | None:
+    """c when the tensors `got` equal c times `ref` to 0.1% (lists of tensors: all with the same c), else None (a
+    diagnosis, not a verdict: Adam's m drifts a little from N times one device's once the parameters differ)."""
+    got, ref = _tensors(got), _tensors(ref)
+    if len(got) != len(ref) or any(g.shape != r.shape for g, r in zip(got, ref, strict=True)):
+        return None
+    got = torch.cat([g.reshape(-1) for g in got]).double()
+    ref = torch.cat([r.reshape(-1) for r in ref]).double()
+    size = float(ref.abs().max()) if ref.numel() else 0.0
+    if size == 0:
+        return None
+    c = float(got @ ref / (ref @ ref))
+    return c if float((got - c * ref).abs().max()) <= 1e-3 * max(abs(c), 1.0) * size else None
+
+
+def _is(c: float | None, value: float) -> bool:
+    return c is not None and abs(c - value) <= 1e-3 * abs(value)
+
+
+def _fraction(c: float) -> str:
+    from fractions import Fraction
+
+    return str(Fraction(c).limit_denominator(1000))
+
+
+def _compared(what: str, got, ref, per_rank_scale_hint: str) -> str:
+    """compare()'s line; when it fails because every rank's tensors are N times one device's, a line saying so."""
+    line = compare(what, got, ref, show=False).line
+    if line.endswith(": PASS") or not all(_is(_scale(g, e), N) for g, e in zip(got, ref, strict=True)):
+        return line
+    return f"{what}: every rank's is N = {N} times one device's (to 0.1%): {per_rank_scale_hint}: FAIL"
+
+
+SUMMED = "the reduce-scatter sums the ranks' gradients; the gradient of the whole batch is their mean"
+
+
 def _by_op(calls: list) -> dict[str, list[int]]:
     """The payloads of the calls, grouped by collective (keys sorted), each group in order."""
     grouped: dict[str, list[int]] = {}
@@ -248,29 +307,40 @@ def train_zero1(init_shard, zero1_step, batches) -> dict:
     P, r = dist.get_world_size(), dist.get_rank()
     model, flat_param, flat_grad = flat_model()
     state = init_shard(flat_param)  # rank r's master weights, m, v
-    losses, calls = [], []
+    losses, calls, dtypes, moved = [], [], set(), []
     for step, (x, y) in enumerate(batches, start=1):
         flat_grad.zero_()
         x_r, y_r = shard_batch(x, y, r, P)  # [B/N, T]
         loss = lm_loss(model(x_r), y_r)  # the mean over this rank's rows
         loss.backward()  # flat_grad <- the gradient of this rank's rows [Psi]
+        model_before, master_before = _params_of(model), state["master"].detach().clone()
         with recording() as seen:
             zero1_step(flat_param, flat_grad, state, step)
+        moved.append([not _params_of(model).equal(model_before), not state["master"].equal(master_before)])
         losses.append(loss.item())
         calls.append(seen.calls)
+        dtypes |= seen.dtypes
     return {
         "losses": torch.tensor(losses, dtype=torch.float64),
         "params": {n: p.detach().clone() for n, p in model.named_parameters()},
         "master": state["master"].detach().clone(),
+        "m": state["m"].detach().clone(),
         "held": tensor_bytes(state),
         "calls": calls,
+        "dtypes": sorted(dtypes),
+        "moved": moved,  # per step: [did the model's parameters change, did the master weights change]
     }
 
 
-def single_device_adam(batches) -> tuple[list[float], dict[str, torch.Tensor]]:
+def _params_of(model: nn.Module) -> torch.Tensor:
+    """The parameters the model computes with, flat: [Psi] (a copy)."""
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def single_device_adam(batches) -> tuple[list[float], dict[str, torch.Tensor], torch.Tensor]:
     """The reference: one device, the whole batch, Adam on all Psi parameters at once (parlab.zero.adam_step is
     torch.optim.Adam's arithmetic, checked against it in tests/test_zero.py; torch.optim would import torch._dynamo,
-    seconds of this notebook's budget). Returns the loss of each step and the final parameters."""
+    seconds of this notebook's budget). Returns the loss of each step, the final parameters and Adam's m [Psi]."""
     model = build_model(CFG, seed=0)
     params = list(model.parameters())
     master = torch.cat([p.detach().reshape(-1) for p in params])  # [Psi]
@@ -282,7 +352,7 @@ def single_device_adam(batches) -> tuple[list[float], dict[str, torch.Tensor]]:
         adam_step(master, torch.cat([p.grad.reshape(-1) for p in params]), m, v, step, LR)
         torch.nn.utils.vector_to_parameters(master, params)
         losses.append(loss.item())
-    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}, m
 
 
 def collect_zero1(init_shard, zero1_step) -> dict:
@@ -292,12 +362,20 @@ def collect_zero1(init_shard, zero1_step) -> dict:
 def judge_zero1(data) -> list[str]:
     ranks = data["ranks"]
     with one_thread():
-        losses, params = single_device_adam(BATCHES)
+        losses, params, m = single_device_adam(BATCHES)
     psi = sum(t.numel() for t in params.values())
     S = -(-psi // N)
     flat = torch.cat([t.reshape(-1) for t in params.values()])
     mean_loss = torch.stack([res["losses"] for res in ranks]).mean(dim=0)  # each rank's loss is over B/N rows
     lines = [
+        _dtype_line(ranks),
+        _moved_line(ranks),
+        _compared(
+            "every rank's Adam m: its slice of one device's m, zero-padded",
+            [res["m"] for res in ranks],
+            [_shard(m, r, N) for r in range(N)],
+            SUMMED,
+        ),
         compare(
             "loss of each step, averaged over ranks", mean_loss, torch.tensor(losses, dtype=torch.float64), show=False
         ).line,
@@ -320,6 +398,20 @@ def judge_zero1(data) -> list[str]:
     same = [res["calls"] == [per_step] * STEPS for res in ranks[1:]]
     lines.append(_line(f"ranks 1-{N - 1}: the same collectives", same, [True] * (N - 1)))
     return lines
+
+
+def _moved_line(ranks: list[dict]) -> str:
+    """Every step changed the model's own parameters; if not, why (the master weights moved, or nothing did)."""
+    replaced = sorted({r for r, res in enumerate(ranks) for model, master in res["moved"] if master and not model})
+    idle = sorted({r for r, res in enumerate(ranks) for model, master in res["moved"] if not master and not model})
+    if replaced:
+        failing = (
+            f"rank(s) {replaced}: the master weights moved but the model's parameters did not: flat_param was "
+            "replaced, not written, so the model never saw the new values"
+        )
+    else:
+        failing = f"rank(s) {idle}: a step changed neither the master weights nor the model's parameters"
+    return _verdict(not (replaced or idle), "every step changed the model's own parameters, on every rank", failing)
 
 
 # ---------------------------------------------------------------------------------------- part 2: ZeRO-2
@@ -351,6 +443,7 @@ def run_zero2(Zero2Grads, x, y) -> dict:
     return {
         "shards": [s.detach().clone() for s in yours[0].shards],
         "calls": seen.calls,
+        "dtypes": sorted(seen.dtypes),
         "grads_after": tensor_bytes([p.grad for p in params if p.grad is not None]),
         "peak": max(held),
     }
@@ -389,15 +482,21 @@ def judge_zero2(data) -> list[str]:
     expected = [[_shard(torch.cat([p.grad.reshape(-1) for p in b]), r, N) for b in buckets] for r in range(N)]
     calls = [["reduce_scatter", N * S[b] * 8] for b in order]
     return [
-        compare(
+        _dtype_line(ranks),
+        _compared(
             "every rank's gradient shards: its slices of the mean gradient, zero-padded",
             [res["shards"] for res in ranks],
             expected,
-            show=False,
-        ).line,
+            SUMMED,
+        ),
         _line("collectives [op, payload bytes] of rank 0's backward", ranks[0]["calls"], calls),
         _line(f"ranks 1-{N - 1}: the same collectives", [res["calls"] == calls for res in ranks[1:]], [True] * (N - 1)),
-        _line("bytes of .grad tensors each rank holds after backward", [res["grads_after"] for res in ranks], [0] * N),
+        _verdict(
+            not any(res["grads_after"] for res in ranks),
+            "no parameter has a .grad after backward, on any rank",
+            f"bytes of .grad still on the parameters after backward, per rank: {[res['grads_after'] for res in ranks]}"
+            ": the bucket's full gradients outlive its reduce-scatter (only the shards may remain)",
+        ),
         _line(
             "peak gradient bytes each rank holds (.grad alive + shards) = shards + largest bucket",
             [res["peak"] for res in ranks],
@@ -406,30 +505,29 @@ def judge_zero2(data) -> list[str]:
     ]
 
 
-# ----------------------------------------------------------------------------- the prediction: ZeRO-2 budget
+# ---------------------------------------------------------------------------- the prediction: ZeRO-3 traffic
 
 
-def run_budget() -> dict:
-    """Rank code: one ZeRO-2 step of parlab.zero, bf16 compute copy, fp32 master weights and Adam, this rank's
-    rows; what rank 0 hands to the collectives during the step and what it holds before the optimizer step."""
+def run_traffic() -> dict:
+    """Rank code: one ZeRO-3 step of parlab.zero in fp16 with a loss scale (fp32 master weights and Adam), this
+    rank's rows, no prefetch; every collective this rank calls during the step: [op, payload bytes]."""
     from parlab.zero import ZeRO
 
     P, r = dist.get_world_size(), dist.get_rank()
-    model = build_model(BUDGET_CFG, seed=0)
-    x, y = make_batches(BUDGET_CFG, B, 1, seed=0)[0]
+    model = build_model(TRAFFIC_CFG, seed=0)
+    x, y = make_batches(TRAFFIC_CFG, B, 1, seed=0)[0]
     x_r, y_r = shard_batch(x, y, r, P)
     with recording() as seen:
-        zero = ZeRO(model, 2, lr=LR, compute_dtype=torch.bfloat16)
-        lm_loss(model(x_r), y_r).backward()  # the reduce-scatters start in here
-        held = zero.held()  # the gradient shard, the compute copy, the optimizer states (fixed sizes)
-        zero.step()  # Adam on the shard, all-gather the parameters
+        zero = ZeRO(model, 3, lr=LR, compute_dtype=torch.float16, loss_scale=LOSS_SCALE)  # no collective in here
+        zero.scale(lm_loss(model(x_r), y_r)).backward()  # forward, then backward
+        stepped = zero.step()  # Adam on the shard (False: the step overflowed and was skipped)
     zero.remove()
-    return {"payload": sum(b for op, b in seen.calls), "held": held["params"] + held["grads"] + held["optimizer"]}
+    return {"calls": seen.calls, "stepped": stepped}
 
 
-def collect_zero2_budget(bytes_rank0, held_rank0) -> dict:
-    measured = parlab.launch(run_budget, BUDGET_N, **LAUNCH)[0]
-    return {"bytes_rank0": _plain(bytes_rank0), "held_rank0": _plain(held_rank0), **measured}
+def collect_zero3_traffic(calls_rank0, bytes_rank0) -> dict:
+    measured = parlab.launch(run_traffic, TRAFFIC_N, **LAUNCH)[0]
+    return {"calls_rank0": _plain(calls_rank0), "bytes_rank0": _plain(bytes_rank0), **measured}
 
 
 def _plain(value):
@@ -439,19 +537,22 @@ def _plain(value):
     return value if isinstance(value, (int, float)) else repr(value)[:80]
 
 
-def judge_zero2_budget(data) -> list[str]:
-    model = build_model(BUDGET_CFG)
-    sizes = [sum(p.numel() for p in bucket) for bucket in buckets_of(model)]  # parlab.zero: a unit per layer
-    S = sum(-(-n // BUDGET_N) for n in sizes)
-    payload = 2 * (BUDGET_N * S + S)  # bf16: each unit's whole padded gradient in, its parameter shard out
-    held = 2 * BUDGET_N * S + 2 * S + 12 * S  # the bf16 compute copy, the bf16 gradient shard, fp32 master, m, v
+def judge_zero3_traffic(data) -> list[str]:
+    model = build_model(TRAFFIC_CFG)
+    S = [-(-sum(p.numel() for p in unit) // TRAFFIC_N) for unit in buckets_of(model)]  # parlab.zero: a unit per layer
+    fp16, fp32 = 2, 4
+    # parlab.zero's stage 3 (ZeRO._gather, ZeRO._reduce_ready_units, ZeRO.step), one unit per layer
+    calls = 3 * len(S) + 1
+    payload = sum(2 * fp16 * s + fp16 * TRAFFIC_N * s for s in S) + fp32
     return [
+        *prediction_lines("collective calls of rank 0 in one step", data["calls_rank0"], calls, len(data["calls"]), 0),
         *prediction_lines(
-            "payload bytes rank 0 hands to collectives per step", data["bytes_rank0"], payload, data["payload"]
+            "payload bytes rank 0 hands to collectives in one step",
+            data["bytes_rank0"],
+            payload,
+            sum(nbytes for _, nbytes in data["calls"]),
         ),
-        *prediction_lines(
-            "bytes of params, grads and optimizer states rank 0 holds", data["held_rank0"], held, data["held"]
-        ),
+        _line("the measured step was not skipped (no fp16 overflow)", data["stepped"], True),
     ]
 
 
@@ -523,6 +624,7 @@ def run_zero3(Zero3Linear) -> dict:
         "peak": seen.peak_gathered,
         "alive": [alive_after_forward, alive_after_backward],
         "kept": kept,
+        "dtypes": sorted(seen.dtypes),
     }
 
 
@@ -545,18 +647,14 @@ def judge_zero3(data) -> list[str]:
     backward = {"all_gather": [s * 8 for s in reversed(S)], "reduce_scatter": [N * s * 8 for s in reversed(S)]}
     same = [res["forward"] == gathers and _by_op(res["backward"]) == backward for res in ranks[1:]]
     return [
+        _dtype_line(ranks),
         compare(
             "every rank's y (its rows)",
             [res["y"] for res in ranks],
             [h[r * b : (r + 1) * b] for r in range(N)],
             show=False,
         ).line,
-        compare(
-            "every rank's gradient shards of W_0, W_1, W_2: its slices of dL/dW, zero-padded",
-            [res["grads"] for res in ranks],
-            [[_shard(w.grad, r, N) for w in ws] for r in range(N)],
-            show=False,
-        ).line,
+        _weight_grads_line(ranks, [[_shard(w.grad, r, N) for w in ws] for r in range(N)]),
         _line("collectives [op, payload bytes] of rank 0's forward", ranks[0]["forward"], gathers),
         _line("payload bytes of rank 0's backward, by collective, in order", _by_op(ranks[0]["backward"]), backward),
         _line(f"ranks 1-{N - 1}: the same collectives", same, [True] * (N - 1)),
@@ -571,6 +669,33 @@ def judge_zero3(data) -> list[str]:
             [[0, 0]] * N,
         ),
         _line(
-            "bytes the layers keep for backward besides activations and shards", [res["kept"] for res in ranks], [0] * N
+            "bytes the layers keep for backward besides activations and shards (a saved W, or a view of it, keeps "
+            "its whole gathered buffer alive)",
+            [res["kept"] for res in ranks],
+            [0] * N,
         ),
     ]
+
+
+def _weight_grads_line(ranks: list[dict], expected: list[list[torch.Tensor]]) -> str:
+    """compare()'s line for the gradient shards; when each layer's is a multiple of one device's, which multiple
+    (N: summed, not averaged; 1, 1/N, 1/N^2 from the last layer down: dL/dx averaged too)."""
+    what = "every rank's gradient shards of W_0, W_1, W_2: its slices of dL/dW, zero-padded"
+    got = [res["grads"] for res in ranks]
+    line = compare(what, got, expected, show=False).line
+    layers = len(expected[0])
+    try:
+        scales = [_scale([g[k] for g in got], [e[k] for e in expected]) for k in range(layers)]
+    except (TypeError, IndexError):  # a missing gradient (None) or too few: compare's line says so
+        return line
+    if line.endswith(": PASS") or None in scales:
+        return line
+    said = ", ".join(f"W_{k} x {_fraction(c)}" for k, c in enumerate(scales))
+    if all(_is(c, N) for c in scales):
+        return f"{what}: {said} of one device's: {SUMMED}: FAIL"
+    if all(_is(c, N ** -(layers - 1 - k)) for k, c in enumerate(scales)):
+        return (
+            f"{what}: {said} of one device's: dL/dx was divided by N too, and the error compounds layer by layer "
+            "down the network; grad_y is the gradient of this rank's own loss: only dL/dW is averaged: FAIL"
+        )
+    return f"{what}: {said} of one device's: FAIL"
