@@ -1,7 +1,8 @@
-"""One run of `python -m parlab grade --timeout 20` over every kind of submission an instructor meets.
+"""One run of `python -m parlab grade --timeout 20` over a folder of every kind of submission an instructor meets.
 
-Next to the four solutions: the labs as handed out, the wrong answers of tests/wrong_solutions, and submissions
-that cheat or break things on purpose (see SUBMISSIONS). The grader runs on a copy of parlab/ and labs/ (the
+Next to every lab's solution: a lab as handed out, some wrong answers of tests/wrong_solutions (all of them, and
+every handout, go through the same checks in tests/test_wrong_answers.py), and submissions that cheat or break
+things on purpose (see write_submissions). The grader runs on a copy of parlab/ and labs/ (the
 kernels import that copy), so the submissions that rewrite the package rewrite the copy; the copy must end the run
 byte for byte as it started. A second, short run without the sandbox shows tampering caught and undone where
 nothing stops the writes.
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from test_wrong_answers import wrong_answers as _wrong_answers
 
 from parlab import grade
 from parlab.grading.isolation import Sandbox
@@ -32,6 +34,9 @@ TIMEOUT = 20
 
 SOLUTIONS = sorted((LABS / "solutions").glob("lab*.ipynb"))
 MAX_POINTS = {name: lab.max_points for name, lab in grade.load_labs().items()}
+# The wrong answers graded end to end here (a fresh kernel each: ~12 s of CPU); tests/test_wrong_answers.py runs
+# every wrong answer and every handout through the same checks in one process.
+GRADED_WRONG = ("lab00_ring_allreduce", "lab02_tensor_parallel", "lab05_zero", "lab_bug_hunt")
 
 
 # ------------------------------------------------------------------------------------------- the submissions
@@ -48,16 +53,6 @@ def _with_answers(nb, answers: dict[str, str]):
         if name in answers:
             cell.source = f"# ANSWER: {name}\n{answers[name]}"
     return nb
-
-
-def _wrong_answers(path: Path) -> tuple[dict[str, str], set[str]]:
-    """The answer cells of a wrong-solution file (split at '# ANSWER: name' lines) and the checks it must fail."""
-    text = path.read_text()
-    expect = re.search(r"^# EXPECT FAIL: (.+)$", text, re.M)
-    assert expect, f"{path.name} says nothing about which checks must fail"
-    parts = re.split(r"^(?=# (?:ANSWER|PREDICT): )", text, flags=re.M)[1:]
-    answers = {grade.ANSWER_RE.match(p.split("\n", 1)[0])["name"]: p.split("\n", 1)[1].strip() for p in parts}
-    return answers, {name.strip() for name in expect[1].split(",")}
 
 
 REDEFINED_CHECKS = """
@@ -181,15 +176,11 @@ def write_submissions(folder: Path) -> dict[str, dict]:
     ignores = _with_answers(handout["lab03_pipeline_1f1b"], {"one_f_one_b": IGNORE_INTERRUPT})
     add("lab03_ignores_interrupt", ignores, kind="cheat")
     for solution in SOLUTIONS:
-        key = grade.lab_key(solution.stem)
         add(solution.stem, solution_nb[solution.stem], kind="solution")
-        for path in sorted(WRONG.glob(f"{solution.stem}*.py")):
-            answers, failing = _wrong_answers(path)
+        if solution.stem in GRADED_WRONG:  # every wrong answer and handout: tests/test_wrong_answers.py
+            answers, failing = _wrong_answers(WRONG / f"{solution.stem}.py")
             wrong = _with_answers(solution_nb[solution.stem], answers)
-            bug = path.stem[len(solution.stem) :].strip("_")
-            add(f"{key}_wrong{'_' + bug if bug else ''}", wrong, kind="wrong", fail=failing)
-        if key != "lab00":  # lab 00's handout is graded below (untouched) beside the tampering submission
-            add(f"{key}_handout", handout[solution.stem], kind="cheat")
+            add(f"{grade.lab_key(solution.stem)}_wrong", wrong, kind="wrong", fail=failing)
     # Lab 03's handout for the cheats that answer nothing: its checks need no ranks, so they cost little.
     add(
         "redefined_checks",

@@ -47,7 +47,7 @@ def test_hybrid_with_sequence_parallelism_or_zero_matches_one_device(options):
         ({"zero": 1}, "add --optimizer adam"),
         ({"pp": 2, "tp": 2, "dp": 1, "sequence_parallel": True}, "sequence_parallel needs pp=1 and tp>=2"),
         ({"dp": 2, "pp": 2, "tp": 2, "world_size": 4}, "mesh dp=2 x pp=2 x tp=2 = 8 ranks, but world_size=4"),
-        ({"dp": 1, "pp": 1, "tp": 3}, "heads=4 is not divisible by world_size=3"),
+        ({"dp": 1, "pp": 1, "tp": 3}, r"the tp axis \(tp=3\): heads=4 is not divisible by tp=3"),
         ({"dp": 1, "pp": 3, "tp": 1, "microbatches": 3, "batch": 6}, "layers=4 is not divisible by pp=3"),
         ({"dp": 3, "pp": 1, "tp": 1}, "batch=8 must split into dp=3 replicas"),
         ({"dp": 0, "pp": 1, "tp": 1, "world_size": 1}, "dp=0 must be >= 1"),
