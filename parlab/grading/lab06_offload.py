@@ -59,22 +59,6 @@ def run(check: str, *answers) -> None:
     run_check(__name__, check, *answers)
 
 
-def single_threaded(judge):
-    """Run a judge with one torch thread: its tiny one-device models are 4-8x slower with two threads on a loaded
-    2-core machine (the threads spin waiting for each other); the thread count is restored afterwards."""
-
-    @functools.wraps(judge)
-    def wrapper(*args, **kwargs):
-        before = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return judge(*args, **kwargs)
-        finally:
-            torch.set_num_threads(before)
-
-    return wrapper
-
-
 # -------------------------------------------------------------------------------------------- the emulated rank
 
 
@@ -391,7 +375,6 @@ def collect_serial(init_state, offload_step) -> dict:
     return {"ranks": list(parlab.launch(train_host_step, N, init_state, offload_step, BATCHES, **LAUNCH))}
 
 
-@single_threaded
 def judge_serial(data) -> list[str]:
     return _judge_steps(data, overlap=False)
 
@@ -400,7 +383,6 @@ def collect_overlap(init_state, overlapped_step) -> dict:
     return {"ranks": list(parlab.launch(train_host_step, N, init_state, overlapped_step, BATCHES, **LAUNCH))}
 
 
-@single_threaded
 def judge_overlap(data) -> list[str]:
     return _judge_steps(data, overlap=True)
 
@@ -567,7 +549,6 @@ def collect_budget(plan_offload) -> dict:
     return {"plans": plans, "ranks": run}
 
 
-@single_threaded
 def judge_budget(data) -> list[str]:
     plans, lines = data["plans"], []
     for i, config in enumerate(budget_configs()):

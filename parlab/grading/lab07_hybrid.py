@@ -10,8 +10,6 @@ process group, with the global ranks of that group (`recording`), so the checks 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -100,39 +98,10 @@ def _shape(axes: dict[str, int]) -> str:
 # ----------------------------------------------------------------------------------- recording, with groups
 
 
-@contextmanager
-def recording() -> Iterator[list[dict]]:
-    """parlab.grading.probe's recording, plus the group of each call: "group" is the sorted global ranks of the
-    process group the call ran on; for a send or receive, "peer" is the partner's global rank."""
-    from torch._C._distributed_c10d import ProcessGroup
-
-    calls: list[dict] = []
-    originals = {name: getattr(ProcessGroup, name) for name in probe._methods(ProcessGroup)}
-    originals = {name: fn for name, fn in originals.items() if not isinstance(fn, type)}
-
-    def wrap(name, original):
-        def recorded(self, *args, **kwargs):
-            tensors = probe._tensors(args[0]) if args else []
-            try:
-                group = sorted(dist.get_process_group_ranks(self))
-            except (RuntimeError, ValueError, KeyError):
-                group = []  # a group torch does not know: it can match no axis
-            record = {"op": name, "bytes": sum(t.numel() * t.element_size() for t in tensors), "group": group}
-            record["peer"] = -1
-            if name in probe.P2P and len(args) > 1 and isinstance(args[1], int) and 0 <= args[1] < len(group):
-                record["peer"] = group[args[1]]  # the partner's rank in this group, as a global rank
-            calls.append(record)
-            return original(self, *args, **kwargs)
-
-        return recorded
-
-    for name, original in originals.items():
-        setattr(ProcessGroup, name, wrap(name, original))
-    try:
-        yield calls
-    finally:
-        for name, original in originals.items():
-            setattr(ProcessGroup, name, original)
+def recording():
+    """parlab.grading.probe's recording, with the group of each call ("group": its sorted global ranks) and a
+    send's or receive's partner as a global rank ("peer")."""
+    return probe.recording(keep_sent_data=False, with_groups=True)
 
 
 # ----------------------------------------------------------------------------------------- part 1: groups

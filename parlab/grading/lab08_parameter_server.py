@@ -62,22 +62,6 @@ def run(check: str, *answers) -> None:
     run_check(__name__, check, *answers)
 
 
-def single_threaded(judge):
-    """Run a judge with one torch thread: its tiny one-device models are 4-8x slower with two threads on a loaded
-    2-core machine (the threads spin waiting for each other); the thread count is restored afterwards."""
-
-    @functools.wraps(judge)
-    def wrapper(*args, **kwargs):
-        before = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return judge(*args, **kwargs)
-        finally:
-            torch.set_num_threads(before)
-
-    return wrapper
-
-
 # ------------------------------------------------------------------------------------------------ the ranks
 
 
@@ -146,7 +130,6 @@ def _through_comm(server: dict) -> list[str]:
     return [f"server: every message it sent and received went through parlab.comm: {'PASS' if ok else 'FAIL'}"]
 
 
-@single_threaded
 def judge_sync(data) -> list[str]:
     ranks = data["ranks"]
     server, workers = ranks[0], ranks[1:]
@@ -423,7 +406,6 @@ def _applied(order: list[int], reads: dict) -> list[tuple[int, tuple[int, int]]]
     return out
 
 
-@single_threaded
 def judge_ssp(data) -> list[str]:
     lines = []
     for s in SSP_BOUNDS:

@@ -38,8 +38,12 @@ def _methods(cls) -> list[str]:
 
 
 @contextmanager
-def recording(keep_sent_data: bool = True) -> Iterator[list[dict]]:
-    """Record the process-group calls made inside the `with` block (this process only)."""
+def recording(keep_sent_data: bool = True, with_groups: bool = False) -> Iterator[list[dict]]:
+    """Record the process-group calls made inside the `with` block (this process only).
+
+    with_groups: also record "group", the sorted global ranks of the process group each call ran on, and give a
+    send's or receive's "peer" as the partner's global rank (by default it is its rank in the call's group)."""
+    import torch.distributed as dist
     from torch._C._distributed_c10d import ProcessGroup
 
     calls: list[dict] = []
@@ -55,6 +59,14 @@ def recording(keep_sent_data: bool = True) -> Iterator[list[dict]]:
             record = {"op": name, "bytes": sum(t.numel() * t.element_size() for t in tensors), "peer": -1}
             if name in P2P and len(args) > 1 and isinstance(args[1], int):
                 record["peer"] = args[1]  # the group rank (the default group's is the global rank)
+            if with_groups:
+                try:
+                    group = sorted(dist.get_process_group_ranks(self))
+                except (RuntimeError, ValueError, KeyError):
+                    group = []  # a group torch does not know: it can match no axis
+                record["group"] = group
+                if record["peer"] != -1:
+                    record["peer"] = group[record["peer"]] if 0 <= record["peer"] < len(group) else -1
             if name == "send" and keep_sent_data and tensors:
                 record["data"] = tensors[0].detach().cpu().clone().flatten()
             calls.append(record)
