@@ -49,9 +49,6 @@ def recording(keep_sent_data: bool = True, with_groups: bool = False) -> Iterato
     calls: list[dict] = []
     originals = {name: getattr(ProcessGroup, name) for name in _methods(ProcessGroup)}
     originals = {name: fn for name, fn in originals.items() if not isinstance(fn, type)}
-    # What is put back must be the class's own attribute (a pybind11 instancemethod), not what getattr returned
-    # (a plain builtin that would no longer receive `self`: every later call would fail with a TypeError).
-    own = {name: inspect.getattr_static(ProcessGroup, name) for name in originals}
 
     def wrap(name, original):
         def recorded(self, *args, **kwargs):
@@ -74,13 +71,24 @@ def recording(keep_sent_data: bool = True, with_groups: bool = False) -> Iterato
 
         return recorded
 
-    for name, original in originals.items():
-        setattr(ProcessGroup, name, wrap(name, original))
-    try:
+    with wrapped(ProcessGroup, originals, wrap):
         yield calls
+
+
+@contextmanager
+def wrapped(cls, originals: dict, wrap) -> Iterator[None]:
+    """Replace each method `name` of `cls` (in `originals`) by `wrap(name, original)` inside the block.
+
+    What is put back is the class's own attribute (for a pybind11 class, an instancemethod), not what getattr
+    returned (a plain builtin that would no longer receive `self`: every later call would fail with a TypeError)."""
+    own = {name: inspect.getattr_static(cls, name) for name in originals}
+    for name, original in originals.items():
+        setattr(cls, name, wrap(name, original))
+    try:
+        yield
     finally:
         for name, attribute in own.items():
-            setattr(ProcessGroup, name, attribute)
+            setattr(cls, name, attribute)
 
 
 def total_bytes(calls, op: str) -> int:
