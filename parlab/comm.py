@@ -40,6 +40,17 @@ _events: list[Event] = []
 call_hook = None
 _calls = 0  # the traced communication calls this rank has made
 
+# Progress: the launcher sets `progress_hook` in each rank (a function of one dict) so that a scheme's loop can say
+# how far it is without knowing who runs it. None elsewhere (e.g. under torchrun): progress() is then a no-op.
+progress_hook = None
+
+
+def progress(done: int, total: int, what: str = "step") -> None:
+    """Rank code: say how far this rank is ("step 3 of 10"); while the ranks run, the cell shows the slowest rank."""
+    if progress_hook is not None:
+        progress_hook({"rank": dist.get_rank(), "done": done, "total": total, "what": what})
+
+
 # torch 2.13 renamed the single-tensor collectives; older releases (>= 2.4) have only the old names.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

@@ -41,7 +41,6 @@ import torch
 import torch.nn as nn
 
 from parlab import comm, pace
-from parlab.launch import progress
 from parlab.models import lm_loss
 
 DEFAULT_BUCKET_BYTES = 64 * 1024  # the reference GPT's gradients are 240,640 bytes in float64: 4 buckets
@@ -271,7 +270,7 @@ def train_data_parallel(
         with comm.span("optimizer step", kind="optimizer", step=step):
             optimizer.step()  # the same averaged gradient on every rank: the replicas stay identical
         losses.append(step_loss)
-        progress(step + 1, len(batches))  # the notebook cell shows the slowest rank's step
+        comm.progress(step + 1, len(batches))  # the notebook cell shows the slowest rank's step
 
     return {
         "losses": losses,

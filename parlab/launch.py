@@ -888,8 +888,8 @@ def _rank_main(job: dict, rank: int, out: Connection, slot: memoryview, captured
     """One rank, in the process the rank server forked for it: run fn, send back what it returned.
 
     (It lives here rather than in _rankserver.py so that each rank runs the parlab code on disk.)"""
-    global _progress_channel
-    _progress_channel = out  # parlab.progress() in rank code reports through the same pipe
+    # comm.progress() in rank code reports through the same pipe
+    comm.progress_hook = lambda update: out.send_bytes(pickle.dumps({"progress": update}))
     board = _CallBoard(slot, rank, job["world_size"])
     comm.call_hook = board.hook
     _seed_generators(job["seed"] + rank)
@@ -925,17 +925,8 @@ def _rank_main(job: dict, rank: int, out: Connection, slot: memoryview, captured
 
 # ------------------------------------------------------------------------------------------------- progress
 
-_progress_channel = None  # in a launched rank: the pipe to the rank server (set by _rankserver)
-
-
-def progress(done: int, total: int, what: str = "step") -> None:
-    """Rank code: say how far this rank is; while the ranks run, the cell shows the slowest rank's progress.
-
-    A no-op outside parlab.launch (e.g. under torchrun).
-    """
-    if _progress_channel is not None:
-        update = {"rank": dist.get_rank(), "done": done, "total": total, "what": what}
-        _progress_channel.send_bytes(pickle.dumps({"progress": update}))
+# Rank code reports progress with parlab.comm.progress (re-exported here and as parlab.progress).
+progress = comm.progress
 
 
 class _ProgressLine:

@@ -59,7 +59,6 @@ import torch.nn as nn
 
 from parlab import comm, pace
 from parlab.data_parallel import shard_batch
-from parlab.launch import progress
 from parlab.memory import MemoryLedger, tensor_bytes
 from parlab.models import lm_loss
 from parlab.scratch import offload_folder
@@ -416,7 +415,7 @@ def train_offload(
             opt.step(step)
             opt.record("after the step")
             losses.append(loss.item())
-            progress(step + 1, len(batches))
+            comm.progress(step + 1, len(batches))
         rows = opt.ledger.rows
         steady = next(row for row in reversed(rows) if row["label"] == "before the optimizer step")
         keys = [k for k in rows[0] if ":" in k]

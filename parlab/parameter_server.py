@@ -47,7 +47,6 @@ import torch.nn as nn
 
 from parlab import comm
 from parlab.data_parallel import shard_batch
-from parlab.launch import progress
 from parlab.models import lm_loss
 
 MODES = ("sync", "async")
@@ -147,7 +146,7 @@ def run_worker(model: nn.Module, batches, *, slowdown: float = 1.0, group=None, 
         x_w, y_w = shard_batch(x, y, rank - 1, N)  # [b, T] each: this worker's rows
         losses.append(compute_gradient(model, x_w, y_w, loss_fn, step, slowdown))
         comm.send(grads_to_vector(model), server, group=group, label=f"push grad {step}")  # g_w [Psi] -> server
-        progress(step + 1, len(batches))
+        comm.progress(step + 1, len(batches))
     comm.recv(theta, server, group=group, label="pull params")  # the last pull
     vector_to_params(theta, model)
     return {"losses": losses}

@@ -26,7 +26,6 @@ import torch
 import torch.nn as nn
 
 from parlab import comm
-from parlab.launch import progress
 from parlab.memory import saved_activations
 from parlab.models import GPT, GPTConfig, lm_loss
 from parlab.schedules import (  # noqa: F401  (Action ... validate: the names a schedule's user needs, here too)
@@ -269,7 +268,7 @@ def train_pipeline(
         with comm.span("optimizer step", kind="optimizer", step=step):
             optimizer.step()
         losses.append(stats[-1].loss)
-        progress(step + 1, len(batches))
+        comm.progress(step + 1, len(batches))
     holds_last = schedule.rank_of(schedule.num_stages - 1) == rank
     return {
         "losses": losses if holds_last else None,

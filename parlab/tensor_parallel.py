@@ -45,7 +45,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from parlab import comm
-from parlab.launch import progress
 from parlab.memory import tensor_bytes
 from parlab.models import GPT, MLP, GPTConfig, SelfAttention, causal_attention
 
@@ -412,7 +411,7 @@ def train_tensor_parallel(
         with comm.span(f"step {step}", kind="optimizer", step=step):
             optimizer.step()
         losses.append(loss.item())
-        progress(step + 1, len(batches))
+        comm.progress(step + 1, len(batches))
     return {
         "losses": losses,
         "grads": grads,  # first step, this rank's slices

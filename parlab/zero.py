@@ -39,7 +39,6 @@ import torch.nn as nn
 
 from parlab import comm
 from parlab.data_parallel import shard_batch
-from parlab.launch import progress
 from parlab.memory import MemoryLedger, tensor_bytes
 from parlab.models import lm_loss
 
@@ -403,7 +402,7 @@ def train_zero(
         skipped += not zero.step(step)
         zero.record("after the step")
         losses.append(loss.item())
-        progress(step + 1, len(batches))
+        comm.progress(step + 1, len(batches))
     steady = next(row for row in reversed(zero.ledger.rows) if row["label"] == "before the optimizer step")
     peak = {k: max(row[k] for row in zero.ledger.rows) for k in zero.held()}
     out = {

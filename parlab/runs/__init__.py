@@ -39,6 +39,8 @@ RUN_MODULES = [
     "parlab.runs.offload",
     "parlab.runs.hybrid",
     "parlab.runs.parameter_server",
+    "parlab.runs.expert_parallel",
+    "parlab.runs.checkpoint",
 ]
 
 REQUIRED_KEYS = ("scheme", "world_size", "passed", "max_abs_err", "tol", "comm", "verdicts")
