@@ -28,6 +28,7 @@ from parlab import comm
 from parlab.launch import CollectiveMismatch, LaunchTimeout, RankError, rank_server_pid
 
 launch_module = sys.modules["parlab.launch"]  # (parlab.launch, the attribute, is the function)
+server_module = sys.modules["parlab.runtime.server"]  # the parent's handle on the rank server
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -125,13 +126,13 @@ def test_a_second_interrupt_while_the_ranks_are_stopped(clean, monkeypatch):
     def fn():
         time.sleep(30)
 
-    cancel = launch_module._RankServer.cancel
+    cancel = server_module._RankServer.cancel
 
     def cancel_interrupted(server, job_id):
         os.kill(os.getpid(), signal.SIGINT)  # raised within the next few bytecodes of the cancel below
         return cancel(server, job_id)
 
-    monkeypatch.setattr(launch_module._RankServer, "cancel", cancel_interrupted)
+    monkeypatch.setattr(server_module._RankServer, "cancel", cancel_interrupted)
     timer = _interrupt_after(0.8)
     try:
         timer.start()
@@ -538,7 +539,7 @@ def test_a_forked_child_never_touches_the_parents_server(clean):
     server = rank_server_pid()
     pid = os.fork()
     if pid == 0:  # the child: it has no server, and shutting "its" server down must not stop the parent's
-        ok = launch_module._server is None
+        ok = server_module._server is None
         launch_module.shutdown()
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)

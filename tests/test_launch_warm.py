@@ -64,10 +64,11 @@ def test_warm_up_returns_at_once_and_the_first_launch_is_warm():
         import json, sys, time
         import parlab
         launch_module = sys.modules["parlab.launch"]
+        import parlab.runtime.server as server_module
         started = time.perf_counter()
         launch_module.warm_up()
         returned_after = time.perf_counter() - started
-        ready_at_return = launch_module._server.ready.is_set()
+        ready_at_return = server_module._server.ready.is_set()
         launch_module.warm_up(wait=True)
         started = time.perf_counter()
         parlab.launch(lambda: 1, 4)
@@ -100,7 +101,7 @@ def test_importing_parlab_in_a_kernel_starts_the_server_without_blocking():
         code = (
             "import os, time; os.environ.pop('PARLAB_WARM', None)\n"
             "import parlab, sys\n"
-            "m = sys.modules['parlab.launch']\n"
+            "m = sys.modules['parlab.runtime.server']\n"
             "print(m.rank_server_pid() is not None, m._server.warm)\n"
         )
         assert run(code).split() == ["True", "True"]

@@ -5,9 +5,9 @@ Why it exists: starting a rank with `torch.multiprocessing.spawn` costs a fresh 
 import once; each launch then only forks `world_size` copies of it (a few milliseconds each), and the function
 arrives by value (cloudpickle), so notebook functions work.
 
-It runs as a plain script (`python _rankserver.py FD`), not as `parlab._rankserver`: the server must not import
+It runs as a plain script (`python rankserver.py FD`), not as `parlab.runtime.rankserver`: the server must not import
 the parlab package, so that every forked rank imports parlab fresh from disk and never runs stale code. What a rank
-does once forked lives in `parlab.launch._rank_main`, for the same reason.
+does once forked lives in `parlab.runtime.rank._rank_main`, for the same reason.
 
 Protocol (over the socket inherited as file descriptor FD; each message is one dict pickled by plain pickle; the
 parent sends and receives from its own threads, so a Ctrl-C in the parent never cuts a message in half):
@@ -39,6 +39,11 @@ import tempfile
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
+
+# Run as a script, Python puts this folder first on sys.path, where runtime's own modules (errors, rank, ...) would
+# shadow any top-level module of those names that torch might import: take it off.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]
 
 import cloudpickle  # noqa: F401  (preloaded: the ranks unpickle the shipped function with it)
 import torch
@@ -99,7 +104,7 @@ def _children(pid: int) -> list[int]:
 
 
 def _run_rank(job: dict, rank: int, out: Connection, slot: memoryview, err_fd: int) -> None:
-    """Body of one forked rank: set up the process, then hand over to parlab.launch._rank_main. Never returns:
+    """Body of one forked rank: set up the process, then hand over to parlab.runtime.rank._rank_main. Never returns:
     whatever fails in here ends this process, which must never fall back into the server's own loop.
 
     err_fd: a file for what the process itself writes to its stderr (file descriptor 2: gloo's C++ messages, a
@@ -127,7 +132,7 @@ def _run_rank(job: dict, rank: int, out: Connection, slot: memoryview, err_fd: i
         torch.set_num_threads(job["threads"])
         sys.stdout = sys.stderr = captured
         # (importlib: the package attribute parlab.launch is the launch function, not the module)
-        rank_main = importlib.import_module("parlab.launch")._rank_main
+        rank_main = importlib.import_module("parlab.runtime.rank")._rank_main
     except BaseException:  # the set-up failed, or parlab itself does not import (a file being edited): say why
         try:
             message = {"rank": rank, "ok": False, "traceback": traceback.format_exc(), "stdout": captured.getvalue()}

@@ -1,0 +1,82 @@
+"""The progress a launch shows while its ranks run (a bar in a notebook, a line in a terminal)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from html import escape as html_escape
+
+
+class _ProgressLine:
+    """Progress of a launch longer than 1 s ("4/4 ranks started, step 3/10 after 5 s"), where someone watches.
+
+    In a notebook: an HTML progress bar under the cell, updated in place. It is HTML only, which nbval does not
+    compare (conftest.py), because its figures depend on timing; under pytest it is not shown at all. In a
+    terminal: one line on stderr, rewritten in place.
+    """
+
+    DELAY = 1.0  # seconds before the progress appears: quick launches stay silent
+    FORCE: bool | None = None  # tests set True (show on stderr even without a terminal) or False
+
+    def __init__(self, world_size: int):
+        self.world_size, self.started, self.steps = world_size, set(), {}
+        self.began, self.last, self.handle = time.perf_counter(), None, None
+        self.waiting = ""  # the longest wait in a traced call, in words (set by launch)
+        self.notebook = _in_notebook() and "PYTEST_CURRENT_TEST" not in os.environ
+        watched = self.notebook or sys.stderr.isatty()
+        self.enabled = watched if self.FORCE is None else self.FORCE
+
+    def update(self, update: dict) -> None:
+        if update.get("started"):
+            self.started.add(update["rank"])
+        else:
+            self.steps[update["rank"]] = update
+
+    def _state(self) -> tuple[str, int, int]:
+        """(text, done, total) for the slowest rank."""
+        text = f"{len(self.started)}/{self.world_size} ranks started"
+        done, total = len(self.started), self.world_size
+        if self.steps:
+            slowest = min(self.steps.values(), key=lambda u: u["done"])
+            text += f", {slowest['what']} {slowest['done']}/{slowest['total']}"
+            done, total = slowest["done"], slowest["total"]
+        text += f" after {time.perf_counter() - self.began:.0f} s"
+        if self.waiting:  # a rank stuck in a call: say which while it lasts
+            text += f"; {self.waiting}"
+        return text, done, total
+
+    def show(self, final: bool = False) -> None:
+        if not self.enabled or (time.perf_counter() - self.began < self.DELAY and not final):
+            return
+        text, done, total = self._state()
+        if text == self.last and not final:
+            return
+        self.last = text
+        if self.notebook and self.FORCE is None:
+            self._show_html(text, done, total)
+        else:
+            sys.stderr.write("\r" + text + ("\n" if final else ""))
+            sys.stderr.flush()
+
+    def _show_html(self, text: str, done: int, total: int) -> None:
+        from IPython.display import display
+
+        html = {
+            "text/html": f'<div style="font: 13px monospace; color: #555"><progress value="{done}" max="{total}" '
+            f'style="width: 12em; vertical-align: middle"></progress> {html_escape(text)}</div>'
+        }
+        if self.handle is None:
+            self.handle = display(html, raw=True, display_id=True)
+        else:
+            self.handle.update(html, raw=True)
+
+    def close(self) -> None:
+        if self.last is not None:  # it was shown: leave the final state
+            self.show(final=True)
+
+
+def _in_notebook() -> bool:
+    """True inside a Jupyter kernel (where HTML output is displayed)."""
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None

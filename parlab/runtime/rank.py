@@ -1,0 +1,211 @@
+"""What runs inside each forked rank: seed, set up torch.distributed, run the function, send back its result and
+events, and publish the traced call it is in (for the hang diagnosis)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+import random
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from parlab import comm
+
+
+class _CallBoard:
+    """Rank side of the hang diagnosis: publishes the traced call this rank is in, and its pending asynchronous
+    calls, in its slot of memory shared with the rank server (which passes it on to the parent).
+
+    Slot layout: 8-byte sequence number (odd while it is being written), 4-byte length, JSON text."""
+
+    MAX_PENDING = 32  # asynchronous calls never waited for are forgotten beyond this
+
+    def __init__(self, slot: memoryview, rank: int, world_size: int):
+        self.slot, self.rank, self.world_size = slot, rank, world_size
+        self.seq, self.call, self.pending = 0, None, {}
+        # Calls are matched in order within a stream: a group's collectives, or one rank's sends to another. A
+        # peer that has finished k calls of a stream is past our k-th call there, so ours will complete.
+        self.last_index = 0
+        self.open: dict[int, tuple[str | None, int]] = {}  # call index -> (stream, its number k in the stream)
+        self.issued: dict[str | None, int] = {}  # stream -> calls made
+        self.finished: dict[str, int] = {}  # stream -> calls done
+
+    def _stream(self, event) -> str | None:
+        if event.kind == "send":
+            return f"{self.rank}>{event.peer}"
+        if event.kind == "recv":
+            return None if event.peer is None else f"{event.peer}>{self.rank}"  # None: from any rank
+        members = event.group if event.group is not None else range(self.world_size)
+        return ",".join(map(str, members))
+
+    def hook(self, event, index: int, state: str) -> None:
+        """comm.call_hook: the rank is "waiting" in traced call #index, has it "in flight", or is "done" with it."""
+        if index > self.last_index:  # a new call (not a second wait() on an old one)
+            self.last_index = index
+            stream = self._stream(event)
+            self.issued[stream] = self.issued.get(stream, 0) + 1
+            self.open[index] = (stream, self.issued[stream])
+            if len(self.open) > 64 * self.MAX_PENDING:  # asynchronous calls never waited for: forget the oldest
+                self.open.pop(next(iter(self.open)))
+        if state == "waiting":
+            self.call = self._as_dict(event, index)
+        else:
+            self.call = None
+            if state == "in flight":  # an asynchronous call: it may serve a peer's call until it is waited for
+                self.pending[index] = self._as_dict(event, index)
+                if len(self.pending) > self.MAX_PENDING:
+                    self.pending.pop(next(iter(self.pending)))
+            else:
+                self.pending.pop(index, None)
+                stream, _ = self.open.pop(index, (None, 0))
+                if stream is not None:
+                    self.finished[stream] = self.finished.get(stream, 0) + 1
+        self.publish()
+
+    def _as_dict(self, event, index: int) -> dict:
+        stream, k = self.open.get(index, (None, 0))
+        return {
+            "i": index,
+            "kind": event.kind,
+            "bytes": event.bytes,
+            "peer": event.peer,
+            "group": None if event.group is None else list(event.group),
+            "label": event.label,
+            "stream": stream,
+            "k": k,
+            "since": time.monotonic(),
+        }
+
+    def publish(self, done: bool = False) -> None:
+        state = {"call": self.call, "pending": list(self.pending.values()), "finished": self.finished, "done": done}
+        data = json.dumps(state).encode()
+        if len(data) > len(self.slot) - 12:  # too many pending calls to tell: the current one matters most
+            data = json.dumps({**state, "pending": []}).encode()[: len(self.slot) - 12]
+        self.seq += 1  # odd: the server skips the slot while it is being written
+        self.slot[0:8] = self.seq.to_bytes(8, "little")
+        self.slot[8:12] = len(data).to_bytes(4, "little")
+        self.slot[12 : 12 + len(data)] = data
+        self.seq += 1
+        self.slot[0:8] = self.seq.to_bytes(8, "little")
+
+
+def _seed_generators(seed: int) -> None:
+    """Seed this rank's Python, NumPy and torch generators (forked ranks would otherwise all draw the same)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    numpy = sys.modules.get("numpy")  # torch has imported it where it is installed
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)
+
+
+def _to_cpu(value):
+    """Tensors go back to the parent on the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_to_cpu(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
+
+
+class _Unsendable(Exception):
+    """The value a rank returned cannot be pickled."""
+
+
+def _pack_result(rank: int, value: Any, events: list) -> bytes:
+    """What the rank returned and its trace, pickled by cloudpickle (as the function came)."""
+    value = _to_cpu(value)
+    try:
+        return cloudpickle.dumps((value, events))
+    except Exception as exc:
+        path, part, error = _unsendable_part(value) or ("result", value, exc)
+        kind = type(part).__qualname__
+        if type(part).__module__ != "builtins":
+            kind = type(part).__module__ + "." + kind
+        raise _Unsendable(
+            f"The value rank {rank} returned cannot be sent back to the parent: {path} is a {kind}, which cannot "
+            f"be pickled ({type(error).__name__}: {error}). Return data: tensors, numbers, strings, containers "
+            "of them, dataclasses."
+        ) from exc
+
+
+def _unsendable_part(value: Any, path: str = "result", depth: int = 0) -> tuple[str, Any, Exception] | None:
+    """(path, part, error) for the innermost part of `value` that cannot be pickled, e.g. "result['lock']"."""
+    try:
+        cloudpickle.dumps(value)
+        return None
+    except Exception as exc:
+        error = exc
+    if depth < 12:
+        for sub_path, part in _parts(value, path):
+            found = _unsendable_part(part, sub_path, depth + 1)
+            if found is not None:
+                return found
+    return path, value, error
+
+
+def _parts(value: Any, path: str) -> list[tuple[str, Any]]:
+    """The named parts of a container, a dataclass or an object, to look for the one that cannot be pickled."""
+    if isinstance(value, dict):
+        return [(f"{path}[{key!r}]", part) for key, part in value.items()]
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return [(f"{path}.{name}", getattr(value, name)) for name in value._fields]
+    if isinstance(value, (list, tuple)):
+        return [(f"{path}[{i}]", part) for i, part in enumerate(value)]
+    if isinstance(value, (set, frozenset)):
+        return [(f"an element of {path}", part) for part in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [(f"{path}.{field.name}", getattr(value, field.name)) for field in dataclasses.fields(value)]
+    if not isinstance(value, type) and isinstance(getattr(value, "__dict__", None), dict):
+        return [(f"{path}.{name}", part) for name, part in vars(value).items()]
+    return []
+
+
+def _rank_main(job: dict, rank: int, out: Connection, slot: memoryview, captured) -> None:
+    """One rank, in the process the rank server forked for it: run fn, send back what it returned.
+
+    (It lives here rather than in rankserver.py so that each rank runs the parlab code on disk.)"""
+    # comm.progress() in rank code reports through the same pipe
+    comm.progress_hook = lambda update: out.send_bytes(pickle.dumps({"progress": update}))
+    board = _CallBoard(slot, rank, job["world_size"])
+    comm.call_hook = board.hook
+    _seed_generators(job["seed"] + rank)
+    torch.set_default_dtype(job["default_dtype"])
+    try:
+        fn, args, kwargs = pickle.loads(job["fn"])
+        if job["backend"] == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(
+            job["backend"],
+            init_method=f"file://{job['rendezvous']}",
+            rank=rank,
+            world_size=job["world_size"],
+        )
+        out.send_bytes(pickle.dumps({"progress": {"rank": rank, "started": True}}))
+        comm.reset_trace()
+        value = fn(*args, **kwargs)
+        message = {"rank": rank, "ok": True, "payload": _pack_result(rank, value, comm.trace_events())}
+    except _Unsendable as exc:  # the pickling error is the whole story: no traceback into parlab's code
+        error = "".join(traceback.format_exception_only(exc.__cause__)) if exc.__cause__ else ""
+        message = {"rank": rank, "ok": False, "reason": str(exc), "traceback": error}
+    except BaseException:
+        message = {"rank": rank, "ok": False, "traceback": traceback.format_exc()}
+    message["stdout"] = captured.getvalue()
+    board.publish(done=True)
+    out.send_bytes(pickle.dumps(message))
+    if message["ok"] and dist.is_initialized():
+        # Leave together: a rank that tore down early could break a peer's last collective.
+        dist.barrier()
+        dist.destroy_process_group()
+    out.close()
