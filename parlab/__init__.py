@@ -13,20 +13,63 @@ theory, every building block taking the process group it works in. How each is r
     parlab.plots                         timelines, shard diagrams and the package's palette (imports plotly)
 """
 
-from parlab import comm
-from parlab.check import CountCheck, Verdict, check_equal, compare
-from parlab.launch import (
-    CollectiveMismatch,
-    LaunchTimeout,
-    RankError,
-    Results,
-    device,
-    init_from_env,
-    launch,
-    progress,
-    warm_up,
-)
-from parlab.trace import Event, Trace
+import importlib
+import os
+import sys
+import types
+
+# What `parlab.X` names, and where it lives. Imported on first use, so that `python -m parlab list` or `plan` does not
+# pay for importing torch (the CLI imports only what a command needs).
+_EXPORTS = {
+    "comm": ("parlab.comm", None),
+    "CountCheck": ("parlab.check", "CountCheck"),
+    "Verdict": ("parlab.check", "Verdict"),
+    "check_equal": ("parlab.check", "check_equal"),
+    "compare": ("parlab.check", "compare"),
+    "CollectiveMismatch": ("parlab.launch", "CollectiveMismatch"),
+    "LaunchTimeout": ("parlab.launch", "LaunchTimeout"),
+    "RankError": ("parlab.launch", "RankError"),
+    "Results": ("parlab.launch", "Results"),
+    "device": ("parlab.launch", "device"),
+    "init_from_env": ("parlab.launch", "init_from_env"),
+    "progress": ("parlab.launch", "progress"),
+    "warm_up": ("parlab.launch", "warm_up"),
+    "Event": ("parlab.trace", "Event"),
+    "Trace": ("parlab.trace", "Trace"),
+}
+
+
+class _Package(types.ModuleType):
+    """The parlab package: `parlab.launch` is the launch function (not the module of the same name, which is
+    `sys.modules["parlab.launch"]`), and the other names load on first use."""
+
+    @property
+    def launch(self):
+        return importlib.import_module("parlab.launch").launch
+
+    @launch.setter
+    def launch(self, module):  # the import system binds the submodule here; parlab.launch stays the function
+        pass
+
+    def __getattr__(self, name: str):
+        if name not in _EXPORTS:
+            raise AttributeError(f"module 'parlab' has no attribute {name!r}")
+        module, attribute = _EXPORTS[name]
+        value = importlib.import_module(module)
+        return value if attribute is None else getattr(value, attribute)
+
+    def __dir__(self):
+        return sorted({*super().__dir__(), *_EXPORTS, "launch"})
+
+
+sys.modules[__name__].__class__ = _Package
+
+# In a Jupyter kernel (or with PARLAB_WARM=1) importing parlab starts the rank server at once (parlab.launch does it
+# at its import), so that the lesson's first launch is warm; nowhere else does `import parlab` import torch.
+if os.environ.get("PARLAB_WARM", "").strip() == "1" or (
+    "ipykernel" in sys.modules and os.environ.get("PARLAB_WARM", "").strip() != "0"
+):
+    importlib.import_module("parlab.launch")
 
 __version__ = "0.1.0"
 
