@@ -30,6 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -187,6 +188,7 @@ def _run(command: list[str], cwd: Path, env: dict, timeout: float) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_binder_install_steps_in_a_fresh_environment(tmp_path):
     """requirements.txt (torch from this machine's CPU wheel), then postBuild, in a venv with nothing else."""
     options, requirements = binder_requirements()
