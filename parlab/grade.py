@@ -40,19 +40,26 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import re
-import secrets
-import subprocess
 import sys
-import tempfile
-import textwrap
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from parlab.grading.markers import (  # noqa: F401  (the lab format, re-exported: grade.answer_name, ...)
+    ANSWER_RE,
+    BEGIN_RE,
+    CHECK_RE,
+    END_RE,
+    HANDOUT_RE,
+    HINT_WIDTH,
+    VERDICT_RE,
+    answer_name,
+    check_marker,
+    hint_of,
+    strip_solution,
+    student_version,
+)
 from parlab.grading.worker import kernel_manager  # noqa: F401  (labs/make_labs.py executes the solutions with it)
 
 # The masks of tests/sanitize.cfg (tests/test_labs.py checks that they agree).
@@ -60,14 +67,6 @@ MASKS = [
     (re.compile(r"max \|err\| [0-9.]+e[-+][0-9]+"), "max |err| ERR"),
     (re.compile(r"at 0x[0-9a-f]+"), "at 0xADDRESS"),
 ]
-
-ANSWER_RE = re.compile(r"^#\s*(?:ANSWER|PREDICT):\s*(?P<name>\S+)\s*$")  # a prediction is an answer too
-CHECK_RE = re.compile(r"^#\s*CHECK:\s*(?P<name>\S+)\s*\((?P<points>\d+)\s*points?\)\s*$")
-BEGIN_RE = re.compile(r"^(?P<indent>\s*)#\s*BEGIN SOLUTION(?::\s*(?P<hint>.*?))?\s*$")
-END_RE = re.compile(r"^\s*#\s*END SOLUTION\s*$")
-HANDOUT_RE = re.compile(r"^\s*#\s*HANDOUT\s*$")  # in a solution block: what follows (commented) is handed out
-VERDICT_RE = re.compile(r": (PASS|FAIL)$")
-HINT_WIDTH = 100  # the student version's hint lines stay within this many characters
 
 DEFAULT_TIMEOUT = 120  # seconds per answer or check cell; the labs' own launches stop a hang sooner (60 s)
 
@@ -85,121 +84,6 @@ LABS_DIR = PACKAGE.parent / "labs"
 def repo_solutions() -> Path:
     """labs/solutions next to the parlab package (an editable install or a checkout)."""
     return LABS_DIR / "solutions"
-
-
-# ----------------------------------------------------------------------------------------- reading the markers
-
-
-def _first_line(cell) -> str:
-    return cell.source.lstrip("\n").split("\n", 1)[0].strip() if cell.cell_type == "code" else ""
-
-
-def answer_name(cell) -> str | None:
-    """The name of an ANSWER cell (from its first line, else from its metadata), or None."""
-    match = ANSWER_RE.match(_first_line(cell))
-    if match:
-        return match["name"]
-    return cell.get("metadata", {}).get("parlab", {}).get("answer") if cell.cell_type == "code" else None
-
-
-def check_marker(cell) -> tuple[str, int] | None:
-    """(name, points) of a CHECK cell, or None."""
-    match = CHECK_RE.match(_first_line(cell))
-    return (match["name"], int(match["points"])) if match else None
-
-
-# ------------------------------------------------------------------------------------- the student version
-
-
-def strip_solution(source: str) -> str:
-    """Replace every `# BEGIN SOLUTION: hint` ... `# END SOLUTION` block by `raise NotImplementedError("hint")`.
-
-    A block with a `# HANDOUT` line (the bug hunt) is replaced by what follows that line instead, uncommented: the
-    solution keeps the broken code as comments, the student gets it as code, under a line naming the hint."""
-    out, inside, handout = [], False, None
-    for number, line in enumerate(source.split("\n"), start=1):
-        begin, end = BEGIN_RE.match(line), END_RE.match(line)
-        if begin:
-            if inside:
-                raise ValueError(f"line {number}: BEGIN SOLUTION inside another solution block")
-            inside, handout = True, None
-            indent, hint = begin["indent"], begin["hint"] or ""
-        elif inside and HANDOUT_RE.match(line):
-            if handout is not None:
-                raise ValueError(f"line {number}: two HANDOUT lines in one solution block")
-            handout = []
-        elif end:
-            if not inside:
-                raise ValueError(f"line {number}: END SOLUTION without BEGIN SOLUTION")
-            inside = False
-            out.extend(_handed_out(indent, hint, handout))
-        elif inside and handout is not None:
-            handout.append(line)
-        elif not inside:
-            out.append(line)
-    if inside:
-        raise ValueError("BEGIN SOLUTION without END SOLUTION")
-    return "\n".join(out)
-
-
-def _handed_out(indent: str, hint: str, handout: list[str] | None) -> list[str]:
-    """What a solution block becomes in the student version."""
-    if handout is not None:  # the broken code, uncommented, under the hint as a comment
-        width = HINT_WIDTH - len(indent) - 2
-        lines = [f"{indent}# {piece}" for piece in textwrap.wrap(hint, width)] if hint else []
-        for line in handout:
-            body = line[len(indent) :] if line.startswith(indent) else line.lstrip()
-            if not body.startswith("#"):
-                raise ValueError(f"a HANDOUT line must be commented out in the solution: {line.strip()!r}")
-            lines.append(indent + body[2:] if body.startswith("# ") else indent + body[1:])
-        return lines
-    hint = hint or "write this part"
-    lines = [f"{indent}# YOUR CODE HERE"]
-    if len(indent) + len(hint) <= HINT_WIDTH - 30:
-        lines.append(f"{indent}raise NotImplementedError({json.dumps(hint)})")
-    else:  # a long hint: one string in pieces, one per line, short enough for a projector
-        pieces = textwrap.wrap(hint, HINT_WIDTH - len(indent) - 6, drop_whitespace=False)
-        lines.append(f"{indent}raise NotImplementedError(")
-        lines.extend(f"{indent}    {json.dumps(piece)}" for piece in pieces)
-        lines.append(f"{indent})")
-    return lines
-
-
-def hint_of(cell) -> str | None:
-    """The check a hint cell explains (a markdown cell with metadata parlab.hint), or None."""
-    meta = cell.get("metadata", {}).get("parlab", {})
-    hint = meta.get("hint") if isinstance(meta, dict) and cell.cell_type == "markdown" else None
-    return hint if isinstance(hint, str) else None
-
-
-def student_version(solution, hints: bool = True):
-    """The notebook handed to students: solution blocks stripped and no stored output (no verdict shows before the
-    student's own run; the expected verdicts stay in the solution, where the grader reads them). With
-    `hints=False` the hint cells (markdown cells with metadata parlab.hint) are left out too."""
-    nb = copy.deepcopy(solution)
-    if not hints:
-        nb.cells = [cell for cell in nb.cells if hint_of(cell) is None]
-    answers = set()
-    for index, cell in enumerate(nb.cells):
-        has_solution = cell.cell_type == "code" and "BEGIN SOLUTION" in cell.source
-        name = answer_name(cell)
-        if has_solution and name is None:
-            raise ValueError(f"cell {index} has a solution block but is not an '# ANSWER: name' cell")
-        if name is not None:
-            if not has_solution:
-                raise ValueError(f"answer cell {name!r} has no BEGIN SOLUTION block")
-            if name in answers:
-                raise ValueError(f"two answer cells are named {name!r}")
-            answers.add(name)
-            cell.source = strip_solution(cell.source)
-        cell.metadata.pop("execution", None)  # timestamps: the generated file must not change from run to run
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    if not answers:
-        raise ValueError("the notebook has no '# ANSWER: name' cell")
-    if not any(check_marker(c) for c in nb.cells):
-        raise ValueError("the notebook has no '# CHECK: name (N points)' cell")
-    return nb
 
 
 # ----------------------------------------------------------------------------------------- the official labs
@@ -399,254 +283,6 @@ def assemble(submission, lab: OfficialLab):
     return nb, notes
 
 
-class Grader:
-    """Grades submissions one after the other (or a few at once), each isolated from the grader and the others."""
-
-    def __init__(self, labs: dict[str, OfficialLab], timeout: float, sandbox, guard):
-        self.labs, self.timeout, self.sandbox, self.guard = labs, timeout, sandbox, guard
-        self.running: set[int] = set()  # the worker pids being graded now (kill_tree spares the others)
-        self.lock = threading.Lock()
-        self.failed = False  # the grader itself failed on some submission
-
-    def _running_now(self) -> set[int]:
-        with self.lock:
-            return set(self.running)
-
-    # --------------------------------------------------------------------------------------------- one notebook
-
-    def grade(self, path: str | Path, expected_lab: str | None = None) -> NotebookGrade:
-        started = time.monotonic()
-        try:
-            grade = self._grade(Path(path), expected_lab)
-        except Exception as exc:  # a bug of the grader's: this notebook gets an error, the run goes on
-            self.failed = True
-            grade = NotebookGrade(str(path), expected_lab or "?", error=f"grader error: {type(exc).__name__}: {exc}")
-        grade.seconds = time.monotonic() - started
-        return grade
-
-    def _grade(self, path: Path, expected_lab: str | None) -> NotebookGrade:
-        import nbformat
-
-        expected_lab = expected_lab or lab_of_file_name(path, self.labs)
-        try:
-            if path.stat().st_size > MAX_NOTEBOOK_BYTES:
-                raise ValueError(f"larger than {MAX_NOTEBOOK_BYTES >> 20} MB")
-            submission = nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
-            if not isinstance(submission.get("cells"), list):
-                raise ValueError("no cells")
-            actual, notes = identify(submission, self.labs)
-        except Exception as exc:  # unreadable: 0 of the lab's maximum when we know which lab it was meant to be
-            grade = NotebookGrade(
-                str(path), expected_lab or "?", error=f"unreadable notebook: {type(exc).__name__}: {exc}"
-            )
-            return grade.fail_all(self.labs[expected_lab], "unreadable notebook") if expected_lab else grade
-        if expected_lab and actual and actual != expected_lab:
-            grade = NotebookGrade(str(path), expected_lab, notes=notes)
-            grade.error = f"wrong lab: this notebook is {actual}, not {expected_lab}"
-            return grade.fail_all(self.labs[expected_lab], f"the notebook is {actual}")
-        lab_name = expected_lab or actual
-        if lab_name is None:
-            return NotebookGrade(str(path), "?", notes=notes, error="not a lab: no official lab has its answer cells")
-        lab = self.labs[lab_name]
-        nb, more = assemble(submission, lab)
-        grade = NotebookGrade(str(path), lab_name, notes=notes + more)
-        self._execute_and_judge(nb, lab, grade)
-        return grade
-
-    # -------------------------------------------------------------------------------- execution, isolated
-
-    def _execute_and_judge(self, nb, lab: OfficialLab, grade: NotebookGrade) -> None:
-        import nbformat
-
-        from parlab.grading import OUT_ENV
-        from parlab.grading.isolation import kill_tree, remove_scratch
-
-        scratch = Path(tempfile.mkdtemp(prefix="parlab-grade-"))
-        try:
-            for sub in ("out", "home", "tmp", "pycache"):
-                (scratch / sub).mkdir()
-            nb = copy.deepcopy(nb)
-            first = next((i for i, c in enumerate(nb.cells) if check_marker(c)), len(nb.cells))
-            nb.cells.insert(first, nbformat.v4.new_code_cell(WARM_UP))
-            nbformat.write(nb, scratch / "assembled.ipynb")
-            code_cells = [c for c in nb.cells if c.cell_type == "code"]
-            setup_timeout = max(self.timeout, DEFAULT_TIMEOUT)
-            cells = {}
-            for index, cell in enumerate(nb.cells):
-                if answer_name(cell):
-                    cells[str(index)] = ["answer", answer_name(cell)]
-                elif check_marker(cell):
-                    cells[str(index)] = ["check", check_marker(cell)[0]]
-            spec = {"timeout": self.timeout, "setup_timeout": setup_timeout, "grace": GRACE, "cells": cells}
-            (scratch / "spec.json").write_text(json.dumps(spec))
-            limit = 60 + sum(
-                (self.timeout if answer_name(c) or check_marker(c) else setup_timeout) + GRACE for c in code_cells
-            )
-            token = secrets.token_hex(8)
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("PARLAB_GRADE", "JPY_", "PYTEST_"))}
-            env.update(
-                {
-                    OUT_ENV: str(scratch / "out"),
-                    "PARLAB_GRADE_TOKEN": token,
-                    "HOME": str(scratch / "home"),
-                    "IPYTHONDIR": str(scratch / "home" / ".ipython"),
-                    "JUPYTER_RUNTIME_DIR": str(scratch / "home" / "runtime"),
-                    "JUPYTER_DATA_DIR": str(scratch / "home" / "data"),
-                    "MPLCONFIGDIR": str(scratch / "home" / "mpl"),
-                    "TMPDIR": str(scratch / "tmp"),
-                    "PYTHONPYCACHEPREFIX": str(scratch / "pycache"),  # never read or write the package's .pyc
-                    "PYTHONPATH": str(PACKAGE.parent),  # the kernel imports this parlab, the one being guarded
-                    "PYTHONWARNINGS": "ignore",
-                }
-            )
-            worker = [sys.executable, str(PACKAGE / "grading" / "worker.py"), str(scratch)]
-            visible = [PACKAGE.parent, Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).parent]
-            command = self.sandbox.wrap(worker, scratch, visible)
-            with open(scratch / "worker.log", "ab") as log, self.lock:  # started and registered at once
-                process = subprocess.Popen(
-                    command, env=env, cwd=scratch, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                    start_new_session=True,
-                )  # fmt: skip
-                self.running.add(process.pid)
-            hard_timeout = False
-            try:
-                process.wait(timeout=limit)
-            except subprocess.TimeoutExpired:
-                hard_timeout = True
-            with self.lock:
-                self.running.discard(process.pid)
-            kill_tree(process, token, self._running_now)
-            if hard_timeout:
-                grade.notes.append(f"stopped after the grader's hard limit of {limit:g} s")
-            with self.lock:
-                changed = self.guard.changes()
-                names = [self.guard.relative(p) for p in changed]
-                shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
-                if changed and self.sandbox.kind == "none":
-                    self.guard.restore(changed)
-                    grade.tampered = names
-                    grade.notes.append(
-                        f"TAMPERING: changed files of the package or the labs (restored; scores 0): {shown}"
-                    )
-                elif changed:  # the sandbox kept the submission from writing there: someone else changed them
-                    self.guard.accept()
-                    grade.notes.append(f"files changed during grading, not by this (sandboxed) submission: {shown}")
-            self._judge(lab, scratch, grade)
-        finally:
-            if os.environ.get("PARLAB_GRADE_KEEP"):  # debugging the grader: keep the worker's log and status
-                grade.notes.append(f"scratch folder kept: {scratch}")
-            else:
-                remove_scratch(scratch)
-
-    def _judge(self, lab: OfficialLab, scratch: Path, grade: NotebookGrade) -> None:
-        """Score every check from the data its cell saved, judged here; explain every check without data."""
-        import torch
-
-        from parlab.grading import judge
-
-        cells = _read_status(scratch / "status.json")
-        log = _read_log(scratch / "worker.log")
-        by_name = {(c.get("kind"), c.get("name")): c for c in cells}
-        grade.timings = [[str(c.get("kind")), str(c.get("name")), c.get("seconds")] for c in cells if "seconds" in c]
-        dead = ""
-        for cell in cells:
-            if cell.get("kind") == "answer" and not cell.get("skipped"):
-                name = cell.get("name")
-                if cell.get("killed"):
-                    grade.notes.append(f"answer cell {name!r} ignored the interrupt after {self.timeout:g} s: killed")
-                elif cell.get("timed_out"):
-                    grade.notes.append(f"answer cell {name!r} timed out after {self.timeout:g} s (interrupted)")
-                elif cell.get("error"):
-                    grade.notes.append(f"answer cell {name!r} raised {_short(cell['error'])}")
-            dead = dead or cell.get("dead") or ""
-        if dead:
-            grade.notes.append(dead)
-        for name, points in lab.checks:
-            cell = by_name.get(("check", name))
-            data_path = scratch / "out" / f"{name}.pt"
-            reason = _missing_reason(cell, self.timeout, log, dead)
-            if cell is None or cell.get("skipped") or not data_path.is_file():
-                grade.checks.append(CheckResult(name, False, 0, points, reason))
-                continue
-            try:
-                if data_path.stat().st_size > MAX_DATA_BYTES:
-                    raise ValueError(f"the check's data is larger than {MAX_DATA_BYTES >> 20} MB")
-                data = torch.load(data_path, weights_only=True, map_location="cpu")  # data only: no code runs
-                lines = judge(lab.module, name, data)
-            except Exception as exc:
-                detail = f"the check's data is malformed ({type(exc).__name__}: {str(exc)[:120]})"
-                grade.checks.append(CheckResult(name, False, 0, points, detail))
-                continue
-            result = score_lines(name, points, lines, lab.expected[name])
-            if not result.passed and isinstance(data, dict) and isinstance(data.get("error"), str):
-                result.detail = _with_log_line(data["error"], cell, log)
-            grade.checks.append(result)
-
-
-def _short(text: str) -> str:
-    from parlab.grading import informative_line
-
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return (informative_line(text) or first)[:240]
-
-
-def _read_status(path: Path) -> list[dict]:
-    """The worker's account of each cell, as data; anything malformed is dropped."""
-    try:
-        if path.stat().st_size > 10 * 2**20:
-            return []
-        status = json.loads(path.read_text())
-        cells = status.get("cells", []) if isinstance(status, dict) else []
-        return [c for c in cells if isinstance(c, dict)]
-    except (OSError, ValueError):
-        return []
-
-
-def _read_log(path: Path) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read(20 * 2**20)
-    except OSError:
-        return b""
-
-
-def _log_slice(cell: dict | None, log: bytes) -> str:
-    span = cell.get("log") if cell else None
-    if not (isinstance(span, list) and len(span) == 2 and all(isinstance(x, int) for x in span)):
-        return ""
-    return log[span[0] : span[1]].decode("utf-8", "replace")
-
-
-def _with_log_line(error: str, cell: dict | None, log: bytes) -> str:
-    """An error, plus the informative line its rank wrote to stderr when the error itself has none (a rank that
-    died: 'exited with code -6')."""
-    from parlab.grading import informative_line
-
-    stderr = _log_slice(cell, log)
-    if "exited with code" in error or "before returning a result" in error:
-        line = informative_line(stderr)
-        return f"{error}: {line}" if line else error
-    # The first rank to fail may only have lost its peer ("Connection reset by peer") while another rank's own
-    # error, on stderr, names the cause ("Received data size doesn't match"): show that one too.
-    cause = informative_line(f"{stderr}\n{error}")
-    return f"{error} (on a rank's stderr: {cause})" if cause and cause not in error else error
-
-
-def _missing_reason(cell: dict | None, timeout: float, log: bytes, dead: str) -> str:
-    """Why a check has no data (or failed): what its cell did, in one line."""
-    if cell is None:
-        return dead or "not run: the process running the notebook ended before this check (killed?)"
-    if cell.get("skipped"):
-        return str(cell["skipped"])
-    if cell.get("killed"):
-        return f"ignored the interrupt after {timeout:g} s: the kernel was killed"
-    if cell.get("timed_out"):
-        return f"timed out after {timeout:g} s (interrupted)"
-    if cell.get("error"):
-        return _with_log_line(_short(str(cell["error"])), cell, log)
-    return "the check cell saved no data"
-
-
 # ---------------------------------------------------------------------------------------------- the report
 
 
@@ -764,6 +400,8 @@ def run(args: argparse.Namespace) -> int:
     if sandbox.kind == "none" and jobs > 1:  # tampering could not be told apart between concurrent submissions
         print("parlab grade: no sandbox: grading one notebook at a time", file=sys.stderr)
         jobs = 1
+    from parlab.grading.grader import Grader  # (it imports this module)
+
     grader = Grader(labs, args.timeout, sandbox, guard)
 
     def one(path: str) -> NotebookGrade:
@@ -784,44 +422,11 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1))
     if args.gradebook:
+        from parlab.grading.gradebook import write_class
+
         write_class(args, labs, found, report["notebooks"])
     if args.json:
         print(json.dumps(report))
     else:
         print(format_table(grades, sandbox.describe()))
     return 1 if grader.failed else 0
-
-
-def write_class(args: argparse.Namespace, labs: dict[str, OfficialLab], found, grades: list[dict]) -> None:
-    """The gradebook (CSV) and a feedback file per student (parlab/grading/gradebook.py)."""
-    from parlab.grading import gradebook
-
-    students = []
-    for (path, root), grade_ in zip(found, grades, strict=True):
-        students.append(gradebook.student_of(path, root, grade_["lab"], lab_key(grade_["lab"]), _metadata(path)))
-    table = gradebook.rows(grades, students, [root for _, root in found])
-    csv_path = Path(args.gradebook)
-    gradebook.write_gradebook(csv_path, table)
-    folder = Path(args.feedback) if args.feedback else csv_path.with_name(f"{csv_path.stem}_feedback")
-    hints = {name: _hints(lab) for name, lab in labs.items()}
-    written = gradebook.write_feedback(folder, table, grades, students, hints)
-    print(f"gradebook: {csv_path} ({len(table)} rows); feedback: {folder} ({len(written)} files)", file=sys.stderr)
-
-
-def _hints(lab: OfficialLab) -> dict[str, str]:
-    """A check's hint where its lab has no hint cell for it: what the check verifies."""
-    structural = getattr(lab.module, "STRUCTURAL", {})
-    return {check: f"the check verifies: {structural[check]}" for check, _ in lab.checks if check in structural} | {
-        check: text for check, text in lab.hints.items()
-    }
-
-
-def _metadata(path: Path) -> dict:
-    """A notebook's parlab metadata, read as data (only the student's name is taken from it), or {}."""
-    try:
-        if path.stat().st_size > MAX_NOTEBOOK_BYTES:
-            return {}
-        meta = json.loads(path.read_text(encoding="utf-8")).get("metadata", {}).get("parlab", {})
-        return meta if isinstance(meta, dict) else {}
-    except (OSError, ValueError, AttributeError):
-        return {}

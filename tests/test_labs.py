@@ -211,7 +211,9 @@ def test_grade_rejects_bad_input_before_running_anything(tmp_path, capsys):
 def test_a_notebook_that_is_no_lab_is_reported_without_running_anything(tmp_path):
     stray = tmp_path / "notes.ipynb"
     nbformat.write(new_notebook(cells=[new_code_cell("print(1)")]), stray)
-    grader = grade.Grader(grade.load_labs(), 20, sandbox=None, guard=None)
+    from parlab.grading.grader import Grader
+
+    grader = Grader(grade.load_labs(), 20, sandbox=None, guard=None)
     result = grader.grade(stray)
     assert result.error.startswith("not a lab") and result.max_points == 0 and not grader.failed
 

@@ -20,7 +20,9 @@ the same student and lab both get a row, each marked as a duplicate, and neither
 from __future__ import annotations
 
 import csv
+import json
 import re
+import sys
 from pathlib import Path
 
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -141,3 +143,40 @@ def write_feedback(folder: Path, table: list[dict], grades: list[dict], students
         path.write_text(feedback_text(student, own, hints), encoding="utf-8")
         written.append(path)
     return written
+
+
+def write_class(args, labs: dict, found, grades: list[dict]) -> None:
+    """`grade --gradebook CSV [--feedback DIR]`: the gradebook and a feedback file per student."""
+    from parlab.grade import MAX_NOTEBOOK_BYTES, lab_key
+
+    students = []
+    for (path, root), grade_ in zip(found, grades, strict=True):
+        students.append(
+            student_of(path, root, grade_["lab"], lab_key(grade_["lab"]), _metadata(path, MAX_NOTEBOOK_BYTES))
+        )
+    table = rows(grades, students, [root for _, root in found])
+    csv_path = Path(args.gradebook)
+    write_gradebook(csv_path, table)
+    folder = Path(args.feedback) if args.feedback else csv_path.with_name(f"{csv_path.stem}_feedback")
+    hints = {name: _hints(lab) for name, lab in labs.items()}
+    written = write_feedback(folder, table, grades, students, hints)
+    print(f"gradebook: {csv_path} ({len(table)} rows); feedback: {folder} ({len(written)} files)", file=sys.stderr)
+
+
+def _hints(lab) -> dict[str, str]:
+    """A check's hint where its lab has no hint cell for it: what the check verifies."""
+    structural = getattr(lab.module, "STRUCTURAL", {})
+    return {check: f"the check verifies: {structural[check]}" for check, _ in lab.checks if check in structural} | {
+        check: text for check, text in lab.hints.items()
+    }
+
+
+def _metadata(path: Path, max_bytes: int) -> dict:
+    """A notebook's parlab metadata, read as data (only the student's name is taken from it), or {}."""
+    try:
+        if path.stat().st_size > max_bytes:
+            return {}
+        meta = json.loads(path.read_text(encoding="utf-8")).get("metadata", {}).get("parlab", {})
+        return meta if isinstance(meta, dict) else {}
+    except (OSError, ValueError, AttributeError):
+        return {}

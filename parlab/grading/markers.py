@@ -1,0 +1,139 @@
+"""The lab format: the markers of a lab notebook's cells, and the student version made from a solution.
+
+    # ANSWER: name / # PREDICT: name       a student's cell (a prediction is an answer too)
+    # CHECK: name (N points)               a graded check
+    # BEGIN SOLUTION: hint ... # END SOLUTION   the solution's code; the handout gets the hint instead
+    # HANDOUT                              inside a solution block: the (commented) code handed out instead
+
+parlab.grade re-exports every name here.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import textwrap
+
+ANSWER_RE = re.compile(r"^#\s*(?:ANSWER|PREDICT):\s*(?P<name>\S+)\s*$")  # a prediction is an answer too
+CHECK_RE = re.compile(r"^#\s*CHECK:\s*(?P<name>\S+)\s*\((?P<points>\d+)\s*points?\)\s*$")
+BEGIN_RE = re.compile(r"^(?P<indent>\s*)#\s*BEGIN SOLUTION(?::\s*(?P<hint>.*?))?\s*$")
+END_RE = re.compile(r"^\s*#\s*END SOLUTION\s*$")
+HANDOUT_RE = re.compile(r"^\s*#\s*HANDOUT\s*$")  # in a solution block: what follows (commented) is handed out
+VERDICT_RE = re.compile(r": (PASS|FAIL)$")
+HINT_WIDTH = 100  # the student version's hint lines stay within this many characters
+
+
+# ----------------------------------------------------------------------------------------- reading the markers
+
+
+def _first_line(cell) -> str:
+    return cell.source.lstrip("\n").split("\n", 1)[0].strip() if cell.cell_type == "code" else ""
+
+
+def answer_name(cell) -> str | None:
+    """The name of an ANSWER cell (from its first line, else from its metadata), or None."""
+    match = ANSWER_RE.match(_first_line(cell))
+    if match:
+        return match["name"]
+    return cell.get("metadata", {}).get("parlab", {}).get("answer") if cell.cell_type == "code" else None
+
+
+def check_marker(cell) -> tuple[str, int] | None:
+    """(name, points) of a CHECK cell, or None."""
+    match = CHECK_RE.match(_first_line(cell))
+    return (match["name"], int(match["points"])) if match else None
+
+
+# ------------------------------------------------------------------------------------- the student version
+
+
+def strip_solution(source: str) -> str:
+    """Replace every `# BEGIN SOLUTION: hint` ... `# END SOLUTION` block by `raise NotImplementedError("hint")`.
+
+    A block with a `# HANDOUT` line (the bug hunt) is replaced by what follows that line instead, uncommented: the
+    solution keeps the broken code as comments, the student gets it as code, under a line naming the hint."""
+    out, inside, handout = [], False, None
+    for number, line in enumerate(source.split("\n"), start=1):
+        begin, end = BEGIN_RE.match(line), END_RE.match(line)
+        if begin:
+            if inside:
+                raise ValueError(f"line {number}: BEGIN SOLUTION inside another solution block")
+            inside, handout = True, None
+            indent, hint = begin["indent"], begin["hint"] or ""
+        elif inside and HANDOUT_RE.match(line):
+            if handout is not None:
+                raise ValueError(f"line {number}: two HANDOUT lines in one solution block")
+            handout = []
+        elif end:
+            if not inside:
+                raise ValueError(f"line {number}: END SOLUTION without BEGIN SOLUTION")
+            inside = False
+            out.extend(_handed_out(indent, hint, handout))
+        elif inside and handout is not None:
+            handout.append(line)
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ValueError("BEGIN SOLUTION without END SOLUTION")
+    return "\n".join(out)
+
+
+def _handed_out(indent: str, hint: str, handout: list[str] | None) -> list[str]:
+    """What a solution block becomes in the student version."""
+    if handout is not None:  # the broken code, uncommented, under the hint as a comment
+        width = HINT_WIDTH - len(indent) - 2
+        lines = [f"{indent}# {piece}" for piece in textwrap.wrap(hint, width)] if hint else []
+        for line in handout:
+            body = line[len(indent) :] if line.startswith(indent) else line.lstrip()
+            if not body.startswith("#"):
+                raise ValueError(f"a HANDOUT line must be commented out in the solution: {line.strip()!r}")
+            lines.append(indent + body[2:] if body.startswith("# ") else indent + body[1:])
+        return lines
+    hint = hint or "write this part"
+    lines = [f"{indent}# YOUR CODE HERE"]
+    if len(indent) + len(hint) <= HINT_WIDTH - 30:
+        lines.append(f"{indent}raise NotImplementedError({json.dumps(hint)})")
+    else:  # a long hint: one string in pieces, one per line, short enough for a projector
+        pieces = textwrap.wrap(hint, HINT_WIDTH - len(indent) - 6, drop_whitespace=False)
+        lines.append(f"{indent}raise NotImplementedError(")
+        lines.extend(f"{indent}    {json.dumps(piece)}" for piece in pieces)
+        lines.append(f"{indent})")
+    return lines
+
+
+def hint_of(cell) -> str | None:
+    """The check a hint cell explains (a markdown cell with metadata parlab.hint), or None."""
+    meta = cell.get("metadata", {}).get("parlab", {})
+    hint = meta.get("hint") if isinstance(meta, dict) and cell.cell_type == "markdown" else None
+    return hint if isinstance(hint, str) else None
+
+
+def student_version(solution, hints: bool = True):
+    """The notebook handed to students: solution blocks stripped and no stored output (no verdict shows before the
+    student's own run; the expected verdicts stay in the solution, where the grader reads them). With
+    `hints=False` the hint cells (markdown cells with metadata parlab.hint) are left out too."""
+    nb = copy.deepcopy(solution)
+    if not hints:
+        nb.cells = [cell for cell in nb.cells if hint_of(cell) is None]
+    answers = set()
+    for index, cell in enumerate(nb.cells):
+        has_solution = cell.cell_type == "code" and "BEGIN SOLUTION" in cell.source
+        name = answer_name(cell)
+        if has_solution and name is None:
+            raise ValueError(f"cell {index} has a solution block but is not an '# ANSWER: name' cell")
+        if name is not None:
+            if not has_solution:
+                raise ValueError(f"answer cell {name!r} has no BEGIN SOLUTION block")
+            if name in answers:
+                raise ValueError(f"two answer cells are named {name!r}")
+            answers.add(name)
+            cell.source = strip_solution(cell.source)
+        cell.metadata.pop("execution", None)  # timestamps: the generated file must not change from run to run
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    if not answers:
+        raise ValueError("the notebook has no '# ANSWER: name' cell")
+    if not any(check_marker(c) for c in nb.cells):
+        raise ValueError("the notebook has no '# CHECK: name (N points)' cell")
+    return nb
