@@ -62,9 +62,10 @@ from parlab.data_parallel import shard_batch
 from parlab.memory import MemoryLedger, tensor_bytes
 from parlab.models import lm_loss
 from parlab.scratch import offload_folder
-from parlab.zero import adam_step, flatten, gather_master, plan_units
+from parlab.zero import ReduceScatterGrads, adam_step, flatten, gather_master, plan_units
+from parlab.zero_theory import OFFLOAD_TARGETS, check_budget, offload_memory  # noqa: F401  (the theory, torch-free)
 
-TARGETS = ("none", "cpu", "disk")
+TARGETS = OFFLOAD_TARGETS  # "none": plain ZeRO-2; "cpu": host memory; "disk": files
 PLACES = ("device", "host", "disk")
 
 
@@ -148,7 +149,7 @@ class CopyEngine:
 # ----------------------------------------------------------------------------------- ZeRO-2 with offload
 
 
-class OffloadAdam:
+class OffloadAdam(ReduceScatterGrads):
     """ZeRO-2 over `group` (default all ranks) with Adam, its optimizer state on the device, host or disk.
 
         opt = OffloadAdam(model, target="cpu", lr=1e-3)   # the same model on every rank of the group
@@ -212,27 +213,12 @@ class OffloadAdam:
 
     # -- during backward: reduce-scatter each unit, then move its gradient shard to the host -------------------
 
-    def _grad_ready(self, param: torch.Tensor) -> None:
-        u = self.unit_of[id(param)]
-        u.ready.add(id(param))
-        self._reduce_ready_units()
+    def _grad_out(self, u) -> torch.Tensor:
+        return torch.empty(u.shard_numel, dtype=self.compute_dtype, device=self.device)  # [S_u] shard r's sum
 
-    def _reduce_ready_units(self, force: bool = False) -> None:
-        while self.to_reduce >= 0:
-            u = self.units[self.to_reduce]
-            if not force and len(u.ready) < len(u.params):
-                return
-            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in u.params]
-            flat = flatten(grads, self.N * u.shard_numel)  # [N*S_u] this rank's full gradients of the unit
-            out = torch.empty(u.shard_numel, dtype=self.compute_dtype, device=self.device)  # [S_u] shard r's sum
-            u.reduce_work = (None, flat, out)
-            self.record("bucket flattened")  # the peak: the unit's .grad, its flat copy and the unit before it
-            for p in u.params:
-                p.grad = None  # the full gradients are dropped: only the shard survives
-            work = comm.reduce_scatter_tensor(out, flat, group=self.group, async_op=True, label=f"grads {u.name}")
-            u.reduce_work, u.ready = (work, flat, out), set()
-            self._finish_reduces(keep=1)  # at most one more unit in flight (a bounded bucket space)
-            self.to_reduce -= 1
+    def _flattened(self, u, flat: torch.Tensor, out: torch.Tensor) -> None:
+        u.reduce_work = (None, flat, out)
+        self.record("bucket flattened")  # the peak: the unit's .grad, its flat copy and the unit before it
 
     def _finish_reduces(self, keep: int = 0) -> None:
         """Wait for the oldest reduce-scatters until `keep` remain; hand each shard to the copy engine."""
@@ -440,50 +426,3 @@ def by_place(flat: dict[str, int]) -> dict[str, dict[str, int]]:
         place, what = key.split(":", 1)
         out[place][what] = n
     return out
-
-
-# ------------------------------------------------------------------------------------------------- the theory
-
-
-def offload_memory(unit_numels: list[int], N: int, target: str, b_c: int, b_m: int) -> dict:
-    """Bytes per rank by place (the table of the docstring), from the units' sizes Psi_u.
-
-    steady: what a rank holds before the optimizer step. peak: the most at any moment, with
-      - the gradient buckets: the largest unit just flattened (its .grad, its flat copy [N*S_u], its shard [S_u])
-        while the next largest is still reduce-scattering (its flat copy and shard);
-      - disk: the read-ahead buffers, at most three units' master, m, v (the one being stepped, the one read
-        ahead, the one being written back): a bound.
-    """
-    if target not in TARGETS:
-        raise ValueError(f"target={target!r} must be one of {TARGETS}")
-    shards = [-(-n // N) for n in unit_numels]  # S_u = ceil(Psi_u / N)
-    S = sum(shards)
-    params, grads, optimizer = b_c * N * S, b_m * S, 3 * b_m * S
-    (n_a, s_a), (n_b, s_b) = (sorted(zip(unit_numels, shards, strict=True), reverse=True) + [(0, 0)])[:2]
-    buckets = b_c * (n_a + N * s_a + s_a) + b_c * (N * s_b + s_b)  # unit a flattened while unit b is in flight
-    read_ahead = 3 * b_m * sum(sorted(shards, reverse=True)[:3])
-    if target == "none":
-        steady = {"device": {"params": params, "grads": grads, "optimizer": optimizer}, "host": {}, "disk": {}}
-    elif target == "cpu":
-        steady = {"device": {"params": params}, "host": {"grads": grads, "optimizer": optimizer}, "disk": {}}
-    else:
-        steady = {"device": {"params": params}, "host": {"grads": grads}, "disk": {"optimizer": optimizer}}
-    peak = {place: dict(parts) for place, parts in steady.items()}
-    peak["device"]["grad buckets"] = buckets
-    if target == "disk":
-        peak["host"]["read-ahead"] = read_ahead
-    total = lambda table: {place: sum(parts.values()) for place, parts in table.items()}  # noqa: E731
-    return {"steady": steady, "peak": peak, "steady_total": total(steady), "peak_total": total(peak), "S": S}
-
-
-def check_budget(need: dict[str, int], budget: dict[str, int], target: str) -> None:
-    """A clear ValueError, before any process starts, when a place's budget (bytes per rank; 0: no limit) is
-    smaller than what the run needs there (need: the peak bytes per rank by place)."""
-    short = [place for place, limit in budget.items() if limit and need.get(place, 0) > limit]
-    if short:
-        lines = [f"{p}: needs {need[p]:,} bytes per rank, budget {budget[p]:,}" for p in short]
-        where = ", ".join(f"{p} {n:,}" for p, n in need.items())
-        raise ValueError(
-            f"the memory budget is too small for target {target!r}: " + "; ".join(lines)
-            + f" (the run needs, per rank: {where} bytes)"
-        )  # fmt: skip

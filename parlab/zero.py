@@ -41,9 +41,9 @@ from parlab import comm
 from parlab.data_parallel import shard_batch
 from parlab.memory import MemoryLedger, tensor_bytes
 from parlab.models import lm_loss
+from parlab.zero_theory import K_MIXED, zero_comm_theory, zero_memory  # noqa: F401  (the formulas' one home)
 
 STAGES = (1, 2, 3)
-K_MIXED = 12  # fp32 master weight + Adam m + Adam v: 4 + 4 + 4 bytes per parameter (the paper's K)
 
 # What each backend can reduce (sum), of the dtypes parlab offers; gloo refuses the float8 types, for example
 # ("Invalid scalar type").
@@ -78,7 +78,7 @@ class Unit:
     grad_flat: torch.Tensor | None = None  # [N*S_u] stage 1: the full gradients (the .grad are views of it)
     gather_work: object | None = None  # stage 3: an all-gather in flight (prefetch)
     ready: set[int] = field(default_factory=set)  # stages 2, 3: parameters whose gradient arrived
-    reduce_work: tuple | None = None  # stages 2, 3: (work, flat gradient) of its reduce-scatter in flight
+    reduce_work: tuple | None = None  # stages 2, 3: (work, flat gradient, shard out) of its reduce-scatter
 
     def shard_of(self, flat: torch.Tensor, rank: int) -> torch.Tensor:
         """Rank `rank`'s slice of this unit's flat buffer [N*S_u] -> [S_u] (a view)."""
@@ -159,7 +159,57 @@ def adam_step(param, grad, m, v, step: int, lr: float, betas=(0.9, 0.999), eps: 
 # ------------------------------------------------------------------------------------------------------ ZeRO
 
 
-class ZeRO:
+class ReduceScatterGrads:
+    """The gradient path of ZeRO stages 2 and 3 (and of offload, parlab/offload.py): as soon as backward has produced
+    every gradient of a unit, flatten them [N*S_u], drop the full .grad, and reduce-scatter so that rank r keeps
+    only the sum of shard r [S_u]. Units finish last to first on every rank, so the calls match across ranks; at
+    most one more unit's flat gradients stay in flight (a bounded buffer, as DeepSpeed's bucket).
+
+    A class using it sets self.units, self.unit_of ({id(param): unit}), self.to_reduce (= len(units) - 1 before
+    each backward), self.group and self.N, registers `_grad_ready` as each parameter's post-accumulate-grad hook,
+    and defines `_grad_out(u)` (where shard r's sum goes); `_flattened` and `_reduced` are its optional steps.
+    """
+
+    def _grad_ready(self, param: torch.Tensor) -> None:
+        u = self.unit_of[id(param)]
+        u.ready.add(id(param))
+        self._reduce_ready_units()
+
+    def _reduce_ready_units(self, force: bool = False) -> None:
+        while self.to_reduce >= 0:
+            u = self.units[self.to_reduce]
+            if not force and len(u.ready) < len(u.params):
+                return
+            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in u.params]
+            flat = flatten(grads, self.N * u.shard_numel)  # [N*S_u] this rank's full gradients of the unit
+            out = self._grad_out(u)  # [S_u]
+            self._flattened(u, flat, out)
+            for p in u.params:
+                p.grad = None  # the full gradients are dropped: only the shard survives
+            work = comm.reduce_scatter_tensor(out, flat, group=self.group, async_op=True, label=f"grads {u.name}")
+            u.reduce_work, u.ready = (work, flat, out), set()
+            self._reduced(u)
+            self._finish_reduces(keep=1)  # at most one more unit's full gradients in flight
+            self.to_reduce -= 1
+
+    def _grad_out(self, u: Unit) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _flattened(self, u: Unit, flat: torch.Tensor, out: torch.Tensor) -> None:
+        """Called between flattening a unit's gradients and dropping them (the moment memory peaks)."""
+
+    def _reduced(self, u: Unit) -> None:
+        """Called once the unit's reduce-scatter is issued."""
+
+    def _finish_reduces(self, keep: int = 0) -> None:
+        """Wait for the oldest reduce-scatters in flight until `keep` remain; their flat gradients are freed."""
+        in_flight = [u for u in reversed(self.units) if u.reduce_work is not None]  # oldest first
+        for u in in_flight[: max(0, len(in_flight) - keep)]:
+            u.reduce_work[0].wait()
+            u.reduce_work = None
+
+
+class ZeRO(ReduceScatterGrads):
     """ZeRO stage 1, 2 or 3 over `group` (the data-parallel ranks; default all), with Adam.
 
         zero = ZeRO(model, stage=2, lr=1e-3, compute_dtype=torch.bfloat16)   # the same model on every rank
@@ -250,37 +300,15 @@ class ZeRO:
         if self.prefetch and k > 0:
             self._gather(k - 1, "prefetch (bwd)", wait=False)
 
-    # -- stages 2, 3: reduce-scatter each unit's gradients as soon as backward has produced them ------------
+    # -- stages 2, 3: reduce-scatter each unit's gradients as soon as backward has produced them (ReduceScatterGrads)
 
-    def _grad_ready(self, param: torch.Tensor) -> None:
-        u = self.unit_of[id(param)]
-        u.ready.add(id(param))
-        self._reduce_ready_units()
+    def _grad_out(self, u: Unit) -> torch.Tensor:
+        return self.grad_shard[u.offset : u.offset + u.shard_numel]  # [S_u] <- sum over ranks of shard r
 
-    def _reduce_ready_units(self, force: bool = False) -> None:
-        while self.to_reduce >= 0:
-            u = self.units[self.to_reduce]
-            if not force and len(u.ready) < len(u.params):
-                return
-            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in u.params]
-            flat = flatten(grads, self.N * u.shard_numel)  # [N*S_u] this rank's full gradients of the unit
-            for p in u.params:
-                p.grad = None  # the full gradients are dropped: only the shard survives
-            out = self.grad_shard[u.offset : u.offset + u.shard_numel]  # [S_u] <- sum over ranks of shard r
-            work = comm.reduce_scatter_tensor(out, flat, group=self.group, async_op=True, label=f"grads {u.name}")
-            u.reduce_work, u.ready = (work, flat), set()
-            self.record(f"reduce-scatter {u.name}")
-            self._finish_reduces(keep=1)  # at most one more unit's full gradients in flight (a bounded buffer)
-            if self.stage == 3:
-                self._free(u)  # its backward is done: drop the gathered parameters
-            self.to_reduce -= 1
-
-    def _finish_reduces(self, keep: int = 0) -> None:
-        """Wait for the oldest reduce-scatters in flight until `keep` remain; their flat gradients are freed."""
-        in_flight = [u for u in reversed(self.units) if u.reduce_work is not None]  # oldest first
-        for u in in_flight[: max(0, len(in_flight) - keep)]:
-            u.reduce_work[0].wait()
-            u.reduce_work = None
+    def _reduced(self, u: Unit) -> None:
+        self.record(f"reduce-scatter {u.name}")
+        if self.stage == 3:
+            self._free(u)  # its backward is done: drop the gathered parameters
 
     # -- the step ---------------------------------------------------------------------------------------------
 
@@ -420,29 +448,3 @@ def train_zero(
 
 
 # ------------------------------------------------------------------------------------------------- the theory
-
-
-def zero_memory(psi: float, N: int, K: float = K_MIXED, param_bytes: float = 2, grad_bytes: float = 2) -> dict:
-    """The paper's memory per device, by stage (bytes): params, grads and optimizer states, and their total.
-
-    The paper's example, 7.5B parameters on N = 64 ranks: 120, 31.4, 16.6 and 1.9 GB for DP and stages 1-3."""
-    full = {"params": param_bytes * psi, "grads": grad_bytes * psi, "optimizer": K * psi}
-    sharded = {k: v / N for k, v in full.items()}
-    keep = {0: (), 1: ("optimizer",), 2: ("optimizer", "grads"), 3: ("optimizer", "grads", "params")}
-    table = {}
-    for stage, parts in keep.items():
-        row = {k: (sharded if k in parts else full)[k] for k in full}
-        table[stage] = {**row, "total": sum(row.values())}
-    return table
-
-
-def zero_comm_theory(psi: int, N: int, elem_bytes: int, stage: int) -> dict:
-    """Per rank per step, ring algorithms: what DP's all-reduce puts on the wire, and what this stage does."""
-    all_reduce = 2 * (N - 1) / N * psi * elem_bytes
-    gathers = 2 if stage == 3 else 1
-    zero_wire = (N - 1) / N * psi * elem_bytes * (1 + gathers)  # one reduce-scatter + the all-gathers
-    return {
-        "dp_all_reduce_wire_bytes": all_reduce,
-        "theory_wire_bytes": zero_wire,
-        "theory_ratio": zero_wire / all_reduce,
-    }

@@ -13,6 +13,7 @@ from parlab.launch import Results
 from parlab.models import dtype_bytes
 from parlab.runs import Scheme, launch_scheme
 from parlab.runs.options import RunOptions, option
+from parlab.runs.report import report
 
 
 @dataclass
@@ -53,18 +54,14 @@ def ring_report(opts: RingOptions, results: Results) -> dict:
         check_equal(f"bytes sent by rank {rank}", sent, theory[rank], show=False)
         for rank, sent in enumerate(comm_bytes.get("send", [0] * P))
     ]
-    worst = max(verdicts, key=lambda v: v.max_abs_err)
-    return {
-        "scheme": "collectives",
-        "world_size": P,
-        "passed": all(v.passed for v in verdicts + byte_checks),
-        "max_abs_err": worst.max_abs_err,
-        "tol": worst.tol,
-        "comm": {**comm_bytes, "theory_bytes_per_rank": theory},
-        "numel": numel,
-        "tensor_bytes": numel * element_size,
-        "verdicts": [v.line for v in verdicts + byte_checks],
-    }
+    return report(
+        "collectives",
+        P,
+        verdicts + byte_checks,
+        comm={**comm_bytes, "theory_bytes_per_rank": theory},
+        numel=numel,
+        tensor_bytes=numel * element_size,
+    )
 
 
 def run_ring(world_size: int = 4, **options) -> tuple[Results, dict]:
