@@ -9,7 +9,8 @@ LayerNorm, the LM head and the loss. A forward sends the activation [B/m, T, H] 
 backward sends the activation's gradient [B/m, T, H] to the previous stage's rank.
 
 What each rank runs, and in which order, is a schedule: plain data, built, simulated and checked in
-parlab/schedules.py (GPipe, 1F1B, interleaved 1F1B, ZB-H1, with their exact ideal bubbles). This file runs a
+parlab/schedules.py (GPipe, 1F1B, interleaved 1F1B, ZB-H1, with their exact ideal bubbles) and
+parlab/schedules_v.py (ZB-V, DualPipeV: two stages per rank in a V). This file runs a
 schedule on real ranks: `run_step` is one small executor that receives what each action needs, computes it inside
 a `comm.span`, and sends what it produced; `train_pipeline` is the training loop around it. Both work within a
 pipeline process group (default: all ranks), so that on a device mesh several pipelines run side by side.
@@ -132,7 +133,7 @@ def run_step(
 
     group: the pipeline's ranks (default all); rank = this process's rank in it. grad_group: a second group of
     the same ranks, for the gradients (default: the same group).
-    stages: this rank's stages, by chunk (its chunk k is stage k p + rank).
+    stages: this rank's stages, by chunk (chunk k is stage schedule.stage(rank, k): k p + rank, or in a V 2p-1-rank).
     x, y: the global batch [B, T]; micro-batch i is rows [i B/m, (i+1) B/m).
     Gradients accumulate in the stages' .grad over the m micro-batches (each loss is scaled by 1/m, so they sum to
     the global batch's mean-loss gradient). Activations travel on `group`, their gradients on `grad_group`, so
@@ -143,6 +144,10 @@ def run_step(
 
     def peer(s: int) -> int:  # the global rank that holds virtual stage s of this pipeline
         return comm.global_rank(group, schedule.rank_of(s))
+
+    # The tip of a V (parlab/schedules_v.py): stages p-1 and p live on the same rank, which hands the activation
+    # (and the gradient back) from one to the other in memory, keyed (kind, mb, receiving stage): no message.
+    me, local = comm.global_rank(group, rank), {}
 
     xs, ys = x.chunk(m), y.chunk(m)  # m micro-batches of [b, T], b = B/m
     b, T = xs[0].shape
@@ -158,6 +163,8 @@ def run_step(
         if a.op == "F":
             if s == 0:
                 inp = xs[a.mb]  # [b, T] token ids
+            elif peer(s - 1) == me:  # the previous stage is this rank's other chunk: [b, T, H]
+                inp = local.pop(("act", a.mb, s)).requires_grad_()
             else:  # receive the activation of stage s-1: [b, T, H]
                 inp = torch.empty(b, T, cfg.hidden, dtype=cfg.torch_dtype, device=x.device)
                 comm.recv(inp, src=peer(s - 1), group=group, label=tag)
@@ -172,6 +179,8 @@ def run_step(
                 h.remove()
             if s == last:
                 stats.loss += out.item()
+            elif peer(s + 1) == me:
+                local[("act", a.mb, s + 1)] = out.detach()
             else:  # send the activation on to stage s+1
                 sends.append(comm.isend(out.detach(), dst=peer(s + 1), group=group, label=tag))
             held[(a.mb, a.chunk)] = InFlight(inp, out, saved.bytes, captured)
@@ -183,6 +192,8 @@ def run_step(
         if a.op in ("B", "BI"):
             if s == last:
                 grad = None  # the loss itself starts the backward
+            elif peer(s + 1) == me:
+                grad = local.pop(("grad", a.mb, s))
             else:  # receive d loss / d output from stage s+1: [b, T, H]
                 grad = torch.empty_like(entry.out)
                 comm.recv(grad, src=peer(s + 1), group=grad_group, label=tag)
@@ -195,7 +206,9 @@ def run_step(
                     grads = torch.autograd.grad(entry.out, targets, grad, retain_graph=True)
                     input_grad = grads[0] if s > 0 else None
                     entry.output_grads = grads[1:] if s > 0 else grads
-            if s > 0:  # send d loss / d input back to stage s-1
+            if s > 0 and peer(s - 1) == me:
+                local[("grad", a.mb, s - 1)] = input_grad
+            elif s > 0:  # send d loss / d input back to stage s-1
                 sends.append(comm.isend(input_grad, dst=peer(s - 1), group=grad_group, label=tag))
             if a.op == "B":
                 del held[(a.mb, a.chunk)]
@@ -229,7 +242,7 @@ def _capture_module_outputs(stage: Stage, captured: list) -> list:
 def build_stages(
     model: GPT, schedule: Schedule, rank: int, split: Sequence[int] | None = None, loss_fn=lm_loss
 ) -> dict[int, Stage]:
-    """Pipeline rank `rank`'s stages, by chunk: chunk k is virtual stage k p + rank (its blocks from `split`)."""
+    """Pipeline rank `rank`'s stages, by chunk: chunk k is stage schedule.stage(rank, k) (blocks from `split`)."""
     layer_ranges = split_layers(model.cfg.layers, schedule.num_stages, split)
     stages = {}
     for k in range(schedule.v):

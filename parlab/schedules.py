@@ -14,7 +14,8 @@ Notation (as in the GPipe, Megatron-LM and zero-bubble papers):
         stage's weights, which nobody waits for)
 
 Virtual stage s lives on pipeline rank s % p (Megatron's interleaving: rank r holds chunks k = 0..v-1, i.e.
-stages r, r + p, r + 2p, ...). Ranks here are ranks *within the pipeline group*; the executor turns them into
+stages r, r + p, r + 2p, ...), or for the V-shaped ZB-V and DualPipeV (parlab/schedules_v.py, v = 2) on ranks
+0, 1, ..., p-1, p-1, ..., 1, 0. Ranks here are ranks *within the pipeline group*; the executor turns them into
 global ranks, so that several pipelines can run side by side on a device mesh.
 
 Bubble: the fraction of a step a rank sits idle, averaged over ranks. With F and B costs t_f, t_b:
@@ -31,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
-FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT = "F", "B", "BI", "BW"
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev")
+V_SCHEDULES = ("zbv", "dualpipev")  # two stages per rank in a V: parlab/schedules_v.py
 SPAN_KIND = {"F": "forward", "B": "backward", "BI": "backward_input", "BW": "backward_weight"}
 DEFAULT_COSTS = {"F": 1, "B": 2, "BI": 1, "BW": 1}  # unit costs of the ideal timeline: B = BI + BW = 2 F
 
@@ -65,24 +66,33 @@ class Action:
 
 @dataclass
 class Schedule:
-    """What every rank does in one training step: actions[r] is rank r's ordered list."""
+    """What every rank does in one training step: actions[r] is rank r's ordered list.
+
+    layout: where the stages live. "loop" (Megatron): chunk k of rank r is stage k p + r. "v" (ZB-V, DualPipeV;
+    v = 2): chunk 0 of rank r is stage r, chunk 1 is stage 2p - 1 - r, so the stages go down the ranks and back up.
+    """
 
     name: str
     p: int
     m: int
     v: int
     actions: list[list[Action]]
+    layout: str = "loop"
 
     @property
     def num_stages(self) -> int:
         return self.p * self.v
 
     def stage(self, rank: int, chunk: int) -> int:
-        """Virtual stage of rank `rank`'s chunk `chunk`: chunk k of rank r is stage k p + r (Megatron)."""
+        """Virtual stage of rank `rank`'s chunk `chunk`: k p + r (loop), or r and 2p - 1 - r (V)."""
+        if self.layout == "v" and chunk == 1:
+            return 2 * self.p - 1 - rank
         return chunk * self.p + rank
 
     def rank_of(self, stage: int) -> int:
         """The pipeline rank (rank within the pipeline group) that holds virtual stage `stage`."""
+        if self.layout == "v" and stage >= self.p:
+            return 2 * self.p - 1 - stage
         return stage % self.p
 
     def chunk_of(self, stage: int) -> int:
@@ -143,16 +153,12 @@ def interleaved_warmup(p: int, m: int, v: int, rank: int, megatron: bool = False
     rank before micro-batch 0 comes back to its last chunk at all;
     + (p - 1 - r): then, as in 1F1B, the forwards still needed below this rank before the first gradient returns.
 
-    Megatron-LM warms up with 2 (p - 1 - r) + (v - 1) N instead (megatron/core/pipeline_parallel/schedules.py, the
-    count forward_backward_pipelining_with_interleaving uses; N is its micro-batch group size, a setting between p
-    and m, p by default; capped at m v). Its comment explains the (v - 1) N term and says earlier ranks run more
-    forwards, not why twice p - 1 - r. Our reading, from its executor: a steady iteration runs one F and one B and
-    only then swaps, in one exchange, what they produced for what the next iteration needs. So a gradient on its way
-    back waits at every hop for the end of the iteration that made it: one more iteration per hop than in Megatron's
-    plain 1F1B, which exchanges after the F and again after the B (and warms up with p - 1 - r). Our executor sends
-    asynchronously and starts each action as soon as its input is there; the ideal timelines show the smaller count
-    reaches the same bubble with fewer activations held.
-    megatron=True gives Megatron's count with N = p.
+    Megatron-LM warms up with 2 (p - 1 - r) + (v - 1) N instead (megatron/core/pipeline_parallel/schedules.py,
+    forward_backward_pipelining_with_interleaving; N its micro-batch group size, p by default; capped at m v). Our
+    reading of why twice p - 1 - r, from its executor: a steady iteration runs one F and one B and only then swaps,
+    in one exchange, what they produced, so a gradient waits at every hop for the end of the iteration that made it.
+    Our executor sends asynchronously and starts each action as soon as its input is there; the ideal timelines
+    show the smaller count reaches the same bubble with fewer activations held. megatron=True: Megatron's, N = p.
     """
     extra = 2 * (p - 1 - rank) if megatron else p - 1 - rank
     return min((v - 1) * p + extra, m * v)
@@ -221,11 +227,11 @@ def zero_bubble_h1(p: int, m: int, costs: dict | None = None) -> Schedule:
 def make_schedule(
     name: str, p: int, m: int, v: int = 1, costs: dict | None = None, megatron_warmup: bool = False
 ) -> Schedule:
-    """The schedule `name` (one of SCHEDULES) for p ranks and m micro-batches (v chunks per rank: interleaved).
-
-    costs: only the zero-bubble schedule depends on them (where its postponed BW passes go).
-    """
+    """The schedule `name` (one of SCHEDULES) for p ranks, m micro-batches, v chunks per rank (interleaved; 2 for
+    the V schedules). costs: only the zero-bubble schedule depends on them (where its postponed BW passes go)."""
     check_schedule_args(name, p, m, v)
+    if name in V_SCHEDULES:
+        return schedules_v.zbv(p, m) if name == "zbv" else schedules_v.dualpipev(p, m)
     if name == "gpipe":
         return gpipe(p, m)
     if name == "1f1b":
@@ -239,13 +245,12 @@ def check_schedule_args(name: str, p: int, m: int, v: int = 1) -> None:
     """Reject what a schedule cannot run, with the reason."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; one of {', '.join(SCHEDULES)}")
-    if p < 1:
-        raise ValueError(f"stages p={p} must be >= 1")
-    if m < 1:
-        raise ValueError(f"microbatches m={m} must be >= 1")
-    if v < 1:
-        raise ValueError(f"virtual stages v={v} must be >= 1")
-    if name != "interleaved" and v != 1:
+    for what, n in (("stages p", p), ("microbatches m", m), ("virtual stages v", v)):
+        if n < 1:
+            raise ValueError(f"{what}={n} must be >= 1")
+    if name in V_SCHEDULES:
+        schedules_v.check_v_args(name, p, m, v)
+    elif name != "interleaved" and v != 1:
         raise ValueError(f"virtual stages (v={v}) apply only to the interleaved schedule, not {name!r}")
     if name in ("1f1b", "interleaved", "zb") and m < p:
         raise ValueError(
@@ -309,13 +314,14 @@ def check_complete(schedule: Schedule) -> None:
                     raise ScheduleError(f"rank {r}: micro-batch {mb} chunk {k} needs one F and one B (or BI + BW)")
 
 
-def simulate(schedule: Schedule, costs: dict | None = None) -> list[Timed]:
+def simulate(schedule: Schedule, costs: dict | None = None, hop=0) -> list[Timed]:
     """The ideal timeline: each rank runs its actions in order, each as soon as the rank is free and its inputs
-    have arrived (communication is free). Times are exact fractions of the costs (default DEFAULT_COSTS).
+    have arrived. Times are exact fractions of the costs (default DEFAULT_COSTS). hop: what a message between two
+    ranks costs, in the same units (default 0: communication is free; the planner gives latency + bytes/bandwidth).
 
     Raises ScheduleError if some rank waits for something that never happens (a deadlock).
     """
-    costs = exact_costs(costs)
+    costs, hop = exact_costs(costs), Fraction(hop)
     done: dict[tuple[str, int, int], Fraction] = {}
     position, free = [0] * schedule.p, [Fraction(0)] * schedule.p
     timeline: list[Timed] = []
@@ -327,7 +333,7 @@ def simulate(schedule: Schedule, costs: dict | None = None) -> list[Timed]:
                 deps = dependencies(schedule, r, a)
                 if any(d not in done for d in deps):
                     break  # this rank waits; the others may unblock it
-                start = max([free[r]] + [done[d] for d in deps])
+                start = max([free[r]] + [done[d] + (hop if schedule.rank_of(d[2]) != r else 0) for d in deps])
                 end = start + costs[a.op]
                 timeline.append(Timed(r, a, start, end))
                 op, mb, s = _key(schedule, r, a)
@@ -349,7 +355,8 @@ def simulate(schedule: Schedule, costs: dict | None = None) -> list[Timed]:
 
 def messages(schedule: Schedule) -> dict[tuple[int, int, str], tuple[list, list]]:
     """For each channel (src, dst, "act" or "grad"): the messages in the order src sends them and in the order
-    dst receives them, each named (mb, receiving stage)."""
+    dst receives them, each named (mb, receiving stage). A hand-over between two stages of the same rank (the tip
+    of a V) is no message: it is left out."""
     channels: dict[tuple[int, int, str], tuple[list, list]] = {}
     last = schedule.num_stages - 1
     for r, acts in enumerate(schedule.actions):
@@ -363,7 +370,7 @@ def messages(schedule: Schedule) -> dict[tuple[int, int, str], tuple[list, list]
                 channels.setdefault((r, schedule.rank_of(s - 1), "grad"), ([], []))[0].append((a.mb, s - 1))
             if a.op in ("B", "BI") and s < last:  # receives its output gradient from s + 1
                 channels.setdefault((schedule.rank_of(s + 1), r, "grad"), ([], []))[1].append((a.mb, s))
-    return channels
+    return {key: lists for key, lists in channels.items() if key[0] != key[1]}
 
 
 def validate(schedule: Schedule) -> list[Timed]:
@@ -400,6 +407,8 @@ def bubble_formula(name: str, p: int, m: int, v: int = 1, costs: dict | None = N
         return Fraction(p - 1, m + p - 1), "(p-1)/(m+p-1)"
     if name == "interleaved":
         return Fraction(p - 1, v * m + p - 1), "(p-1)/(v*m+p-1)"
+    if name in V_SCHEDULES:
+        return schedules_v.bubble_formula_v(name, p, m, costs)
     idle = (p - 1) * (c["F"] + c["BI"] - c["BW"])
     return idle / (m * (c["F"] + c["BI"] + c["BW"]) + idle), "(p-1)(F+BI-BW)/(m(F+BI+BW)+(p-1)(F+BI-BW))"
 
@@ -435,3 +444,7 @@ def peak_inflight(schedule: Schedule) -> list[int]:
             peak = max(peak, held)
         peaks.append(peak)
     return peaks
+
+
+# The V-shaped schedules build on Action and Schedule above; make_schedule and bubble_formula offer them too.
+from parlab import schedules_v  # noqa: E402

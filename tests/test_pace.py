@@ -73,3 +73,72 @@ def test_a_bad_pace_is_refused_before_launch(monkeypatch):
     monkeypatch.setattr("parlab.runs.launch", lambda *a, **k: pytest.fail("launched"))
     with pytest.raises(ValueError, match="pace 'slow'"):
         run_scheme("collectives", world_size=2, pace="slow")
+
+
+# ------------------------------------------------------------------------------- the clock of a paced pipeline
+
+
+def test_a_paced_pipeline_lands_within_two_points_of_its_ideal_bubble():
+    """Spans start on the emulated device's clock and messages arrive when their sender's link says, so neither
+    the Python between actions nor a rank waking up late on a busy core adds to the bubble (issue #28: the figure
+    used to land 1.7-4.8 points high)."""
+    _, report = run_pipeline("1f1b", 4, 8, steps=2, pace="unit=20ms,alpha=0.2ms,bandwidth=1GB/s")
+    assert report["passed"], report["verdicts"]
+    if report["paced_overruns"] == 0:  # a machine too busy to keep the pace says so, and is not judged
+        assert abs(report["bubble_measured"] - report["bubble_ideal"]) < 0.02, report["bubble_measured_per_rank"]
+
+
+def sender_clock_rank() -> float:
+    """Rank code: rank 0 sends at the end of a 50 ms span; rank 1 posts its receive late (after 80 ms of real,
+    untraced work), so the data has long arrived on the emulated link: the receive holds nothing."""
+    x = torch.ones(10, dtype=torch.float64)
+    with pace.paced(pace.Pace(unit=0.05, alpha=0.01, bandwidth=1e9)):
+        if comm.group_rank() == 0:
+            with comm.span("F0", kind="forward"):
+                pass
+            comm.send(x, dst=1)
+            return 0.0
+        time.sleep(0.08)
+        comm.recv(x, src=0)
+        return [e for e in comm.trace_events() if e.kind == "recv"][0].extra["paced_ready"]
+
+
+def test_a_message_arrives_when_its_senders_link_model_says():
+    results = parlab.launch(sender_clock_rank, 2, echo=False)
+    forward = results.trace.select(kind="forward", rank=0)[0]
+    # arrival = the sender's model send time (its span's end) + alpha + bytes / bandwidth, not the late post + alpha
+    assert results[1] == pytest.approx(forward.end + 0.01 + 80 / 1e9, abs=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ hardware profiles
+
+
+def test_hardware_profiles_compute_and_link_times():
+    from parlab import hardware
+
+    h100, a100 = hardware.profile("h100"), hardware.profile("a100")
+    assert h100.compute_seconds(989e12 * 0.4) == pytest.approx(1.0)  # peak x efficiency FLOPs take a second
+    assert a100.compute_seconds(1e12) > h100.compute_seconds(1e12)
+    assert h100.link_seconds(450e9) == pytest.approx(1 + 5e-6)  # NVLink: alpha + bytes / bandwidth
+    assert h100.link_seconds(50e9, intra_node=False) == pytest.approx(1 + 10e-6)  # InfiniBand, across nodes
+    with pytest.raises(ValueError, match="unknown hardware profile 'tpu'"):
+        hardware.profile("tpu")
+
+
+def test_a_profile_pace_keeps_the_clusters_proportions():
+    from parlab import hardware
+
+    flops = 4e10  # one forward action
+    paced_h100 = pace.Pace.from_profile("h100", flops, world_size=4)
+    h100 = hardware.profile("h100")
+    ratio = h100.link_seconds(1 << 20) / h100.compute_seconds(flops)  # a 1 MiB message against one forward
+    assert paced_h100.unit == 0.05 and paced_h100.comm_seconds(1 << 20) / paced_h100.unit == pytest.approx(ratio)
+    assert "H100 times" in paced_h100.describe()
+    on_ib = pace.Pace.from_profile("h100", flops, world_size=16)  # more ranks than a node's 8 GPUs: InfiniBand
+    assert on_ib.bandwidth < paced_h100.bandwidth
+    with pytest.raises(ValueError, match="give the run a bigger model"):
+        pace.Pace.from_profile("h100", 1e6)  # a toy forward: nanoseconds of compute against microseconds of latency
+    with pytest.raises(ValueError, match="only a run that trains a model"):
+        pace.parse("a100")
+    with pytest.raises(ValueError, match="give the run a bigger model"):
+        run_pipeline("1f1b", 2, 2, steps=1, batch=4, layers=2, pace="h100")  # refused before launch

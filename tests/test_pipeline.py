@@ -62,12 +62,12 @@ def test_every_schedule_is_valid_and_its_ideal_bubble_is_the_formula_exactly(p, 
 
 def test_done_when_figures_at_p4_m8():
     bubbles = {
-        name: pp.bubble(pp.validate(pp.make_schedule(name, 4, 8, 2 if name == "interleaved" else 1)), 4)
-        for name in pp.SCHEDULES
+        name: pp.bubble(pp.validate(pp.make_schedule(name, 4, 8, lesson.chunks(name))), 4) for name in pp.SCHEDULES
     }
     assert bubbles["gpipe"] == bubbles["1f1b"] == Fraction(3, 11)
     assert bubbles["interleaved"] == Fraction(3, 19) < bubbles["1f1b"]
     assert bubbles["zb"] == Fraction(1, 9) < bubbles["interleaved"]
+    assert bubbles["zbv"] == bubbles["dualpipev"] == Fraction(1, 17) < bubbles["zb"]
 
 
 def test_ideal_timeline_respects_every_dependency():
@@ -228,6 +228,12 @@ def test_bubble_table_lists_every_schedule_from_its_ideal_timeline():
     rows = {line.split()[0]: line for line in lines[2:]}
     assert list(rows) == list(pp.SCHEDULES)
     assert "3/11" in rows["gpipe"] and "3/19" in rows["interleaved"] and "1/9" in rows["zb"]
+    assert "1/17" in rows["zbv"] and rows["zbv"].endswith("8 (= 4 stages of activations)")
+    assert rows["dualpipev"].endswith("9 (= 9/2 stages of activations)")  # DualPipe's PP + 1
+    assert lesson.v_formula_lines(4, 8)[2:] == [
+        "zbv             3  (p-1)(T_F+T_B-2T_W) = 0",
+        "dualpipev       3  (PP/2-1)(F&B+B-3W) = 6",
+    ]
     assert rows["interleaved"].endswith("8 (= 4 stages of activations)")  # 8 (micro-batch, chunk) units, v = 2
     assert "needs microbatches >= stages" in lesson.bubble_table(4, 2)[3]  # 1F1B refuses m < p, with the reason
 

@@ -6,7 +6,8 @@ prints what they computed, in the lesson's order:
 
     a run's checks           `print_report`: the report of `run_pipeline`, deterministic lines or measured ones
     one schedule             `timelines`: its ideal timeline (unit costs) above the measured one of a real run
-    the schedules compared   `bubble_table`: ideal bubble, formula and activations held, for all four at once
+    the schedules compared   `bubble_table`: ideal bubble, formula and activations held, for all six at once
+    the V shapes             `v_formula_lines`: ZB-V's and DualPipeV's idle time beside their papers' formulas
 
 Parent-side only (nothing here runs on a rank), so plotly is imported at the top.
 """
@@ -18,12 +19,13 @@ from fractions import Fraction
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from parlab import plots
+from parlab import plots, schedules_v
 from parlab.pipeline import measured_bubble
 from parlab.schedules import (
     DEFAULT_COSTS,
     SCHEDULES,
     SPAN_KIND,
+    V_SCHEDULES,
     Schedule,
     bubble,
     bubble_formula,
@@ -33,7 +35,14 @@ from parlab.schedules import (
 )
 from parlab.trace import Trace
 
-NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B", "zb": "zero bubble (ZB-H1)"}
+NAMES = {
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "interleaved": "interleaved 1F1B",
+    "zb": "zero bubble (ZB-H1)",
+    "zbv": "ZB-V (V-shaped zero bubble)",
+    "dualpipev": "DualPipeV",
+}
 CHUNK_PATTERNS = ["", "/", "x", ".", "\\", "+"]  # chunk 0 plain, chunk 1 hatched, ...: same colours throughout
 
 
@@ -56,14 +65,14 @@ def print_report(report: dict, measured: bool = False) -> None:
 
 
 def bubble_table(p: int, m: int, v: int = 2) -> list[str]:
-    """The four schedules side by side, from their ideal timelines (pure Python, instant): bubble (exact), its
+    """The six schedules side by side, from their ideal timelines (pure Python, instant): bubble (exact), its
     formula, and the most activations a rank holds (in (micro-batch, chunk) units and in whole-stage units)."""
     lines = [
         f"p={p}, m={m}, v={v} (interleaved)",
         f"{'schedule':12s} {'ideal bubble':>20s} {'formula':>10s}  peak held",
     ]
     for name in SCHEDULES:
-        vv = v if name == "interleaved" else 1
+        vv = chunks(name, v)
         try:
             schedule = make_schedule(name, p, m, vv)
         except ValueError as exc:
@@ -71,9 +80,34 @@ def bubble_table(p: int, m: int, v: int = 2) -> list[str]:
             continue
         ideal = bubble(simulate(schedule), p)
         formula, _ = bubble_formula(name, p, m, vv)
+        if name in V_SCHEDULES and not schedules_v.formula_holds(name, p, m):
+            formula = "-"  # the closed form needs the V filled (schedules_v.formula_holds)
         peak = max(peak_inflight(schedule))
         held = f"{peak} (= {Fraction(peak, vv)} stages of activations)" if vv > 1 else f"{peak}"
         lines.append(f"{name:12s} {str(ideal) + f' = {float(ideal):.3f}':>20s} {str(formula):>10s}  {held}")
+    return lines
+
+
+def chunks(name: str, v: int = 2) -> int:
+    """Model chunks per rank of schedule `name`: v for interleaved, 2 for the V shapes, else 1."""
+    return v if name == "interleaved" else 2 if name in V_SCHEDULES else 1
+
+
+def v_formula_lines(p: int, m: int) -> list[str]:
+    """ZB-V and DualPipeV beside their papers' formulas (parlab/schedules_v.py): per rank, the idle time of the
+    exact ideal timeline and the one each paper's formula gives (cost units, F = BI = BW = 1, B = 2)."""
+    lines = [f"p={p}, m={m}: idle time per rank (units of F)", f"{'schedule':10s} {'exact':>6s}  paper's formula"]
+    for name in V_SCHEDULES:
+        try:
+            schedule = make_schedule(name, p, m, 2)
+        except ValueError as exc:
+            lines.append(f"{name:10s} {exc}")
+            continue
+        timeline = simulate(schedule)
+        makespan = max(t.end for t in timeline)
+        idle = sum(makespan - sum(t.end - t.start for t in timeline if t.rank == r) for r in range(p)) / p
+        paper, text = schedules_v.paper_idle(name, p)
+        lines.append(f"{name:10s} {str(idle):>6s}  {text} = {paper}")
     return lines
 
 

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from parlab.models import DTYPES, GPTConfig
+from parlab.models import DTYPES, RECOMPUTE, GPTConfig
 from parlab.pace import Pace
 from parlab.pace import parse as parse_pace
 
@@ -88,7 +88,7 @@ class RunOptions:
     pace: str = option(
         "",
         "emulate a device and a link (parlab.pace): alone, the default model; or e.g. "
-        "unit=20ms,alpha=1ms,bandwidth=50MB/s (unit: one forward pass)",
+        "unit=20ms,alpha=1ms,bandwidth=50MB/s (unit: one forward pass); or a GPU: h100, a100 (parlab.hardware)",
         const="default",
     )
 
@@ -106,7 +106,14 @@ class RunOptions:
 
     def pace_model(self) -> Pace | None:
         """The emulated device and link of this run (None: not paced)."""
-        return parse_pace(self.pace)
+        from parlab.hardware import PROFILES
+
+        flops = self.forward_flops() if self.pace.strip() in PROFILES else None  # only a GPU profile needs them
+        return parse_pace(self.pace, flops, self.world_size)
+
+    def forward_flops(self) -> float | None:
+        """FLOPs of one paced forward span of a rank (sets F under `--pace h100`); None: the run trains no model."""
+        return None
 
     @classmethod
     def make(cls, **values) -> RunOptions:
@@ -183,6 +190,11 @@ class ModelOptions(RunOptions):
     vocab: int = option(64, "vocabulary size V")
     seq: int = option(16, "sequence length T")
     tied: bool = option(False, "share the embedding matrix with the LM head")
+    recompute: str = option(
+        "none",
+        "activation recomputation: none, selective (attention core) or full (each block)",
+        choices=list(RECOMPUTE),
+    )
     optimizer: str = option(
         "sgd", "sgd, or adam (compare adam in float64: it turns last-bit noise into steps)", choices=["sgd", "adam"]
     )
@@ -202,7 +214,14 @@ class ModelOptions(RunOptions):
     def for_config(cls, cfg: GPTConfig, **values) -> ModelOptions:
         """The options that build the model `cfg` (the inverse of gpt_config), with `values` for the rest."""
         sizes = {"vocab": cfg.vocab_size, "seq": cfg.seq_len, "hidden": cfg.hidden, "heads": cfg.heads}
+        values.setdefault("recompute", cfg.recompute)
         return cls.make(**sizes, layers=cfg.layers, ffn=cfg.ffn, tied=cfg.tied, dtype=cfg.dtype, **values)
+
+    def forward_flops(self) -> float | None:
+        """One rank's forward: the whole model over its share of the batch (a scheme may say otherwise)."""
+        from parlab.hardware import gpt_forward_flops
+
+        return gpt_forward_flops(self.gpt_config(), max(self.batch // self.world_size, 1))
 
     def gpt_config(self) -> GPTConfig:
         return GPTConfig(
@@ -214,4 +233,39 @@ class ModelOptions(RunOptions):
             ffn=self.ffn,
             tied=self.tied,
             dtype=self.dtype,
+            recompute=self.recompute,
         )
+
+
+@dataclass
+class FaultOptions:
+    """A mixin (before the scheme's base class: `class DPOptions(FaultOptions, ModelOptions)`): inject a failure
+    and survive it (parlab/faults.py, parlab/runs/checkpoint.py). Without --kill-rank the run is unchanged."""
+
+    kill_rank: int | None = option(None, "the rank that dies (os._exit) in the middle of step --at-step")
+    at_step: int | None = option(None, "the step (1..steps) in which --kill-rank dies")
+    checkpoint_every: int = option(2, "with --kill-rank: save a sharded checkpoint every this many steps")
+    keep_checkpoint: str = option("", "with --kill-rank: keep the checkpoints in this new folder (default: removed)")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.kill_rank is None:
+            return
+        from parlab.scratch import check_folder
+
+        if not 0 <= self.kill_rank < self.world_size:
+            last = self.world_size - 1
+            raise ValueError(f"kill_rank={self.kill_rank} is not a rank of world_size={self.world_size} (0..{last})")
+        if self.world_size < 2:
+            raise ValueError("kill_rank needs world_size >= 2: someone must survive")
+        default_steps = next(f.default for f in dataclasses.fields(self) if f.name == "steps")
+        if self.at_step is not None and self.at_step > self.steps == default_steps:
+            # `--kill-rank 2 --at-step 5` alone: the default run is too short to reach step 5, so it trains on to
+            # three steps past the failure (an explicit --steps smaller than --at-step is refused below).
+            self.steps_raised_from, self.steps = self.steps, self.at_step + 3
+        if self.at_step is None or not 1 <= self.at_step <= self.steps:
+            raise ValueError(
+                f"at_step={self.at_step} must be a step of the run, 1..steps={self.steps} (give --at-step, or --steps)"
+            )
+        positive("checkpoint_every", self.checkpoint_every)
+        check_folder(self.keep_checkpoint)
