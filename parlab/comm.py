@@ -44,6 +44,12 @@ _calls = 0  # the traced communication calls this rank has made
 # how far it is without knowing who runs it. None elsewhere (e.g. under torchrun): progress() is then a no-op.
 progress_hook = None
 
+# Live timelines (parlab.live): in a rank, the launcher sets `event_hook` (a function of this rank's event list) when
+# the parent asked for a live view; it is called as each event is recorded and streams them to the parent (throttled).
+# In the parent, parlab.live sets `event_sink`: the launcher hands it what the ranks streamed, and None as a tick.
+event_hook = None
+event_sink = None
+
 
 def progress(done: int, total: int, what: str = "step") -> None:
     """Rank code: say how far this rank is ("step 3 of 10"); while the ranks run, the cell shows the slowest rank."""
@@ -145,6 +151,8 @@ def _run(kind, call, tensor, nbytes, async_op, label="", peer=None, group=None):
         axis=_axis(group),
     )
     _events.append(event)
+    if event_hook is not None:
+        event_hook(_events)
     pace.issue_comm(event)  # an emulated link (parlab.pace): when this message will have arrived
     global _calls
     _calls += 1
@@ -224,9 +232,14 @@ def all_to_all(output_list, input_list, group=None, async_op=False, label=""):
     return _run("all_to_all", call, output_list[0], _nbytes(input_list), async_op, label, group=group)
 
 
-def all_to_all_single(output, tensor, group=None, async_op=False, label=""):
-    """Like all_to_all with the chunks taken along dim 0 of one tensor."""
-    call = lambda: dist.all_to_all_single(output, tensor, group=group, async_op=async_op)  # noqa: E731
+def all_to_all_single(
+    output, tensor, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False, label=""
+):
+    """Like all_to_all with the chunks taken along dim 0 of one tensor: equal chunks, or uneven ones given by the
+    split sizes (rows of `tensor` for each rank, rows of `output` from each rank; expert parallelism's tokens)."""
+    call = lambda: dist.all_to_all_single(  # noqa: E731
+        output, tensor, output_split_sizes, input_split_sizes, group=group, async_op=async_op
+    )
     return _run("all_to_all", call, output, _nbytes(tensor), async_op, label, group=group)
 
 
@@ -278,6 +291,8 @@ def span(label: str, kind: str = "compute", **extra) -> Iterator[Event]:
     """Record the code inside the `with` block as a compute span ("F mb3", kind="forward") on the timeline."""
     event = Event(_rank(), kind, time.perf_counter(), label=label, extra=extra)
     _events.append(event)
+    if event_hook is not None:
+        event_hook(_events)
     pace.enter_compute(event)
     finished = False
     try:

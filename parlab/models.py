@@ -18,8 +18,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from parlab.memory import tensor_bytes
+from parlab.moe import MoE, MoEConfig, aux_loss
+from parlab.recompute_theory import RECOMPUTE  # activation recomputation modes (parlab/recompute.py)
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -38,7 +41,9 @@ class GPTConfig:
     layers: int = 2
     ffn: int = 0  # 0 means 4 x hidden
     tied: bool = False  # share the token-embedding matrix with the LM head
+    moe: MoEConfig | None = None  # Mixture-of-Experts FFNs (parlab/moe.py) in every moe.every-th block
     dtype: str = "float64"
+    recompute: str = "none"  # none; selective: the attention core; full: each block (parlab/recompute.py)
 
     def __post_init__(self):
         if self.ffn == 0:
@@ -47,6 +52,8 @@ class GPTConfig:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}")
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {list(RECOMPUTE)}, got {self.recompute!r}")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -74,10 +81,19 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return scores.softmax(dim=-1) @ v  # [B, nh, T, hs]
 
 
+def recomputed(fn, *args: torch.Tensor) -> torch.Tensor:
+    """fn(*args) whose activations are dropped after the forward and recomputed in the backward: autograd keeps
+    only `args` (torch.utils.checkpoint). The model has no randomness, so no RNG state is stashed."""
+    if not torch.is_grad_enabled():
+        return fn(*args)
+    return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
+
+
 class SelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.heads = cfg.heads
+        self.recompute_core = cfg.recompute == "selective"
         self.q = nn.Linear(cfg.hidden, cfg.hidden)
         self.k = nn.Linear(cfg.hidden, cfg.hidden)
         self.v = nn.Linear(cfg.hidden, cfg.hidden)
@@ -90,7 +106,11 @@ class SelfAttention(nn.Module):
         def split_heads(t):  # [B, T, H] -> [B, nh, T, hs]
             return t.view(B, T, nh, H // nh).transpose(1, 2)
 
-        y = causal_attention(split_heads(self.q(x)), split_heads(self.k(x)), split_heads(self.v(x)))
+        q, k, v = split_heads(self.q(x)), split_heads(self.k(x)), split_heads(self.v(x))
+        if self.recompute_core:  # selective: keep q, k, v; the [B, nh, T, T] scores are recomputed in the backward
+            y = recomputed(causal_attention, q, k, v)
+        else:
+            y = causal_attention(q, k, v)
         y = y.transpose(1, 2).reshape(B, T, H)  # heads side by side again: [B, T, H]
         return self.proj(y)
 
@@ -108,14 +128,21 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, layer: int = 0):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.hidden)
         self.attn = SelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.hidden)
-        self.mlp = MLP(cfg)
+        moe = cfg.moe is not None and cfg.moe.is_moe_layer(layer)
+        self.mlp = MoE(cfg.hidden, cfg.ffn, cfg.moe) if moe else MLP(cfg)  # E expert MLPs and a router, or one MLP
+        self.recompute_all = cfg.recompute == "full"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute_all:  # full: keep only the block's input x; rerun the whole block in the backward
+            return recomputed(self.layer, x)
+        return self.layer(x)
+
+    def layer(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
@@ -126,7 +153,7 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden)  # token embedding [V, H]
         self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)  # position embedding [T, H]
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.layers))
         self.ln_f = nn.LayerNorm(cfg.hidden)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)  # [V, H]
         if cfg.tied:
@@ -238,7 +265,7 @@ def train_single_device(
     opt = make_optimizer(model.parameters(), optimizer, lr)
     losses, first_grads = [], {}
     for step, (x, y) in enumerate(batches):
-        loss = lm_loss(model(x), y)
+        loss = lm_loss(model(x), y) + aux_loss(model)  # + the MoE load-balancing loss (0 without MoE)
         opt.zero_grad()
         loss.backward()
         if step == 0:

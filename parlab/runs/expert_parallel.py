@@ -1,0 +1,196 @@
+"""Run and check expert parallelism (parlab/expert_parallel.py): `python -m parlab run moe --experts 8 --top-k 2`.
+
+The ranks train a Mixture-of-Experts GPT with its experts spread over the ep axis (inside data parallelism when
+--dp > 1); the parent trains one device on the whole batch, routed in the same capacity groups (one per rank),
+and compares losses (aux included), gradients and parameters, then puts the bytes each rank handed to
+all_to_all_single (from the trace) beside the bytes its split sizes call for, and reports the load per expert
+and the dropped tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from parlab.check import check_equal, compare
+from parlab.expert_parallel import (
+    all_to_all_payload,
+    balanced_all_to_all_bytes,
+    local_experts,
+    train_expert_parallel,
+)
+from parlab.launch import Results
+from parlab.mesh import DeviceMesh, mesh_coords
+from parlab.models import GPTConfig, build_model, make_batches, train_single_device
+from parlab.moe import MoEConfig, check_moe, moe_layers
+from parlab.runs import Scheme, launch_scheme
+from parlab.runs.options import ModelOptions, option, positive
+
+
+@dataclass
+class MoEOptions(ModelOptions):
+    experts: int = option(8, "E, experts per MoE layer (spread over the ep axis: E / ep per rank)")
+    top_k: int = option(2, "k, experts each token is sent to")
+    capacity_factor: float = option(1.25, "slots per expert and rank = ceil(factor x tokens x k / E)")
+    drop: bool = option(True, "drop the tokens past an expert's capacity (--no-drop: every expert takes all)")
+    aux_weight: float = option(0.01, "weight of the load-balancing loss in the training loss")
+    moe_every: int = option(1, "an MoE FFN in every block (1) or every other block (2)")
+    dp: int = option(1, "data-parallel replicas (the dp axis); the ep axis is world / dp")
+
+    @property
+    def ep(self) -> int:
+        return self.world_size // self.dp
+
+    @property
+    def axes(self) -> dict[str, int]:
+        return {"dp": self.dp, "ep": self.ep}
+
+    def validate(self) -> None:
+        super().validate()
+        positive("dp", self.dp)
+        positive("moe_every", self.moe_every)
+        if self.world_size % self.dp:
+            raise ValueError(f"world_size={self.world_size} is not divisible by dp={self.dp} (ep = world / dp)")
+        check_moe(self.experts, self.top_k, self.capacity_factor, self.ep)
+        if self.batch % self.world_size:
+            raise ValueError(f"batch={self.batch} is not divisible by world_size={self.world_size} (rows per rank)")
+        if self.aux_weight < 0:
+            raise ValueError(f"aux_weight={self.aux_weight} must be >= 0")
+
+    def moe_config(self) -> MoEConfig:
+        return MoEConfig(self.experts, self.top_k, self.capacity_factor, self.drop, self.aux_weight,
+                         self.moe_every, groups=self.world_size)  # fmt: skip
+
+    def gpt_config(self) -> GPTConfig:
+        cfg = super().gpt_config()
+        return GPTConfig(**{**cfg.__dict__, "moe": self.moe_config()})
+
+
+def moe_rank(opts: MoEOptions) -> dict:
+    """Rank code: the mesh (dp x ep), the full model (same weights everywhere), then expert-parallel training."""
+    mesh = DeviceMesh(opts.axes)
+    cfg = opts.gpt_config()
+    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)
+    return train_expert_parallel(build_model(cfg, opts.seed), mesh, batches, optimizer=opts.optimizer, lr=opts.lr)
+
+
+def reference_routing(cfg: GPTConfig, x: torch.Tensor, seed: int) -> dict:
+    """One device's first forward: aux loss (summed over layers), load per expert and dropped assignments."""
+    model = build_model(cfg, seed)
+    with torch.no_grad():
+        model(x)
+    layers = moe_layers(model)
+    return {
+        "aux": sum(m.aux_loss.item() for m in layers),
+        "load": [sum(m.stats["load"][e] for m in layers) for e in range(cfg.moe.experts)],
+        "dropped": sum(m.stats["dropped"] for m in layers),
+    }
+
+
+def moe_report(opts: MoEOptions, results: Results) -> dict:
+    """Compare with one device; check the all-to-all bytes against the split sizes; the load and the drops."""
+    cfg, W, K, E = opts.gpt_config(), opts.world_size, opts.steps, opts.experts
+    batches = make_batches(cfg, opts.batch, K, opts.seed)
+    reference = train_single_device(cfg, batches, opts.seed, opts.optimizer, opts.lr)
+    dtype = cfg.torch_dtype
+    coords = [mesh_coords(r, opts.axes) for r in range(W)]
+    verdicts = []
+    loss = [sum(r["losses"][k] for r in results) / W for k in range(K)]  # equal rows per rank: mean of means
+    verdicts.append(compare(f"loss (aux included) of each of {K} steps", torch.tensor(loss, dtype=dtype),
+                            torch.tensor(reference.losses, dtype=dtype), show=False))  # fmt: skip
+    ref_routing = reference_routing(cfg, batches[0][0], opts.seed)
+    aux1 = sum(r["aux"][0] for r in results) / W
+    verdicts.append(compare("aux loss of step 1", torch.tensor([aux1], dtype=dtype),
+                            torch.tensor([ref_routing["aux"]], dtype=dtype), show=False))  # fmt: skip
+    for replica in range(opts.dp):  # each replica holds every expert once, over its ep ranks
+        ranks = [r for r in range(W) if coords[r]["dp"] == replica]
+        grads = {n: g for r in ranks for n, g in results[r]["grads"].items()}
+        params = {n: p for r in ranks for n, p in results[r]["params"].items()}
+        verdicts.append(compare(f"replica {replica}: gradients of step 1, gathered", grads, reference.grads,
+                                show=False))  # fmt: skip
+        verdicts.append(compare(f"replica {replica}: parameters after {K} steps, gathered", params,
+                                reference.params, show=False))  # fmt: skip
+
+    # Routing: what the ranks measured, against one device routing the same groups.
+    load = [[sum(layer["load"][e] for step in r["stats"] for layer in step) for e in range(E)] for r in results]
+    load1 = [sum(layer["load"][e] for r in results for layer in r["stats"][0]) for e in range(E)]
+    dropped_per_step = [sum(layer["dropped"] for r in results for layer in r["stats"][k]) for k in range(K)]
+    received = [0] * E  # rows each expert took (after drops), over steps, layers and dp replicas
+    for r, res in enumerate(results):
+        mine = local_experts(E, opts.ep, coords[r]["ep"])
+        for layer in (layer for step in res["stats"] for layer in step):
+            for e, rows in zip(mine, layer["rows_per_expert"], strict=True):
+                received[e] += rows
+    counts = [
+        check_equal("step 1: assignments per expert differing from one device", sum(
+            a != b for a, b in zip(load1, ref_routing["load"], strict=True)), 0, show=False),
+        check_equal("step 1: dropped assignments, all ranks (one device's)", dropped_per_step[0],
+                    ref_routing["dropped"], show=False),
+    ]  # fmt: skip
+
+    # Bytes: what each rank handed to all_to_all_single (the trace) against what its split sizes call for.
+    measured = results.trace.bytes_per_rank().get("all_to_all", [0] * W)
+    theory = [sum(all_to_all_payload(sum(layer["send_splits"]), sum(layer["recv_splits"]), cfg.hidden,
+                                     cfg.dtype_bytes, E) for step in r["stats"] for layer in step)
+              for r in results]  # fmt: skip
+    wrong = sum(m != t for m, t in zip(measured, theory, strict=True))
+    counts.append(check_equal("ranks whose all-to-all bytes differ from their split sizes", wrong, 0, show=False))
+    tokens = opts.batch // W * cfg.seq_len  # per rank
+    moe_per_step = len(results[0]["stats"][0])
+    checks = verdicts + counts
+    worst = max(verdicts, key=lambda v: v.max_abs_err)
+    mean_load = sum(load1) / E
+    return {
+        "scheme": "moe",
+        "world_size": W,
+        "passed": all(c.passed for c in checks),
+        "max_abs_err": worst.max_abs_err,
+        "tol": worst.tol,
+        "comm": results.trace.bytes_per_rank(),
+        "verdicts": [c.line for c in checks],
+        "mesh": {"axes": opts.axes, "coords": coords},
+        "steps": K,
+        "experts": E,
+        "top_k": opts.top_k,
+        "capacity_factor": opts.capacity_factor,
+        "drop": opts.drop,
+        "capacity_per_rank": results[0]["stats"][0][0]["capacity"],
+        "moe_layers": moe_per_step,
+        "tokens_per_rank": tokens,
+        "loss_single": reference.losses,
+        "loss_parallel": loss,
+        "aux_loss": [sum(r["aux"][k] for r in results) / W for k in range(K)],
+        "tokens_per_expert": {"per_rank": load, "step1_total": load1, "imbalance_step1": max(load1) / mean_load},
+        "received_per_expert": received,
+        "dropped_tokens": {
+            "total": sum(dropped_per_step),
+            "per_step": dropped_per_step,
+            "assignments_per_step": W * tokens * opts.top_k * moe_per_step,
+        },  # fmt: skip
+        "all_to_all_bytes": measured,
+        "all_to_all_theory": theory,
+        "all_to_all_balanced": {
+            "per_layer_direction": balanced_all_to_all_bytes(tokens, opts.top_k, cfg.hidden, cfg.dtype_bytes, opts.ep),
+            "formula": "tokens x k x H x bytes per direction (payload); x (P-1)/P leaves the rank (wire)",
+        },
+    }
+
+
+def run_moe(world_size: int = 4, **options) -> tuple[Results, dict]:
+    """Run expert parallelism on live ranks; returns (results, report) as `python -m parlab run moe` prints it.
+
+    options: any MoEOptions field (experts, top_k, capacity_factor, drop, dp, steps, batch, layers, ...).
+    """
+    return launch_scheme("moe", world_size=world_size, **options)
+
+
+SCHEMES = [
+    Scheme(
+        "moe",
+        "expert parallelism: a Mixture-of-Experts GPT, experts spread over ranks, all-to-all dispatch and combine",
+        MoEOptions,
+        moe_rank,
+        moe_report,
+    )
+]
