@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from parlab import comm
 from parlab.memory import tensor_bytes
-from parlab.models import GPT, GPTConfig, build_model, causal_attention
+from parlab.models import GPT, GPTConfig, build_model, causal_attention, recomputed
 from parlab.ring_attention import kv_block_bytes, ring_attention, sequence_split
 from parlab.tensor_parallel import (
     ColumnParallelLinear,
@@ -174,8 +174,12 @@ class MegatronSPBlock(nn.Module):
         if a.heads % P:
             raise ValueError(f"heads={a.heads} is not divisible by world_size={P}")
         self.heads, self.head_size = a.heads // P, a.q.out_features // a.heads  # nh/P, hs
+        self.recompute_core, self.recompute_all = a.recompute_core, full.recompute_all  # parlab/recompute.py
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T/P, H]
+        return recomputed(self.layer, x) if self.recompute_all else self.layer(x)
+
+    def layer(self, x: torch.Tensor) -> torch.Tensor:
         h = gather_from_sequence_parallel(self.ln1(x), f"attn {self.index}", self.group)  # g: [B, T, H]
         B, T, _ = h.shape
 
@@ -183,7 +187,8 @@ class MegatronSPBlock(nn.Module):
             return t.view(B, T, self.heads, self.head_size).transpose(1, 2)
 
         a = self.attn
-        y = causal_attention(split_heads(a.q(h)), split_heads(a.k(h)), split_heads(a.v(h)))  # my heads, all T
+        q, k, v = split_heads(a.q(h)), split_heads(a.k(h)), split_heads(a.v(h))
+        y = recomputed(causal_attention, q, k, v) if self.recompute_core else causal_attention(q, k, v)  # my heads
         x = x + a.proj(y.transpose(1, 2).reshape(B, T, -1))  # g-bar inside: [B, T/P, H]
         h = gather_from_sequence_parallel(self.ln2(x), f"mlp {self.index}", self.group)  # g: [B, T, H]
         return x + self.mlp.proj(F.gelu(self.mlp.fc(h)))  # [B, T, F/P] -> g-bar -> [B, T/P, H]
@@ -351,9 +356,12 @@ def wire_bytes(kind: str, payload: int, world_size: int) -> int:
 
 def megatron_sp_layer_theory(cfg: GPTConfig, batch: int, world_size: int) -> dict[str, int]:
     """Payload per rank per training step in the L blocks (bytes): per block 2 all-gathers and 2 reduce-scatters
-    forward, and the same backward (the conjugates). all-gather: this rank's [B, T/P, H]; reduce-scatter: [B, T, H]."""
+    forward, and the same backward (the conjugates). all-gather: this rank's [B, T/P, H]; reduce-scatter: [B, T, H].
+    Full recomputation reruns each block's forward up to its last kept tensor: 2 all-gathers and the attention's
+    reduce-scatter more per layer."""
     BTH, L = batch * cfg.seq_len * cfg.hidden * cfg.dtype_bytes, cfg.layers
-    return {"all_gather": 4 * L * BTH // world_size, "reduce_scatter": 4 * L * BTH}
+    ag, rs = (6, 5) if cfg.recompute == "full" else (4, 4)
+    return {"all_gather": ag * L * BTH // world_size, "reduce_scatter": rs * L * BTH}
 
 
 def ulysses_theory(cfg: GPTConfig, batch: int, world_size: int) -> int:

@@ -19,21 +19,14 @@ conjugate operators (its Figure 3) mark where the ranks talk:
 so each transformer layer costs 2 all-reduces forward (g after attention, g after the MLP) and 2 backward (f
 before each), each of B x T x H elements. The vocabulary is split the same way: rank r holds the embedding rows
 and LM-head rows of tokens [r*V/P, (r+1)*V/P), and the cross-entropy is computed from three all-reduces of
-B x T numbers (max, sum of exponentials, target logit) without ever gathering the [B, T, V] logits (lesson 02
-compares it with the naive loss that gathers them).
+B x T numbers (max, sum of exponentials, target logit) without ever gathering the [B, T, V] logits.
 
-Everything outside the f ... g regions (LayerNorms, position embedding, residual adds, the biases of the
-row-parallel layers) is computed identically on every rank: replicated.
+Everything outside the f ... g regions (LayerNorms, position embedding, residual adds, row-parallel biases) is
+computed identically on every rank: replicated.
 
-Shapes: B batch, T sequence, H hidden, F FFN size, V vocabulary, nh heads, hs = H / nh, P = world size.
-
-Every building block takes the process group it works in (`group=`, default: all ranks) and reads its rank r and
-size P from that group, so that on a device mesh tensor parallelism runs within a "tp" group while, say, data
-parallelism runs across them.
-
-`python -m parlab run tp --world 4` runs and checks it (parlab/runs/tensor_parallel.py, `run_tp` from a notebook).
-Lesson 02 (notebooks/02_tensor_parallel.ipynb) takes its demos and figures (the C = A B split, the layer-by-layer
-checks, parameter memory) from parlab/lessons/tensor_parallel.py, which builds them from this file.
+Shapes: B batch, T sequence, H hidden, F FFN size, V vocabulary, nh heads, hs = H / nh, P = world size. Every
+building block takes its process group (`group=`, default all ranks) and reads r and P from it, so that on a mesh
+TP runs within a "tp" group. `python -m parlab run tp` checks it (parlab/runs/tensor_parallel.py); lesson 02.
 """
 
 from __future__ import annotations
@@ -46,7 +39,7 @@ import torch.nn.functional as F
 
 from parlab import comm
 from parlab.memory import tensor_bytes
-from parlab.models import GPT, MLP, GPTConfig, SelfAttention, causal_attention
+from parlab.models import GPT, MLP, GPTConfig, SelfAttention, causal_attention, recomputed
 
 # ------------------------------------------------------------------------------- Megatron's f and g operators
 
@@ -229,8 +222,8 @@ class TensorParallelSelfAttention(nn.Module):
         self.proj = RowParallelLinear(full.proj, group=group, label=label)
         if full.heads % self.q.world_size:
             raise ValueError(f"heads={full.heads} is not divisible by world_size={self.q.world_size}")
-        self.heads = full.heads // self.q.world_size  # heads on this rank: nh/P
-        self.head_size = full.q.out_features // full.heads  # hs
+        self.heads, self.head_size = full.heads // self.q.world_size, full.q.out_features // full.heads  # nh/P, hs
+        self.recompute_core = full.recompute_core  # selective recomputation (parlab/recompute.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, H], replicated
         B, T, _ = x.shape
@@ -240,7 +233,8 @@ class TensorParallelSelfAttention(nn.Module):
         def split_heads(t):  # [B, T, H/P] -> [B, nh/P, T, hs]
             return t.view(B, T, nh, hs).transpose(1, 2)
 
-        y = causal_attention(split_heads(self.q(x)), split_heads(self.k(x)), split_heads(self.v(x)))
+        q, k, v = split_heads(self.q(x)), split_heads(self.k(x)), split_heads(self.v(x))
+        y = recomputed(causal_attention, q, k, v) if self.recompute_core else causal_attention(q, k, v)
         y = y.transpose(1, 2).reshape(B, T, nh * hs)  # this rank's heads side by side: [B, T, H/P]
         return self.proj(y)  # g inside: [B, T, H], replicated
 
@@ -257,14 +251,12 @@ class VocabParallelEmbedding(nn.Module):
 
     def __init__(self, full: nn.Embedding, group=None, label: str = "embed"):
         super().__init__()
-        self.group = group
-        rank, P = comm.group_rank(group), comm.group_size(group)
-        V = full.num_embeddings
+        self.group, self.label = group, label
+        rank, P, V = comm.group_rank(group), comm.group_size(group), full.num_embeddings
         if V % P:
             raise ValueError(f"vocab={V} is not divisible by world_size={P}")
         self.vocab_start, self.vocab_end = rank * V // P, (rank + 1) * V // P
         self.weight = _sharded(full.weight, 0, rank, P)  # [V/P, H]
-        self.label = label
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         mine = (idx >= self.vocab_start) & (idx < self.vocab_end)  # [B, T]: ids this rank owns
@@ -329,8 +321,12 @@ class TensorParallelBlock(nn.Module):
         self.attn = TensorParallelSelfAttention(full.attn, group, label=f"attn {index}")
         self.ln2 = copy.deepcopy(full.ln2)
         self.mlp = TensorParallelMLP(full.mlp, group, label=f"mlp {index}")
+        self.recompute_all = full.recompute_all  # full recomputation (parlab/recompute.py): reruns g in the backward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, H], replicated
+        return recomputed(self.layer, x) if self.recompute_all else self.layer(x)
+
+    def layer(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
@@ -423,6 +419,8 @@ def train_tensor_parallel(
 
 # ------------------------------------------------------------------------------------------------- the theory
 
+PER_LAYER_ITEMS = ("g fwd attn", "g fwd mlp", "f bwd attn", "f bwd mlp")  # each Megatron block's 4 all-reduces
+
 
 def allreduce_theory(cfg: GPTConfig, batch: int) -> dict[str, int]:
     """All-reduce payload per rank per training step, by item (bytes). The per-layer items are the 4 x L x B x T
@@ -430,19 +428,13 @@ def allreduce_theory(cfg: GPTConfig, batch: int) -> dict[str, int]:
     e = cfg.dtype_bytes
     BTH, BT, L = batch * cfg.seq_len * cfg.hidden * e, batch * cfg.seq_len * e, cfg.layers
     return {
-        "g fwd attn": L * BTH,  # one per layer
-        "g fwd mlp": L * BTH,
-        "f bwd attn": L * BTH,
-        "f bwd mlp": L * BTH,
+        **dict.fromkeys(PER_LAYER_ITEMS, L * BTH),  # one of each per layer
+        "g fwd attn": L * BTH * (2 if cfg.recompute == "full" else 1),  # full recomputation reruns it in the bwd
         "g fwd embed": BTH,  # vocab-parallel embedding
         "f bwd lm_head": BTH,  # vocab-parallel LM head
-        "loss max": BT,  # vocab-parallel cross-entropy: three [B, T] all-reduces
-        "loss sum-exp": BT,
-        "loss target logit": BT,
+        # vocab-parallel cross-entropy: three [B, T] all-reduces
+        **dict.fromkeys(("loss max", "loss sum-exp", "loss target logit"), BT),
     }
-
-
-PER_LAYER_ITEMS = ("g fwd attn", "g fwd mlp", "f bwd attn", "f bwd mlp")
 
 
 def param_bytes_theory(cfg: GPTConfig, world_size: int) -> int:

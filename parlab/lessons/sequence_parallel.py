@@ -10,6 +10,8 @@ parlab/ring_attention.py and parlab/ulysses.py; this module runs them in small p
     bytes vs theory            `comm_rows`, `comm_figure`: per method, measured bytes per rank per step: the
                                payload handed to each collective, or what is sent (lesson 00's two counts)
     memory vs sequence length  `measure_activations`, `memory_figure`: saved activations per rank (parlab.memory)
+    USP (parlab/usp.py)        `usp_demo`, `draw_usp`: who holds which (head, token) between and inside attention
+                               on a ulysses x ring mesh; `usp_comm_rows`, `usp_comm_figure`: bytes per mesh axis
 
 Rank code in this module (`*_rank_fn`) imports torch only; plotly is imported inside each figure function.
 """
@@ -151,12 +153,16 @@ def draw_ring_step(steps: dict, step: int, causal: bool = True):
     for r in range(P):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"rank {r}",
                                  marker={"size": 14, "symbol": "square", "color": rank_color(r)}))  # fmt: skip
-    notes.append(dict(x=1.3, y=n + 0.3, text="<b>K/V block held</b>", showarrow=False))
-    notes.append(dict(x=x0 + n / 2, y=n + 0.3, text="<b>score tiles done (query row, key column)</b>", showarrow=False))
+    # Panel titles anchored away from each other (K/V ends at its panel's right edge, tiles start at their left
+    # edge), on two lines: at any font size neither runs into the other.
+    notes.append(dict(x=2.6, y=n + 0.1, text="<b>K/V block</b><br><b>held</b>", showarrow=False, xanchor="right",
+                      yanchor="bottom", name="panel title"))  # fmt: skip
+    notes.append(dict(x=x0, y=n + 0.1, text="<b>score tiles done</b><br>(query row, key column)", showarrow=False,
+                      xanchor="left", yanchor="bottom", name="panel title"))  # fmt: skip
     fig.update_layout(shapes=shapes, annotations=notes)
     chunk_ticks = [x0 + k + 0.5 for k in range(n)]
     fig.update_xaxes(range=[-1.2, x0 + n + 0.2], tickvals=chunk_ticks, ticktext=[f"k{k}" for k in range(n)])
-    fig.update_yaxes(range=[-0.2, n + 0.7], showticklabels=False, scaleanchor="x")
+    fig.update_yaxes(range=[-0.2, n + 1.5], showticklabels=False, scaleanchor="x")
     fig.update_xaxes(showgrid=False, zeroline=False)
     fig.update_yaxes(showgrid=False, zeroline=False)
     counts = [sum(1 for (rank, s, _, _) in steps["tiles"] if rank == r and s <= step) for r in range(P)]
@@ -314,3 +320,98 @@ def memory_figure(measured: dict[str, list[int]], seqs, world_size: int):
     fig.update_yaxes(type="log")
     title = f"Activation memory per rank (saved for backward, 1 layer), {world_size} ranks"
     return style(fig, title, "sequence length T (tokens)", "bytes (rank 0)", height=480)
+
+
+# ------------------------------------------------------------------------------- USP: Ulysses x ring on a mesh
+
+
+def usp_demo_rank_fn(ulysses: int, ring: int, heads: int, seq: int, layout: str) -> dict:
+    """Rank code: a tensor whose values name their place (1000 x head + token position), split as USP splits it,
+    then the ulysses axis' all-to-all: which (head, token) pairs this rank holds between and inside attention."""
+    from parlab.mesh import DeviceMesh
+    from parlab.usp import usp_mesh_axes, usp_split
+
+    mesh = DeviceMesh(usp_mesh_axes(ulysses, ring))
+    g, u = mesh.index("ring"), mesh.index("ulysses")
+    place = 1000.0 * torch.arange(heads).view(1, heads, 1, 1) + torch.arange(seq).view(1, 1, seq, 1)
+    mine = usp_split(place.to(torch.float64), g, u, ring, ulysses, 2, layout).contiguous()  # [1, nh, T/P, 1]
+    inside = seq_to_heads(mine, group=mesh.group("ulysses"))  # [1, nh/U, T/R, 1]: what the ring attention sees
+    return {"between": mine.flatten().tolist(), "inside": inside.flatten().tolist()}
+
+
+def usp_demo(ulysses: int = 2, ring: int = 2, heads: int = 2, seq: int = 16, layout: str = "zigzag") -> Results:
+    from parlab.usp import check_usp
+
+    check_usp(heads, seq, ulysses, ring, ulysses * ring, layout)
+    return launch(usp_demo_rank_fn, ulysses * ring, ulysses, ring, heads, seq, layout, echo=False)
+
+
+def usp_holders(results: Results, heads: int, seq: int, when: str) -> list[list[int]]:
+    """holder[h][t]: the rank holding token t of head h, `when` "between" or "inside" attention (from the run)."""
+    holder = [[-1] * seq for _ in range(heads)]
+    for rank, held in enumerate(results):
+        for value in held[when]:
+            holder[int(value) // 1000][int(value) % 1000] = rank
+    return holder
+
+
+GAP = 5  # columns between the two maps (room for the head labels)
+
+
+def draw_usp(results: Results, ulysses: int, ring: int, heads: int, seq: int, layout: str):
+    """Two maps of heads x tokens, each cell coloured by the rank that holds it: between attention calls (every
+    head of its T/P tokens) and inside attention (its nh/U heads of its ring block, after the all-to-all)."""
+    import plotly.graph_objects as go
+
+    P, shapes, notes = ulysses * ring, [], []
+    for k, when in enumerate(("between", "inside")):
+        holder, x0 = usp_holders(results, heads, seq, when), k * (seq + GAP)
+        inside = "<b>inside attention (after the all-to-all)</b><br>nh/U heads of a ring block (T/R tokens)"
+        title = "<b>between attention calls</b><br>every head of T/P tokens" if when == "between" else inside
+        notes.append(dict(x=x0 + seq / 2, y=heads + 0.1, text=title, showarrow=False, yanchor="bottom"))
+        for h in range(heads):
+            notes.append(dict(x=x0 - 0.2, y=heads - h - 0.5, text=f"head {h}", showarrow=False, xanchor="right"))
+            for t in range(seq):
+                shapes.append(_rect(x0 + t, heads - h - 1, x0 + t + 1, heads - h, rank_color(holder[h][t])))
+    fig = go.Figure()
+    for r in range(P):
+        name = f"rank {r} (ring {r // ulysses}, ulysses {r % ulysses})"
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
+                                 marker={"size": 14, "symbol": "square", "color": rank_color(r)}))  # fmt: skip
+    fig.update_layout(shapes=shapes, annotations=notes)
+    every = max(1, seq // ring // ulysses)  # a tick per T/P tokens
+    ticks = [(k * (seq + GAP) + t + 0.5, str(t)) for k in range(2) for t in range(0, seq, every)]
+    fig.update_xaxes(range=[-3, 2 * seq + GAP + 0.5], tickvals=[x for x, _ in ticks], ticktext=[t for _, t in ticks],
+                     showgrid=False, zeroline=False)  # fmt: skip
+    fig.update_yaxes(range=[-0.3, heads + 1.2], showticklabels=False, showgrid=False, zeroline=False)
+    title = f"USP, ulysses {ulysses} x ring {ring} ({layout}), {heads} heads, T = {seq}: who holds which (head, token)"
+    return style(fig, title, "token position", None, height=260 + 40 * heads)
+
+
+def usp_comm_rows(reports: dict[str, dict]) -> list[tuple[str, int | float, int | float]]:
+    """(method, all-to-all payload, ring send bytes) per rank per training step (rank 0), from run reports of
+    ulysses, ring and usp."""
+    rows = []
+    for method, rep in reports.items():
+        c = rep["comm"]
+        if method == "usp":
+            rows.append((f"usp {rep['ulysses']}x{rep['ring']}", c["ulysses_per_step"][0], c["ring_per_step"][0]))
+        elif method == "ulysses":
+            rows.append((method, c["all_to_all_per_step"][0], 0))
+        elif method.startswith("ring"):
+            rows.append((method, 0, sum(v[0] for v in c["send_per_step"].values())))
+    return rows
+
+
+def usp_comm_figure(reports: dict[str, dict]):
+    """Bytes per rank per training step on each kind of link: all-to-all (the ulysses axis) and ring sends."""
+    import plotly.graph_objects as go
+
+    rows = usp_comm_rows(reports)
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=[r[0] for r in rows], y=[r[1] for r in rows], name="all-to-all payload (ulysses axis)",
+                         marker_color="#009E73"))  # fmt: skip
+    fig.add_trace(go.Bar(x=[r[0] for r in rows], y=[r[2] for r in rows], name="ring sends (ring axis)",
+                         marker_color="#0072B2"))  # fmt: skip
+    fig.update_layout(barmode="stack")
+    return style(fig, "Measured bytes per rank per training step, 4 ranks", None, "bytes per rank per step", height=420)

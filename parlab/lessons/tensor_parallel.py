@@ -7,7 +7,8 @@ small pieces and draws what each rank holds, in the order of the lesson:
     a Megatron block           `megatron_figure`: who holds which rows and columns of each weight
     one layer at a time        `check_layers`: each layer against its unsharded counterpart, bytes against theory
     the whole GPT              `comm_figure`: the all-reduce bytes of a `run_tp` report, item by item
-    parameter memory           `measure_param_bytes`, `param_memory_figure`: bytes each rank holds against P
+    memory                     parameter bytes per rank against P, activations per recompute mode: in
+                               parlab/lessons/tensor_parallel_memory.py (re-exported here)
 
 Rank code in this module (`*_rank_fn`) imports torch only; plotly is imported inside each figure function.
 """
@@ -23,29 +24,33 @@ import torch.nn as nn
 from parlab import comm
 from parlab.check import check_equal, compare
 from parlab.launch import Results, launch
-from parlab.memory import tensor_bytes
+from parlab.lessons.owner_cells import NOT_HELD, REPLICATED, REPLICATED_COLOR, SUMMED, _legend_entries, _owner_heatmap
+from parlab.lessons.tensor_parallel_memory import (  # noqa: F401  (lesson 02's memory sections, re-exported)
+    _check_sizes,
+    measure_parallel_forms,
+    measure_param_bytes,
+    param_bytes_rank_fn,
+    param_memory_figure,
+    recompute_config,
+    recompute_figure,
+    recompute_table,
+    recompute_times,
+)
 from parlab.models import GPT, GPTConfig, build_model, lm_loss
-from parlab.runs.tensor_parallel import TPOptions, gather_full
+from parlab.runs.tensor_parallel import gather_full
 from parlab.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
-    TensorParallelGPT,
     TensorParallelMLP,
     TensorParallelSelfAttention,
     VocabParallelEmbedding,
     gather_from_tensor_parallel,
-    param_bytes_theory,
     reduce_from_tensor_parallel,
     vocab_parallel_cross_entropy,
 )
 
 if TYPE_CHECKING:  # figures only; rank code never imports plotly
     import plotly.graph_objects as go
-
-
-def _check_sizes(cfg: GPTConfig, world_size: int) -> None:
-    """The scheme's own checks (TPOptions.validate) of a model config, before any process starts."""
-    TPOptions.for_config(cfg, world_size=world_size, steps=1, batch=1).validate()
 
 
 def naive_vocab_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, group=None) -> torch.Tensor:
@@ -90,10 +95,6 @@ def show_gemm_split(split: str = "columns", world_size: int = 4, M: int = 4, K: 
     if inner % world_size:
         raise ValueError(f"{'N' if split == 'columns' else 'K'}={inner} is not divisible by world_size={world_size}")
     return launch(gemm_rank_fn, world_size, split, M, K, N, echo=False)
-
-
-NOT_HELD, SUMMED, REPLICATED = -3, -2, -1  # owner codes of a cell in the figures; r >= 0: held by rank r only
-REPLICATED_COLOR, NOT_HELD_COLOR = "#C7C7C7", "#F2F2F2"
 
 
 def gemm_figure(results: Results, split: str) -> go.Figure:
@@ -405,115 +406,3 @@ def comm_figure(report: dict) -> go.Figure:
         f"H={report['hidden']}, {report['world_size']} ranks"
     )
     return style(fig, title, "what the all-reduce is for", "payload bytes per rank per step", height=460)
-
-
-# ---------------------------------------------------------------------------- memory: what each rank holds
-
-
-def param_bytes_rank_fn(cfg: GPTConfig) -> int:
-    """Rank code: build this rank's slice of the model and count the bytes of the tensors it holds."""
-    return tensor_bytes(TensorParallelGPT(build_model(cfg)).parameters())
-
-
-def measure_param_bytes(cfg: GPTConfig, world_sizes=(1, 2, 4, 8)) -> dict[int, list[int]]:
-    """{P: [parameter bytes held by rank 0 .. P-1]}, measured on live ranks for each world size."""
-    for P in world_sizes:  # every size is checked before any process starts
-        _check_sizes(cfg, P)
-    return {P: list(launch(param_bytes_rank_fn, P, cfg, echo=False)) for P in world_sizes}
-
-
-def param_memory_figure(measured: dict[int, list[int]], cfg: GPTConfig) -> go.Figure:
-    """Parameter bytes per rank against world size: measured on each rank, the ideal total/P, and the theory
-    (replicated LayerNorms, biases and position embedding stay whole)."""
-    import plotly.graph_objects as go
-
-    from parlab.plots import rank_color, style
-
-    total = tensor_bytes(build_model(cfg).parameters())
-    Ps = sorted(measured)
-    fig = go.Figure()
-    for P in Ps:
-        fig.add_trace(
-            go.Scatter(
-                x=[P * 1.03 ** (r - (P - 1) / 2) for r in range(P)],  # side by side (they hold the same)
-                y=measured[P],
-                mode="markers",
-                name="measured, one marker per rank",
-                showlegend=P == Ps[-1],
-                marker={"size": 12, "color": [rank_color(r) for r in range(P)]},
-                text=[f"rank {r}" for r in range(P)],
-                hovertemplate="%{text}: %{y} bytes<extra></extra>",
-            )
-        )
-    fig.add_trace(
-        go.Scatter(
-            x=Ps, y=[param_bytes_theory(cfg, P) for P in Ps], mode="lines", name="theory", line={"color": "#333333"}
-        )
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=Ps,
-            y=[total / P for P in Ps],
-            mode="lines",
-            name="single device / P",
-            line={"dash": "dash", "color": "#888888"},
-        )
-    )
-    fig.update_xaxes(type="log", tickvals=Ps, ticktext=[str(P) for P in Ps])
-    fig.update_yaxes(type="log")
-    return style(
-        fig,
-        "Parameter bytes each rank holds (markers: measured, one per rank)",
-        "world size P",
-        "bytes per rank",
-        height=440,
-    )
-
-
-# ------------------------------------------------------------------- drawing helpers: cells coloured by owner
-
-
-def _owner_heatmap(owner: torch.Tensor, values: torch.Tensor | None, P: int, name: str):
-    """A heatmap of one matrix, each cell coloured by who holds it: rank r's colour, grey if every rank holds
-    the same copy, dark grey if it is a sum over ranks, white if this rank does not hold it."""
-    import plotly.graph_objects as go
-
-    from parlab.plots import REDUCED_COLOR, rank_color
-
-    colors = [NOT_HELD_COLOR, REDUCED_COLOR, REPLICATED_COLOR] + [rank_color(r) for r in range(P)]
-    n = len(colors)
-    scale = [[(i + j) / n, c] for i, c in enumerate(colors) for j in (0, 1)]  # discrete: one band per code
-    words = {NOT_HELD: "not held", SUMMED: "sum over ranks", REPLICATED: "every rank (replicated)"}
-    text = [
-        [
-            f"{name}[{i}, {j}]<br>{words.get(int(o), f'rank {int(o)}')}"
-            + ("" if values is None or int(o) == NOT_HELD else f"<br>{values[i, j].item():.3f}")
-            for j, o in enumerate(row)
-        ]
-        for i, row in enumerate(owner.tolist())
-    ]
-    return go.Heatmap(
-        z=(owner - NOT_HELD).tolist(),
-        zmin=-0.5,
-        zmax=n - 0.5,
-        colorscale=scale,
-        showscale=False,
-        xgap=1,
-        ygap=1,
-        text=text,
-        hovertemplate="%{text}<extra></extra>",
-    )
-
-
-def _legend_entries(fig, P: int, extra=(("every rank (replicated)", REPLICATED_COLOR),)):
-    import plotly.graph_objects as go
-
-    from parlab.plots import rank_color
-
-    entries = [(f"rank {r}", rank_color(r)) for r in range(P)] + list(extra)
-    for name, color in entries:
-        fig.add_trace(
-            go.Scatter(
-                x=[None], y=[None], mode="markers", name=name, marker={"size": 14, "symbol": "square", "color": color}
-            )
-        )

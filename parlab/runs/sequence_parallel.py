@@ -1,5 +1,5 @@
 """Run and check sequence parallelism (parlab/sequence_parallel.py): `python -m parlab run megatron-sp|ulysses|ring|
-ring-zigzag`.
+ring-zigzag`, and USP (parlab/usp.py, its run in parlab/runs/usp.py): `python -m parlab run usp --ulysses 2 --ring 2`.
 
 The ranks train the GPT with the method's sequence split; the parent compares the losses, the first step's
 gradients and the final parameters with one device, and checks the measured communication (and, for Megatron
@@ -21,6 +21,7 @@ from parlab.ring_attention import tiles_theory
 from parlab.runs import Scheme, launch_scheme
 from parlab.runs.options import ModelOptions, option
 from parlab.runs.tensor_parallel import gather_full, per_step
+from parlab.runs.usp import USP_SCHEME, run_usp  # noqa: F401  (USP: Ulysses x ring, registered below)
 from parlab.sequence_parallel import (
     METHODS,
     MegatronSPGPT,
@@ -47,6 +48,7 @@ class SPOptions(ModelOptions):
         P, T = self.world_size, self.seq
         if self.method not in METHODS:
             raise ValueError(f"method={self.method!r} must be one of {list(METHODS)}")
+        check_recompute_applied(self.recompute, self.method)
         if self.method == "megatron-sp":
             if P < 2:
                 raise ValueError(megatron_needs_tp(P))
@@ -69,6 +71,16 @@ class SPOptions(ModelOptions):
                 )
         elif T % P:
             raise ValueError(f"seq={T} is not divisible by world_size={P}: each rank holds T/P tokens")
+
+
+def check_recompute_applied(recompute: str, method: str) -> None:
+    """Refuse a recompute mode the method's model would ignore: these GPTs run their blocks' layers themselves
+    (parlab/sequence_parallel.py), not the reference Block's forward that checkpoints (parlab/recompute.py)."""
+    if recompute != "none" and method != "megatron-sp":
+        raise ValueError(
+            f"recompute={recompute!r} is not applied by {method} (its GPT runs the blocks' layers itself, not the "
+            "reference Block that recomputes); megatron-sp, tp and the runs of the reference blocks (dp, pp) take it"
+        )
 
 
 def make_model(opts: SPOptions, group=None):
@@ -141,7 +153,13 @@ def _comm_checks(opts: SPOptions, results: Results) -> tuple[list[CountCheck], d
         ag, rs = _layer_payload(trace, "all_gather", steps, P), _layer_payload(trace, "reduce_scatter", steps, P)
         tp_ar = sum(allreduce_theory(cfg, B)[i] for i in PER_LAYER_ITEMS)  # what tensor parallelism all-reduces
         sp_wire = [wire_bytes("all_gather", ag[r], P) + wire_bytes("reduce_scatter", rs[r], P) for r in range(P)]
-        tp_wire = wire_bytes("all_reduce", tp_ar, P)
+        tp_wire, same_as = wire_bytes("all_reduce", tp_ar, P), "the tensor-parallel all-reduces they replace"
+        n_ag, n_rs = (6, 5) if cfg.recompute == "full" else (4, 4)  # full recomputation reruns 2 AG + 1 RS a layer
+        if cfg.recompute == "full":  # no longer TP's bytes: TP reruns 1 all-reduce a layer
+            same_as = "the ring formulas of the measured counts"
+            tp_wire = wire_bytes("all_gather", theory["all_gather"], P) + wire_bytes(
+                "reduce_scatter", theory["reduce_scatter"], P
+            )
         ln = [r["layernorm_saved"] for r in results]
         checks += [
             check_equal(
@@ -151,20 +169,19 @@ def _comm_checks(opts: SPOptions, results: Results) -> tuple[list[CountCheck], d
                 show=False,
             ),
             check_equal(
-                "all-gather bytes per step in the layers (4 x L x B x T/P x H x bytes)",
+                f"all-gather bytes per step in the layers ({n_ag} x L x B x T/P x H x bytes)",
                 ag[0],
                 theory["all_gather"],
                 show=False,
             ),
             check_equal(
-                "reduce-scatter bytes per step in the layers (4 x L x B x T x H x bytes)",
+                f"reduce-scatter bytes per step in the layers ({n_rs} x L x B x T x H x bytes)",
                 rs[0],
                 theory["reduce_scatter"],
                 show=False,
             ),
             check_equal(
-                "bytes sent per step in the layers (ring algorithms): all-gather + reduce-scatter = "
-                "the tensor-parallel all-reduces they replace",
+                f"bytes sent per step in the layers (ring algorithms): all-gather + reduce-scatter = {same_as}",
                 sp_wire[0],
                 tp_wire,
                 show=False,
@@ -351,4 +368,5 @@ SCHEMES = [
         sp_report,
         fixed=(("method", "ring-zigzag"),),
     ),
+    USP_SCHEME,
 ]
