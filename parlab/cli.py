@@ -5,6 +5,7 @@
     python -m parlab tour [--world N]                  every scheme that runs at world size N, one verdict line each
     python -m parlab grade NOTEBOOK... [--json]        re-execute lab notebooks, print a score table
     python -m parlab plan --layers L --hidden H ...     which DP x TP x PP (+ SP, ZeRO, offload) fits a cluster
+    python -m parlab figures --lesson 03 --out DIR      a lesson's figures as standalone HTML (+ PNG/SVG) files
 
 The same `run` works as one rank of a torchrun job, on one machine or many:
     torchrun --standalone --nproc-per-node 4 -m parlab run collectives
@@ -20,8 +21,9 @@ import math
 import os
 import sys
 
-from parlab import grade
-from parlab.runs import all_schemes, run_scheme, summary_line
+from parlab.catalog import CATALOG
+
+# Each command imports what it needs when it runs: `list`, `plan`, `figures` and `--help` never import torch.
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,20 +43,36 @@ def _json_safe(value):
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or (`command` given) one whose other commands are only named: building `grade`'s options
+    or `run`'s schemes imports torch, which only those commands pay for."""
     parser = _Parser(prog="parlab", description="parlab: parallel training, one scheme at a time.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     commands.add_parser("list", help="list the schemes")
     tour = commands.add_parser("tour", help="run every scheme that accepts the world size, one verdict line each")
     tour.add_argument("--world", type=int, default=4, help="number of ranks (default 4)")
-    grade.build_parser(commands.add_parser("grade", help="re-execute lab notebooks and score their checks"))
+    tour.add_argument("--no-twin", dest="twin", action="store_false", help="skip the PyTorch twins (parlab/twins)")
+    grade_parser = commands.add_parser("grade", help="re-execute lab notebooks and score their checks")
+    if command in (None, "grade"):
+        from parlab import grade
+
+        grade.build_parser(grade_parser)
+    from parlab import figures  # no torch or plotly at import: `figures` stays fast
+
+    figures.add_arguments(commands.add_parser("figures", help="write a lesson's figures as HTML (and PNG/SVG) files"))
     plan = commands.add_parser("plan", help="estimate memory and communication of every way to parallelise a model")
     add_plan_arguments(plan)
     run = commands.add_parser("run", help="run one scheme and check it against a single device")
     schemes = run.add_subparsers(dest="scheme", required=True, metavar="SCHEME", parser_class=_Parser)
+    if command not in (None, "run"):
+        return parser
+    from parlab.runs import all_schemes
+
     for name, scheme in all_schemes().items():
         sub = schemes.add_parser(name, help=scheme.help, description=scheme.help)
         sub.add_argument("--json", action="store_true", help="print one JSON object instead of verdict lines")
+        twin_help = "skip the PyTorch twin (parlab/twins) run after the scheme on the same ranks"
+        sub.add_argument("--no-twin", dest="twin", action="store_false", help=twin_help)
         scheme.options.add_arguments(sub, skip=dict(scheme.fixed))
     return parser
 
@@ -69,6 +87,11 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     for name, default in (("layers", 96), ("hidden", 12288), ("heads", 96), ("seq", 2048), ("vocab", 51200)):
         model.add_argument(f"--{name}", type=int, default=default, help=f"(default {default}: GPT-3 175B)")
     model.add_argument("--untied", action="store_true", help="a separate LM head matrix (default: tied)")
+    model.add_argument("--experts", type=int, default=0, help="E experts per block instead of the MLP (0: dense)")
+    model.add_argument("--top-k", type=int, default=1, help="k experts per token (with --experts)")
+    search = parser.add_argument_group("what to try besides dp x tp x pp, SP, ZeRO and offload")
+    search.add_argument("--cp", type=int, nargs="+", default=[1], help="context-parallel sizes (e.g. 1 2 4)")
+    search.add_argument("--recompute", nargs="+", default=["none"], choices=["none", "selective", "full"])
     cluster = parser.add_argument_group("the cluster and the batch")
     cluster.add_argument("--devices", type=int, default=1024)
     cluster.add_argument("--memory", type=float, default=80, help="GB per device (default 80)")
@@ -90,9 +113,12 @@ def plan(args: argparse.Namespace) -> int:
         return _error(f"--memory {args.memory}: must be a positive finite number of GB")
     if args.hidden % args.heads:  # as `run` refuses it: every head gets hidden / heads features
         return _error(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
-    model = ModelSpec(args.layers, args.hidden, args.heads, args.seq, args.vocab, tied=not args.untied)
+    if args.experts < 0 or not 1 <= args.top_k <= max(args.experts, 1) or min(args.cp) < 1:
+        return _error(f"--experts {args.experts} --top-k {args.top_k} --cp {args.cp}: need 1 <= k <= E, cp >= 1")
+    model = ModelSpec(args.layers, args.hidden, args.heads, args.seq, args.vocab, tied=not args.untied,
+                      experts=args.experts, top_k=args.top_k)  # fmt: skip
     cluster = Cluster(args.devices, args.memory * 1e9, args.devices_per_node)
-    found = plans(model, cluster, args.batch, args.micro_batch)
+    found = plans(model, cluster, args.batch, args.micro_batch, cps=tuple(args.cp), recomputes=tuple(args.recompute))
     if not found:
         return _error("no DP x TP x PP divides this model, cluster and batch (check heads, layers, batch)")
     print(
@@ -104,11 +130,14 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def tour(world_size: int) -> int:
+def tour(world_size: int, twin: bool = True) -> int:
     """Every scheme at `world_size` with its default options; the ones whose options refuse it are skipped, with
     the reason. Every option is checked before the first scheme runs."""
     if world_size < 1:
         return _error(f"--world {world_size}: the number of ranks must be >= 1")
+    from parlab.runs import all_schemes, run_scheme, summary_line
+    from parlab.twins import twin_line
+
     runnable, skipped = [], []
     for name, scheme in all_schemes().items():
         try:
@@ -120,9 +149,11 @@ def tour(world_size: int) -> int:
         return _error(f"--world {world_size}: no scheme runs at this world size")
     ok = True
     for name in runnable:
-        report = run_scheme(name, world_size=world_size)
+        report = run_scheme(name, world_size=world_size, twin=twin)
         print(summary_line(report), flush=True)
-        ok &= report["passed"]
+        if twin:  # the same run beside its PyTorch twin (parlab/twins), indented under the scheme's line
+            print(f"  {twin_line(report)}", flush=True)
+        ok &= report["passed"] and report.get("twin", {}).get("passed") is not False
     for line in skipped:
         print(line)
     return 0 if ok else 1
@@ -144,20 +175,30 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    command = next((word for word in words if not word.startswith("-")), "")  # "": none given (e.g. --help)
+    args = build_parser(command).parse_args(argv)
     if args.command == "list":
-        for name, scheme in all_schemes().items():
-            print(f"{name:14s} {scheme.help}")
+        for name, help_line in CATALOG:
+            print(f"{name:14s} {help_line}")
         return 0
     if args.command == "grade":
+        from parlab import grade
+
         return grade.run(args)
     if args.command == "tour":
-        return tour(args.world)
+        return tour(args.world, args.twin)
+    if args.command == "figures":
+        from parlab import figures
+
+        return figures.main(args)
     if args.command == "plan":
         return plan(args)
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "scheme", "json")}
+    from parlab.runs import run_scheme
+
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "scheme", "json", "twin")}
     try:
-        report = run_scheme(args.scheme, **options)
+        report = run_scheme(args.scheme, twin=args.twin, **options)
     except ValueError as exc:  # bad options: said before any process started
         return _error(str(exc))
     if report is None:  # a rank other than 0 under torchrun: rank 0 speaks for the job
@@ -167,4 +208,9 @@ def _main(argv: list[str] | None) -> int:
     else:
         for line in report["verdicts"]:
             print(line)
-    return 0 if report["passed"] else 1
+        if "twin" in report:
+            from parlab.twins import twin_line
+
+            print(twin_line(report))
+    twin_failed = report.get("twin", {}).get("passed") is False  # a twin that ran and disagrees fails the run
+    return 0 if report["passed"] and not twin_failed else 1

@@ -23,6 +23,8 @@ P2P = ("send", "recv", "recv_anysource")
 
 
 def _tensors(value) -> list[torch.Tensor]:
+    """Every tensor in a call's argument: a tensor, or (nested) lists and tuples of them (also used by
+    parlab/twins/record.py and the lab 05 recorder)."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):

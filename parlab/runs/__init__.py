@@ -16,6 +16,7 @@ under torchrun too. Bad options raise a ValueError here, before any process star
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,16 +90,33 @@ def get_scheme(name: str) -> Scheme:
     return schemes[name]
 
 
-def launch_scheme(name: str, **options) -> tuple[Results, dict]:
+def launch_scheme(name: str, twin: bool = False, live: bool = False, **options) -> tuple[Results, dict]:
     """Run a scheme on `world_size` ranks with parlab.launch; returns (results, report).
 
     This is what the notebooks call (through each scheme's run_... function): the same run as
     `python -m parlab run NAME`, with the ranks' results and trace kept for drawing.
+    twin: also run the scheme's PyTorch twin on the same ranks (parlab/twins), reported as report["twin"].
+    live: draw the timeline while the ranks run (parlab.live); the finished timeline stays as the cell's output.
     """
     scheme = get_scheme(name)
     opts = scheme.make_options(**options)  # bad options are refused here, before any process starts
-    results = launch(run_rank, opts.world_size, scheme.rank_fn, opts, echo=False)
-    return results, checked_report(scheme, opts, results)
+    if live:
+        from parlab.live import LiveTimeline
+
+        with LiveTimeline(opts.world_size, title=f"{name} on {opts.world_size} ranks") as view:
+            results, report = launch_scheme(name, twin=twin, **options)
+            view.finish(results.trace)
+        return results, report
+    if not twin:
+        results = launch(run_rank, opts.world_size, scheme.rank_fn, opts, echo=False)
+        return results, checked_report(scheme, opts, results)
+    from parlab import twins  # the twin runs in the same launch, right after the scheme's rank code
+
+    results = launch(run_rank, opts.world_size, twins.with_twin(name, scheme.rank_fn), opts, echo=False)
+    results, outs = twins.split(results)
+    report = checked_report(scheme, opts, results)
+    report["twin"] = twins.twin_report(name, opts, results, outs)
+    return results, report
 
 
 def run_rank(rank_fn: Callable[[Any], Any], opts: RunOptions) -> Any:
@@ -107,15 +125,25 @@ def run_rank(rank_fn: Callable[[Any], Any], opts: RunOptions) -> Any:
         return rank_fn(opts)
 
 
-def run_scheme(name: str, **options) -> dict | None:
-    """Run a scheme and return its report (None on ranks > 0 under torchrun, where rank 0 reports)."""
+def run_scheme(name: str, twin: bool = False, **options) -> dict | None:
+    """Run a scheme and return its report (None on ranks > 0 under torchrun, where rank 0 reports).
+    twin: with its PyTorch twin (report["twin"]; under torchrun too)."""
     if not under_torchrun():
-        return launch_scheme(name, **options)[1]
+        return launch_scheme(name, twin=twin, **options)[1]
     scheme = get_scheme(name)
     init_from_env()
     opts = scheme.make_options(**{**options, "world_size": dist.get_world_size()})  # torchrun decides the size
+    if twin:  # the same wrapping as launch_scheme's
+        from parlab import twins
+
+        scheme = dataclasses.replace(scheme, rank_fn=twins.with_twin(name, scheme.rank_fn))
     results = _run_under_torchrun(scheme, opts)
-    return None if results is None else checked_report(scheme, opts, results)
+    if results is None:
+        return None
+    if not twin:
+        return checked_report(scheme, opts, results)
+    results, outs = twins.split(results)
+    return {**checked_report(scheme, opts, results), "twin": twins.twin_report(name, opts, results, outs)}
 
 
 def checked_report(scheme: Scheme, opts: RunOptions, results: Results) -> dict:

@@ -1,0 +1,187 @@
+"""Lesson 10: from parlab to PyTorch. Each scheme beside its twin (parlab/twins), what DTensor hides, and the
+debugging tools a practitioner reaches for.
+
+    side_by_side(scheme)      parlab's hand-written core and the twin's few lines of API, as one Markdown cell
+    run_twin(scheme, ...)     the scheme and its twin in one launch: (results, report), report["twin"] the verdict
+    twin_lines(report)        the twin's verdict lines, and its bytes per kind beside parlab's (rank 0)
+    placements()              DTensor's placements on live ranks: which redistribution is which collective
+    collective_mismatch()     TORCH_DISTRIBUTED_DEBUG=DETAIL and the flight recorder on a mismatched all-reduce
+    parlab_hang()             parlab's own diagnosis of a receive nobody sends to
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+
+import torch
+import torch.distributed as dist
+from IPython.display import Markdown
+
+from parlab.launch import launch
+from parlab.runs import launch_scheme
+
+
+def _source(obj, max_lines: int = 30) -> str:
+    lines = inspect.getsource(obj).splitlines()
+    return "\n".join(lines[:max_lines] + (["    ..."] if len(lines) > max_lines else []))
+
+
+def _pairs() -> dict:
+    """scheme -> (parlab's hand-written core, the twin's code), both live objects (their source is shown)."""
+    from parlab import ring_attention, tensor_parallel
+    from parlab.data_parallel import all_reduce_gradients
+    from parlab.pipeline import run_step
+    from parlab.runs.data_parallel import train_torch_ddp
+    from parlab.runs.zero import train_torch_reference
+    from parlab.twins import pipeline, sequence, tensor
+    from parlab.zero import train_zero
+
+    return {
+        "dp": (all_reduce_gradients, train_torch_ddp),
+        "zero": (train_zero, train_torch_reference),
+        "tp": (tensor_parallel.RowParallelLinear, tensor.tp_plan),
+        "pp": (run_step, pipeline.pp_rank),
+        "ring": (ring_attention.ring_attention, sequence.torch_attention),
+    }
+
+
+def side_by_side(scheme: str, max_lines: int = 30) -> Markdown:
+    """parlab's core of `scheme` and the PyTorch twin's code, one above the other (the source as it is now)."""
+    ours, theirs = _pairs()[scheme]
+    return Markdown(
+        f"**parlab, by hand** (`{ours.__module__}.{ours.__qualname__}`)\n```python\n{_source(ours, max_lines)}\n```\n"
+        f"**PyTorch's API** (`{theirs.__module__}.{theirs.__qualname__}`)\n```python\n"
+        f"{_source(theirs, max_lines)}\n```"
+    )
+
+
+def run_twin(scheme: str, world_size: int = 2, **options):
+    """The scheme and its twin, one launch: (results, report); report["twin"] is the twin's verdict."""
+    return launch_scheme(scheme, twin=True, world_size=world_size, **options)
+
+
+def twin_lines(report: dict, rank: int = 0) -> list[str]:
+    """The twin's verdict lines, then its payload bytes per kind beside parlab's own, on one rank."""
+    twin = report["twin"]
+    if "skipped" in twin:
+        return [f"{report['scheme']} vs {twin['name']}: SKIPPED: {twin['skipped']}"]
+    lines = [f"{report['scheme']} vs {twin['name']}:"] + [f"  {line}" for line in twin["verdicts"]]
+    if twin["comm"] is not None:
+        ours = {k: v for k, v in report["comm"].items() if isinstance(v, list) and len(v) == report["world_size"]}
+        kinds = sorted(set(ours) & {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv"}
+                       | set(twin["comm"]))  # fmt: skip
+        lines.append(f"  bytes handed to torch.distributed by rank {rank}:  {'parlab':>10s} {'twin':>10s}")
+        for kind in kinds:
+            mine, its = ours.get(kind, [0] * 99)[rank], twin["comm"].get(kind, [0] * 99)[rank]
+            lines.append(f"    {kind:44s} {mine:>10,} {its:>10,}")
+    return lines
+
+
+# ------------------------------------------------------------------------------------- what DTensor hides
+
+
+def _placements_rank() -> list[dict]:
+    """Rank code: one tensor per rank, redistributed between placements; the collectives each change issued."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    from parlab.twins.record import recording
+
+    P, rank = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (P,))
+    rows = []
+
+    def change(label, make, target):
+        source = make()
+        with recording() as events:
+            out = source.redistribute(mesh, [target]).to_local()
+        ops = ", ".join(f"{e.kind} {e.bytes} B" for e in events) or "none (a local slice or copy)"
+        rows.append({"change": label, "collectives": ops, "local shape": list(out.shape)})
+
+    mine = torch.arange(4, dtype=torch.float64) + 10 * rank  # this rank's 4 numbers
+    change("Partial(sum) -> Replicate", lambda: DTensor.from_local(mine, mesh, [Partial()]), Replicate())
+    change("Partial(sum) -> Shard(0)", lambda: DTensor.from_local(mine, mesh, [Partial()]), Shard(0))
+    change("Shard(0) -> Replicate", lambda: DTensor.from_local(mine, mesh, [Shard(0)]), Replicate())
+    change("Replicate -> Shard(0)", lambda: DTensor.from_local(mine, mesh, [Replicate()]), Shard(0))
+
+    # Where a Partial comes from: a row-parallel matmul. x [2, 4] split by columns, w [4, 3] by rows.
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 4, generator=gen, dtype=torch.float64), torch.randn(4, 3, generator=gen, dtype=torch.float64)
+    with recording() as events:
+        y = distribute_tensor(x, mesh, [Shard(1)], src_data_rank=None) @ distribute_tensor(
+            w, mesh, [Shard(0)], src_data_rank=None
+        )
+    rows.append({"change": "Shard(1) @ Shard(0) (the matmul)", "collectives": ", ".join(e.kind for e in events)
+                 or "none", "local shape": list(y.to_local().shape), "placement": str(y.placements[0])})  # fmt: skip
+    with recording() as events:
+        full = y.full_tensor()  # Partial -> Replicate: here the reduction happens
+    same = bool(torch.allclose(full, x @ w, atol=1e-12))
+    ops = ", ".join(f"{e.kind} {e.bytes} B" for e in events)
+    rows.append(
+        {"change": "... .full_tensor()", "collectives": ops, "local shape": list(full.shape), "equal to x @ w": same}
+    )
+    return rows
+
+
+def placements(world_size: int = 2) -> list[dict]:
+    """Rank 0's table: each change of placement and the collective torch issued for it (recorded)."""
+    return launch(_placements_rank, world_size, echo=False)[0]
+
+
+# -------------------------------------------------------------------------------------------- debugging
+
+
+def _mismatch_rank() -> dict:
+    """Rank code: one good all-reduce, then one whose size differs between the ranks (a bug)."""
+    import json
+
+    from torch._C._distributed_c10d import _dump_fr_trace_json
+
+    # torch reads both settings when it creates a process group: this rank's default group exists already.
+    os.environ["TORCH_FR_BUFFER_SIZE"] = "64"  # the flight recorder: the last 64 collectives of each group
+    dist.set_debug_level(dist.DebugLevel.DETAIL)  # what TORCH_DISTRIBUTED_DEBUG=DETAIL sets at start-up
+    group = dist.new_group(list(range(dist.get_world_size())))  # checked: wrapped in ProcessGroupWrapper
+    dist.all_reduce(torch.ones(4), group=group)
+    try:  # rank 1 thinks the tensor has 8 numbers
+        dist.all_reduce(torch.ones(4 if dist.get_rank() == 0 else 8), group=group)
+        error = ""
+    except RuntimeError as exc:
+        error = str(exc)
+    entries = json.loads(_dump_fr_trace_json(True, True)).get("entries", [])
+    return {"error": error, "recorded": [(e["profiling_name"], e["input_sizes"]) for e in entries]}
+
+
+def collective_mismatch() -> dict:
+    """Two ranks disagree on an all-reduce's size, under TORCH_DISTRIBUTED_DEBUG=DETAIL and the flight recorder.
+
+    Returns what rank 0 saw: the error torch raised (each rank's op and shape, parsed from its text) and the
+    collectives its flight recorder holds (DETAIL's own fingerprint all-gathers among them)."""
+    out = launch(_mismatch_rank, 2, echo=False, timeout=60)[0]
+    found = re.findall(r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=\d+, "
+                       r"OpType=(\w+), TensorShape=\[([\d, ]*)\]", out["error"])  # fmt: skip
+    return {
+        "detected": out["error"].split(".")[0],
+        "ranks": {int(r): f"{op} of shape [{shape}]" for r, op, shape in found},
+        "flight_recorder": out["recorded"],
+    }
+
+
+def _lonely_receive() -> None:
+    from parlab import comm
+
+    if dist.get_rank() == 1:
+        comm.recv(torch.empty(4), src=0, label="the message rank 0 never sends")
+
+
+def parlab_hang(timeout: float = 3.0) -> list[str]:
+    """parlab's launch, on a receive nobody sends to: the timeout names each unfinished rank's traced call."""
+    from parlab.launch import LaunchTimeout
+
+    try:
+        launch(_lonely_receive, 2, echo=False, timeout=timeout)
+    except LaunchTimeout as exc:
+        lines = [line for line in str(exc).splitlines() if line.strip().startswith("rank")]
+        return [re.sub(r" for [\d.]+ s$", "", line) for line in lines]  # how long it waited: not deterministic
+    return ["(no hang?)"]

@@ -1,0 +1,155 @@
+"""Twins of the schemes that split the batch: the ring all-reduce, DP, ZeRO and ZeRO-Offload.
+
+    parlab                                   PyTorch
+    ring_all_reduce(x)                       dist.all_reduce(x)
+    train_data_parallel(model, ...)          DistributedDataParallel(model)
+    train_zero(model, stage=1)               DDP + ZeroRedundancyOptimizer(params, optimizer_class=Adam)
+    train_zero(model, stage=2 / 3)           fully_shard(block, reshard_after_forward=stage == 3) per block
+    train_offload(model, target="cpu")       fully_shard(..., offload_policy=CPUOffloadPolicy())
+
+DP and ZeRO already train PyTorch's version inside their rank code (parlab/runs/data_parallel.py and zero.py);
+their twins reuse it when it ran (`reused`: its traffic was not recorded) and run it, recorded, when it did not.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from parlab.check import Verdict, compare
+from parlab.data_parallel import shard_batch
+from parlab.models import build_model, lm_loss, make_batches
+from parlab.twins import Twin
+
+# ---------------------------------------------------------------------------------------- the ring all-reduce
+
+
+def all_reduce_rank(opts, value: dict) -> dict:
+    """dist.all_reduce on the same input the ring summed (rank code)."""
+    total = value["input"].clone()
+    dist.all_reduce(total)
+    return {"sum": total}
+
+
+def all_reduce_compare(opts, results, outs) -> list[Verdict]:
+    return [
+        compare(f"parlab's ring, rank {r}", results[r]["ring"], o["sum"], show=False, against="dist.all_reduce")
+        for r, o in enumerate(outs)
+    ]
+
+
+# ------------------------------------------------------------------------------------------------------ DDP
+
+
+def ddp_rank(opts, value: dict) -> dict:
+    """torch DDP on the same data: reused when parlab's dp rank code trained it already (opts.ddp)."""
+    if "ddp" in value:
+        return {**value["ddp"], "reused": True}
+    from parlab.runs.data_parallel import train_torch_ddp
+
+    return train_torch_ddp(opts, make_batches(opts.gpt_config(), opts.batch, opts.steps, opts.seed))
+
+
+def losses_and_params(opts, results, outs, what: str) -> list[Verdict]:
+    """The twin's step losses (mean over ranks) and every rank's final parameters, vs parlab's."""
+    P, K, dtype = len(results), opts.steps, opts.gpt_config().torch_dtype
+    ours = torch.tensor([sum(r["losses"][k] for r in results) / P for k in range(K)], dtype=dtype)
+    theirs = torch.tensor([sum(o["losses"][k] for o in outs) / P for k in range(K)], dtype=dtype)
+    return [
+        compare(f"parlab's loss of each of {K} steps", ours, theirs, show=False, against=what),
+        compare(
+            f"parlab's parameters after {K} steps, every rank",
+            [r["params"] for r in results],
+            [o["params"] for o in outs],
+            show=False,
+            against=what,
+        ),
+    ]
+
+
+def ddp_compare(opts, results, outs) -> list[Verdict]:
+    return losses_and_params(opts, results, outs, "torch DDP")
+
+
+# ----------------------------------------------------------------------------------------------------- ZeRO
+
+
+def zero_name(opts) -> str:
+    from parlab.runs.zero import reference_note
+
+    if reference_note(opts):
+        return "no PyTorch twin for this recipe"
+    return "torch ZeroRedundancyOptimizer + DDP" if opts.stage == 1 else f"torch FSDP2 fully_shard (ZeRO-{opts.stage})"
+
+
+def zero_skip(opts) -> str:
+    from parlab.runs.zero import reference_note
+
+    return reference_note(opts)
+
+
+def zero_rank(opts, value: dict) -> dict:
+    """ZeroRedundancyOptimizer (stage 1) or fully_shard (2, 3): reused when parlab's zero rank code ran it."""
+    if "reference" in value:
+        return {**value["reference"], "reused": True}
+    from parlab.runs.zero import train_torch_reference
+
+    return train_torch_reference(opts, make_batches(opts.gpt_config(), opts.batch, opts.steps, opts.seed))
+
+
+def zero_compare(opts, results, outs) -> list[Verdict]:
+    # Mixed precision: parlab and FSDP2 round the same way only up to the compute dtype's rounding.
+    return losses_and_params(opts, results, outs, zero_name(opts))
+
+
+# ------------------------------------------------------------------------------------------- ZeRO-Offload
+
+
+def offload_skip(opts) -> str:
+    if opts.target == "disk":
+        return "FSDP2 offloads to host memory only (CPUOffloadPolicy); torch has no disk (NVMe) offload"
+    return ""
+
+
+def offload_rank(opts, value: dict) -> dict:
+    """FSDP2 with its parameters, gradients and Adam state in host memory: the few lines of the API.
+
+    ZeRO-2's recipe (reshard_after_forward=False: parameters stay gathered from forward to backward); on a CPU-only
+    machine host and device are the same memory, so what is checked is the arithmetic, not the copies."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    cfg, P, rank = opts.gpt_config(), dist.get_world_size(), dist.get_rank()
+    model = build_model(cfg, opts.seed)
+    policy = {"reshard_after_forward": False, "offload_policy": CPUOffloadPolicy()}
+    if opts.target == "none":
+        policy.pop("offload_policy")
+    for block in model.blocks:
+        fully_shard(block, **policy)
+    fully_shard(model, **policy)
+    opt = torch.optim.Adam(model.parameters(), lr=opts.lr)
+    losses = []
+    for x, y in make_batches(cfg, opts.batch, opts.steps, opts.seed):
+        x_r, y_r = shard_batch(x, y, rank, P)  # this rank's rows of the global batch, as parlab's ZeRO takes them
+        loss = lm_loss(model(x_r), y_r)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {"losses": losses, "params": {n: p.full_tensor().detach() for n, p in model.named_parameters()}}
+
+
+def offload_compare(opts, results, outs) -> list[Verdict]:
+    return losses_and_params(opts, results, outs, "torch FSDP2 + CPUOffloadPolicy")
+
+
+def offload_name(opts) -> str:
+    return "torch FSDP2 + CPUOffloadPolicy" if opts.target != "none" else "torch FSDP2 fully_shard (ZeRO-2)"
+
+
+TWINS = {
+    "collectives": Twin("dist.all_reduce", all_reduce_rank, all_reduce_compare),
+    "dp": Twin("torch DDP", ddp_rank, ddp_compare),
+    "dp-naive": Twin("torch DDP", ddp_rank, ddp_compare),
+    "zero": Twin(zero_name, zero_rank, zero_compare, zero_skip),
+    "offload": Twin(offload_name, offload_rank, offload_compare, offload_skip),
+}
