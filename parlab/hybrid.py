@@ -1,65 +1,196 @@
-"""Hybrid parallelism: data, pipeline and tensor parallelism at once, each on its own axis of a device mesh.
+"""Hybrid parallelism: any set of dp, cp, tp, pp on one device mesh, each scheme on its own axis.
 
-Large models are trained with several schemes at once (Megatron-LM's "3D parallelism", Narayanan et al. 2021).
-On D x S x T ranks, arranged as a mesh with axes ("dp", "pp", "tp"), the last axis fastest:
+Large models train with several schemes at once (Megatron-LM's "3D parallelism", Narayanan et al. 2021; with
+context parallelism, torchtitan's 4D). On dp x pp x cp x tp ranks arranged as a mesh with axes ("dp", "pp",
+"cp", "tp"), the last axis fastest (TP partners are neighbours: on a real cluster the fast links of one node),
+each rank takes part in one group per axis, and every scheme talks only within its own:
 
-    rank = (dp * S + pp) * T + tp       TP partners are neighbours (on a real cluster: the fast links of one node)
+    tp  the same stage, replica and tokens: each holds 1/tp of the stage's big matrices (parlab/tensor_parallel.py)
+        and all-reduces [b, T/cp, H] twice per block forward and twice backward (Megatron's g and f); with
+        sequence parallelism (parlab/sequence_parallel.py) all-gathers and reduce-scatters along the sequence
+    cp  the same stage, replica and slice: each holds T/cp tokens of every sequence; attention passes K/V round a
+        ring (parlab/ring_attention.py, contiguous or zigzag) or trades the sequence split for a head split by
+        all-to-alls (parlab/ulysses.py)
+    pp  the same replica, tokens and slice: each holds the blocks of its stage(s) and sends [b, T/cp, H] on per
+        micro-batch and hop (parlab/pipeline.py runs any schedule of parlab/schedules.py)
+    dp  the same stage, tokens and slice: each trains on B/dp rows; the gradients are averaged over dp x cp
+        (the cp ranks saw other tokens of the same rows), with ZeRO 1, 2 or 3 (parlab/zero.py) sharding the
+        optimizer states, gradients and parameters over that flattened "dp_cp" group (torchtitan's dp_shard_cp)
 
-each rank takes part in three groups, and every scheme talks only within its own:
-
-    tp group (T ranks)  the same stage of the same replica: each holds 1/T of the stage's big weight matrices
-                        (parlab/tensor_parallel.py); per block and micro-batch 2 all-reduces of [b, T, H]
-                        forward (g) and 2 backward (f)
-    pp group (S ranks)  the same replica: each holds the blocks of one pipeline stage (parlab/pipeline.py) and
-                        sends one activation [b, T, H] forward and one gradient back per micro-batch and hop
-    dp group (D ranks)  the same shard of the same stage in every replica: each trains on its B/D rows of the
-                        batch, then all-reduces its gradients over this group (parlab/data_parallel.py)
-
-The building blocks are the very ones of the single schemes; composing them is a matter of handing each the
-right process group. A rank's weights are (its stage's blocks) x (its 1/T slice), so its parameter, gradient
-and optimizer memory shrink by S x T (less the replicated LayerNorms and biases), and its all-reduce over dp
-moves only that share.
-
-Two options change what an axis does:
-    zero_stage=1         ZeRO stage 1 over the dp axis (parlab/zero.py): instead of all-reducing the gradients, a
-                         rank reduce-scatters them over dp, runs Adam on its 1/D shard of the optimizer states and
-                         all-gathers the updated parameters (pipelines accumulate gradients over micro-batches, so
-                         the stages that reduce during backward, 2 and 3, do not apply here)
-    sequence_parallel    Megatron SP on the tp axis (parlab/sequence_parallel.py): LayerNorm regions split along
-                         the sequence, all-gather / reduce-scatter instead of all-reduce (needs pp = 1: a stage
-                         boundary would cut a sequence-split activation)
+The building blocks are the very ones of the single schemes, composed in parlab/hybrid_axes.py; composing them is
+a matter of handing each the right process group. `check_parallel_dims` below refuses, before any process
+starts, every combination that cannot run, and says why.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
-from parlab.data_parallel import all_reduce_gradients, shard_batch, train_data_parallel
-from parlab.memory import state_bytes, tensor_bytes
-from parlab.mesh import DeviceMesh
-from parlab.models import GPT, GPTConfig, lm_loss, make_optimizer
-from parlab.pipeline import Stage, build_stages, split_layers, theory_send_bytes, train_pipeline
-from parlab.schedules import Schedule
-from parlab.sequence_parallel import MegatronSPGPT
-from parlab.tensor_parallel import TensorParallelGPT, allreduce_theory, split_dims
+from parlab import comm
+from parlab.data_parallel import all_reduce_gradients, shard_batch
+from parlab.hybrid_axes import (
+    CP_METHODS,
+    Axes,
+    HybridStage,
+    PipelineZeRO,
+    sequence_split_params,
+    sp_grad_hooks,
+    sp_grad_sync,
+)
+from parlab.memory import state_bytes
+from parlab.mesh import DeviceMesh, mesh_rank
+from parlab.models import GPT, GPTConfig, make_optimizer
+from parlab.pipeline import run_step, split_layers, theory_send_bytes
+from parlab.ring_attention import kv_block_bytes, sequence_split
+from parlab.schedules import Schedule, check_schedule_args
+from parlab.ulysses import a2a_bytes_per_call
 from parlab.zero import ZeRO
 
-AXES = ("dp", "pp", "tp")
+AXES = ("dp", "pp", "cp", "tp")  # the mesh's order: tp fastest
+ZERO_STAGES = (0, 1, 2, 3)
 
 
-def hybrid_stages(model: GPT, mesh: DeviceMesh, schedule: Schedule, split: Sequence[int] | None = None):
-    """This rank's pipeline stages, each holding this rank's TP slices: the model is first split by columns and
-    rows over the tp group (as on one TP rank), then cut into the stages of the pp group."""
-    if mesh.size("tp") > 1:
-        model = TensorParallelGPT(model, group=mesh.group("tp"))  # same names as the GPT: stages cut it alike
-        loss_fn = model.loss_from_logits  # the last stage's logits are split by vocabulary: 3 all-reduces
-    else:
-        loss_fn = lm_loss
-    return build_stages(model, schedule, mesh.index("pp"), split, loss_fn)
+def check_parallel_dims(
+    cfg: GPTConfig,
+    sizes: dict[str, int],
+    *,
+    world_size: int,
+    batch: int,
+    microbatches: int,
+    schedule: str = "1f1b",
+    virtual: int = 1,
+    zero: int = 0,
+    sequence_parallel: bool = False,
+    cp_method: str = "ring",
+    optimizer: str = "sgd",
+) -> None:
+    """Raise a ValueError naming the first combination of axes and options that cannot run, and why.
+
+    sizes: {"dp": D, "pp": S, "cp": C, "tp": T} (a missing axis has size 1). What each size must divide:
+
+        axis  size  must divide / needs                              because
+        ----  ----  -----------------------------------------------  ------------------------------------------
+        all   >= 1  D x S x C x T = world_size                       one rank per place of the mesh
+        dp    D     batch, and batch / D by m                        each replica runs m equal micro-batches
+        pp    S     layers by S x v (v chunks per rank), m as the    each stage holds whole blocks; the
+                    schedule needs (1F1B: m >= S); untied head       embedding and the LM head sit on
+                                                                     different stages
+        cp    C     T by C (zigzag: by 2C); Ulysses: nh / T by C     each rank holds whole chunks of tokens;
+                                                                     Ulysses gives each cp rank whole heads
+        tp    T     nh, H, F and V by T                              each rank holds whole heads, FFN columns
+                                                                     and vocabulary rows
+        SP    T>1   T / C by T                                       SP splits the tp group's tokens again
+        ZeRO  z     D x C > 1; Adam; z = 3: no zb-type schedule       it shards over dp x cp with its own Adam;
+                    (BI/BW split) and no tied head                   a later forward frees what BW still needs
+    """
+    sizes = {axis: sizes.get(axis, 1) for axis in AXES}
+    for axis, n in sizes.items():
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"{axis}={n} must be >= 1")
+    D, S, C, T = (sizes[a] for a in ("dp", "pp", "cp", "tp"))
+    if D * S * C * T != world_size:
+        shape = " x ".join(f"{a}={n}" for a, n in sizes.items())
+        raise ValueError(f"mesh {shape} = {D * S * C * T} ranks, but world_size={world_size}")
+    if batch % D or (batch // D) % microbatches:
+        raise ValueError(
+            f"batch={batch} must split into dp={D} replicas of microbatches={microbatches} equal micro-batches"
+        )
+    check_schedule_args(schedule, S, microbatches, virtual)
+    if cfg.layers % (S * virtual):
+        raise ValueError(f"layers={cfg.layers} is not divisible by pp={S} x v={virtual} (blocks per pipeline stage)")
+    if cfg.tied and S > 1:
+        raise ValueError("a tied embedding and LM head live on different pipeline stages: use pp=1 or untied")
+    for name, n in (("heads", cfg.heads), ("hidden", cfg.hidden), ("ffn", cfg.ffn), ("vocab", cfg.vocab_size)):
+        if n % T:
+            raise ValueError(f"the tp axis (tp={T}): {name}={n} is not divisible by tp={T}")
+    if cp_method not in CP_METHODS:
+        raise ValueError(f"cp_method={cp_method!r} must be one of {', '.join(CP_METHODS)}")
+    chunks = 2 * C if cp_method == "zigzag" and C > 1 else C
+    if cfg.seq_len % chunks:
+        raise ValueError(f"the cp axis (cp={C}, {cp_method}): seq={cfg.seq_len} is not divisible by {chunks} chunks")
+    if cp_method == "ulysses" and (cfg.heads // T) % C:
+        raise ValueError(
+            f"the cp axis (Ulysses, cp={C}): each cp rank needs whole heads, but heads / tp = {cfg.heads // T} "
+            f"is not divisible by cp={C} (use --cp-method ring)"
+        )
+    if sequence_parallel and T < 2:
+        raise ValueError(f"sequence_parallel needs tp>=2 (got tp={T}): Megatron SP splits the tp group's activations")
+    if sequence_parallel and (cfg.seq_len // C) % T:
+        raise ValueError(f"sequence_parallel: the {cfg.seq_len // C} tokens of a cp rank do not split into tp={T}")
+    if zero not in ZERO_STAGES:
+        raise ValueError(f"zero={zero} must be one of {ZERO_STAGES}")
+    if zero and D * C == 1:
+        raise ValueError(f"zero={zero} shards over the dp x cp ranks, and there is only one (dp={D}, cp={C})")
+    if zero and optimizer != "adam":
+        raise ValueError(f"zero={zero} steps with ZeRO's own Adam: add --optimizer adam (and a smaller --lr)")
+    if zero == 3 and schedule in ("zb", "zbv", "dualpipev"):
+        raise ValueError(
+            f"zero=3 with schedule {schedule!r}: its weight-gradient pass (BW) runs after a later forward has freed "
+            "the layer's gathered parameters (use 1f1b, gpipe or interleaved, or zero 2)"
+        )
+    if zero == 3 and cfg.tied:
+        raise ValueError("zero=3 with a tied LM head: the head would use the embedding's freed parameters; untie it")
+
+
+# --------------------------------------------------------------------------------------------- the rank loop
+
+
+def axis_size(mesh: DeviceMesh, axis: str) -> int:
+    return mesh.axes.get(axis, 1)
+
+
+def flat_group(mesh: DeviceMesh, names: Sequence[str]):
+    """One process group over several axes at once (torch's DeviceMesh._flatten): the ranks that differ only on
+    `names`, in mesh order. Named "mesh_<a>_<b>", so the trace records its calls on axis "a_b". Collective."""
+    axes, names = mesh.axes, [a for a in mesh.axes if a in names]
+    others = [a for a in axes if a not in names]
+    groups = []
+    for fixed in itertools.product(*(range(axes[a]) for a in others)):
+        base = dict(zip(others, fixed, strict=True))
+        places = itertools.product(*(range(axes[a]) for a in names))
+        groups.append([mesh_rank({**base, **dict(zip(names, p, strict=True))}, axes) for p in places])
+    mine, _ = dist.new_subgroups_by_enumeration(groups, group_desc="mesh_" + "_".join(names))
+    return mine
+
+
+def gradient_group(mesh: DeviceMesh):
+    """The group whose ranks hold the same weights: dp, or dp x cp flattened when the sequence is split too."""
+    if axis_size(mesh, "cp") == 1:
+        return mesh.group("dp")
+    return flat_group(mesh, ("dp", "cp"))
+
+
+def mesh_axes(mesh: DeviceMesh, sequence_parallel: bool, cp_method: str) -> Axes:
+    """This rank's tp and cp groups and places (an axis the mesh lacks has size 1)."""
+    tp, cp = axis_size(mesh, "tp"), axis_size(mesh, "cp")
+    return Axes(
+        tp=tp,
+        cp=cp,
+        tp_group=mesh.group("tp") if tp > 1 else None,
+        cp_group=mesh.group("cp") if cp > 1 else None,
+        tp_rank=mesh.index("tp") if tp > 1 else 0,
+        cp_rank=mesh.index("cp") if cp > 1 else 0,
+        sequence_parallel=sequence_parallel,
+        cp_method=cp_method,
+    )
+
+
+def stage_layers(cfg: GPTConfig, schedule: Schedule, pp_rank: int, split=None) -> list[tuple[int, range]]:
+    """(virtual stage, its blocks) of each chunk pipeline rank `pp_rank` holds."""
+    ranges = split_layers(cfg.layers, schedule.num_stages, split)
+    return [(s, ranges[s]) for s in (schedule.stage(pp_rank, k) for k in range(schedule.v))]
+
+
+def hybrid_stages(model: GPT, schedule: Schedule, pp_rank: int, axes: Axes, split=None) -> dict[int, HybridStage]:
+    """This rank's pipeline stages by chunk (chunk k is virtual stage k p + pp_rank), each with its tp slices."""
+    held = stage_layers(model.cfg, schedule, pp_rank, split)
+    return {k: HybridStage(model, s, schedule.num_stages, layers, axes) for k, (s, layers) in enumerate(held)}
 
 
 def train_hybrid(
@@ -73,140 +204,180 @@ def train_hybrid(
     split: Sequence[int] | None = None,
     zero_stage: int = 0,
     sequence_parallel: bool = False,
+    cp_method: str = "ring",
 ) -> dict:
-    """Rank code: train the GPT with DP x PP x TP on `mesh` (axes "dp", "pp", "tp").
+    """Rank code: train the GPT on `mesh` (axes dp and pp, and any of cp, tp) with `schedule` over pp.
 
     model: the full reference model (the same on every rank: each keeps its slices of its stages).
-    optimizer, lr: "sgd" or "adam" (parlab.models.make_optimizer). batches: the global batches [B, T], the same
-    on every rank; replica
-    dp takes rows [dp B/D, (dp+1) B/D), which its pipeline cuts into the schedule's m micro-batches.
-    Returns the pipeline's results (losses on the last stage, first-step gradients, final parameters by the
-    reference model's names, this rank's slices), how each parameter is split over tp, and the bytes it holds.
-    zero_stage=1: ZeRO-1 over dp with its own Adam (optimizer must be "adam"). sequence_parallel: Megatron SP
-    over tp (pp must be 1).
+    batches: the global batches [B, T], the same on every rank: replica dp takes rows [dp B/D, (dp+1) B/D), of
+    those its cp block of tokens [B/D, T/C], which the pipeline cuts into m micro-batches.
+    zero_stage 1-3: ZeRO over dp x cp with its own Adam (optimizer must be "adam"); else `optimizer` with the
+    gradients averaged over dp x cp. sequence_parallel: Megatron SP on tp. cp_method: ring, zigzag or ulysses.
+    Returns the losses (mean over this rank's tokens, last stage only), the first step's gradients (or, with ZeRO,
+    this rank's shard of their sum and the units' layout), the final parameters (reference names, tp slices),
+    and the bytes this rank holds.
     """
-    if sequence_parallel:
-        return _train_sequence_parallel(model, mesh, optimizer, lr, batches, schedule.m)
-    stages = hybrid_stages(model, mesh, schedule, split)
-    held = nn.ModuleList(stages.values())  # this rank's weights: its stages' blocks, its TP slices of them
-    replica, replicas = mesh.index("dp"), mesh.size("dp")
-    rows = [shard_batch(x, y, replica, replicas) for x, y in batches]  # [B/D, T] each
-    dp_group = mesh.group("dp")
+    axes = mesh_axes(mesh, sequence_parallel, cp_method)
+    stages = hybrid_stages(model, schedule, mesh.index("pp"), axes, split)
+    layers = nn.ModuleList(m for stage in stages.values() for m in stage.layer_modules())  # ZeRO's units, in order
+    name_of = {id(p): n for stage in stages.values() for n, p in stage.named.items()}
+    group = gradient_group(mesh)  # the ranks holding the same weights: dp (x cp)
+    sp_params = sequence_split_params(layers) if sequence_parallel else []
+    hooks = sp_grad_hooks(sp_params, axes.tp_group) if sp_params and zero_stage >= 2 else []  # before ZeRO's
     if zero_stage:
-        stepper = _ZeROStepper(ZeRO(held, zero_stage, lr=lr, group=dp_group))
-        grad_sync = None  # ZeRO's step reduce-scatters the gradients over dp itself
+        zero = (ZeRO if zero_stage == 1 else PipelineZeRO)(layers, zero_stage, lr=lr, group=group)
     else:
-        stepper = make_optimizer(held.parameters(), optimizer, lr)
-        # after each step's backward: average the gradients over the replicas, within the dp group only
-        grad_sync = (lambda: all_reduce_gradients(held, group=dp_group)) if replicas > 1 else None
-    out = train_pipeline(
-        schedule,
-        stages,
-        stepper,
-        rows,
-        group=mesh.group("pp"),
-        grad_group=mesh.twin_group("pp"),  # the pipeline's gradients on a channel of their own
-        grad_sync=grad_sync,
-    )
+        opt = make_optimizer(layers.parameters(), optimizer, lr)
+    replica, replicas = mesh.index("dp"), axis_size(mesh, "dp")
+    rows = []
+    for x, y in batches:  # this replica's rows [B/D, T], of them this rank's tokens [B/D, T/C]
+        x, y = shard_batch(x, y, replica, replicas)
+        rows.append(tuple(sequence_split(t, axes.cp_rank, axes.cp, dim=1, layout=axes.layout) for t in (x, y)))
+    pp_group, grad_channel = mesh.group("pp"), mesh.twin_group("pp")
+    boundary = next(iter(stages.values())).boundary
+    losses, out, peak = [], {}, 0
+    for step, (x, y) in enumerate(rows):
+        zero.zero_grad() if zero_stage else opt.zero_grad(set_to_none=True)
+        stats = run_step(schedule, stages, boundary, x, y, step, grad_channel, pp_group)
+        peak = max(peak, stats.peak_activation_bytes)
+        if sp_params and zero_stage < 2:  # SP's LayerNorm gradients: partial sums over tp
+            sp_grad_sync(sp_params, axes.tp_group)
+        if zero_stage >= 2:
+            zero._reduce_ready_units(force=True)  # a unit whose gradients never completed (none here)
+            zero._finish_reduces()
+        elif not zero_stage and comm.group_size(group) > 1:
+            all_reduce_gradients(layers, group=group)  # the average over the replicas (and the cp ranks)
+        if step == 0 and zero_stage >= 2:
+            out["grad_shard"] = zero.grad_shard.clone()  # rank r's shard of the gradients' sum over the group
+        elif step == 0 and not zero_stage:
+            out["grads"] = {name_of[id(p)]: p.grad.detach().clone() for p in layers.parameters()}
+        with comm.span("optimizer step", kind="optimizer", step=step):
+            zero.step(step) if zero_stage else opt.step()
+        if step == 0 and zero_stage == 1:  # ZeRO-1 reduce-scattered into shard r of its flat gradients
+            out["grad_shard"] = torch.cat([u.shard_of(u.grad_flat, zero.rank) for u in zero.units]).clone()
+        losses.append(stats.loss)
+        comm.progress(step + 1, len(batches))
+    for hook in hooks:
+        hook.remove()
     if zero_stage:
-        stepper.zero.remove()
-    named = {name: p for stage in stages.values() for name, p in stage.named.items()}
+        full = zero.full_params()  # a check's gather of the master shards (labelled "check: ...")
+        by_unit = {n: p for u in zero.units for n, p in zip(u.names, u.params, strict=True)}
+        out["params"] = {name_of[id(by_unit[n])]: w for n, w in full.items()}
+        out["units"] = [([name_of[id(p)] for p in u.params], [tuple(p.shape) for p in u.params], u.offset,
+                         u.shard_numel) for u in zero.units]  # fmt: skip
+        held = zero.held()
+        zero.remove()
+    else:
+        out["params"] = {name_of[id(p)]: p.detach().clone() for p in layers.parameters()}
+        held = state_bytes(layers, opt)
+    holds_last = schedule.rank_of(schedule.num_stages - 1) == mesh.index("pp")
     return {
         **out,
-        "split_dims": {name: getattr(p, "tp_split_dim", None) for name, p in named.items()},
+        "losses": losses if holds_last else None,
+        "split_dims": {name_of[id(p)]: p.tp_split_dim for p in layers.parameters()},
         "coords": mesh.coords,
-        "param_bytes": tensor_bytes(held.parameters()),  # measured from the tensors this rank holds
-        # params, grads, optimizer states after the last step (ZeRO: its flat buffers and shards)
-        "state_bytes": stepper.zero.held() if zero_stage else state_bytes(held, stepper),
+        "param_bytes": held["params"],  # measured from the tensors this rank holds (ZeRO: its flat buffers)
+        "state_bytes": {k: held[k] for k in ("params", "grads", "optimizer")},
+        "peak_activation_bytes": peak,
     }
 
 
-class _ZeROStepper:
-    """ZeRO behind the two calls the pipeline's loop makes of an optimizer."""
-
-    def __init__(self, zero: ZeRO):
-        self.zero, self.steps = zero, 0
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.zero.zero_grad()  # stage 1: the .grad are views of flat buffers: zero them, keep them
-
-    def step(self) -> None:
-        self.zero.step(self.steps)
-        self.steps += 1
-
-
-def _train_sequence_parallel(model: GPT, mesh: DeviceMesh, optimizer: str, lr: float, batches, m: int) -> dict:
-    """DP x TP with Megatron SP on the tp axis (no pipeline): the SP model over tp, the DP loop over dp."""
-    if mesh.size("pp") != 1:
-        raise ValueError("Megatron SP in the hybrid needs pp = 1 (a stage boundary would cut a sequence shard)")
-    sp_model = MegatronSPGPT(model, group=mesh.group("tp"))
-    stepper = make_optimizer(sp_model.parameters(), optimizer, lr)
-    out = train_data_parallel(
-        sp_model,
-        stepper,
-        batches,
-        mode="dp-naive",
-        microbatches=m,
-        group=mesh.group("dp"),
-        loss_fn=lambda model, x, y: model.loss(x, y),
-        grad_sync=sp_model.sync_grads,  # the LayerNorms' partial gradients, summed over the tp group
-    )
-    return {
-        **out,
-        "split_dims": {n: getattr(p, "tp_split_dim", None) for n, p in sp_model.named_parameters()},
-        "coords": mesh.coords,
-        "param_bytes": tensor_bytes(sp_model.parameters()),
-        "state_bytes": state_bytes(sp_model, stepper),
-    }
+def unshard(shards: list[torch.Tensor], units: list) -> dict[str, torch.Tensor]:
+    """Every parameter's tensor from the group's flat ZeRO shards (shards[q]: rank q's [S]; no communication)."""
+    out = {}
+    for names, shapes, offset, S in units:
+        flat = torch.cat([shard[offset : offset + S] for shard in shards])  # the unit's [N*S_u]
+        start = 0
+        for name, shape in zip(names, shapes, strict=True):
+            out[name] = flat[start : start + math.prod(shape)].view(shape)
+            start += math.prod(shape)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------- the theory
 
 
-def stage_names(cfg: GPTConfig, stage: int, layers: range, num_stages: int) -> list[str]:
-    """The reference model's parameter names that pipeline stage `stage` holds (as Stage decides them)."""
-    return list(Stage(GPT(cfg), stage, num_stages, layers).named)
+def unit_numels(cfg: GPTConfig, schedule: Schedule, pp_rank: int, tp: int, split=None) -> list[int]:
+    """Numbers one rank holds of each layer (ZeRO's units) of its stages: TP-split matrices / tp, the rest whole."""
+    H, F, V, T = cfg.hidden, cfg.ffn, cfg.vocab_size, cfg.seq_len
+    block = (4 * H * H + 3 * H + 2 * F * H + F) // tp + 6 * H  # split: q k v (+ biases), proj, fc (+ bias), proj
+    last_stage = schedule.num_stages - 1
+    units = []
+    for s, layers in stage_layers(cfg, schedule, pp_rank, split):
+        units += [V * H // tp, T * H] if s == 0 else []  # wte (vocab-parallel), wpe
+        units += [block] * len(layers)
+        units += ([2 * H] + ([] if cfg.tied else [V * H // tp])) if s == last_stage else []  # ln_f, lm_head
+    return units
 
 
-def hybrid_param_bytes(cfg: GPTConfig, stage: int, layers: range, num_stages: int, tp: int) -> int:
-    """Bytes of parameters one rank of pipeline stage `stage` holds: its stage's tensors, the ones tensor
-    parallelism splits divided by T, the replicated ones whole."""
-    full = GPT(cfg)
-    dims = split_dims(TensorParallelGPT(full))  # which names TP splits (built here outside any group: T = 1)
-    numel = dict((name, p.numel()) for name, p in full.named_parameters())
-    names = stage_names(cfg, stage, layers, num_stages)
-    return sum(numel[n] // (tp if dims[n] is not None else 1) for n in names) * cfg.dtype_bytes
+def hybrid_param_bytes(cfg: GPTConfig, schedule: Schedule, pp_rank: int, sizes: dict, zero: int, split=None) -> int:
+    """Parameter bytes a rank of pipeline rank `pp_rank` holds: its layers' tp slices; ZeRO 1-2 keep them in flat
+    buffers padded to N x S_u (N = dp x cp); ZeRO-3 only its shard S_u of each."""
+    units, N = unit_numels(cfg, schedule, pp_rank, sizes["tp"], split), sizes["dp"] * sizes["cp"]
+    shards = [math.ceil(n / N) for n in units]
+    held = {0: sum(units), 1: N * sum(shards), 2: N * sum(shards), 3: sum(shards)}[zero]
+    return held * cfg.dtype_bytes
 
 
 def hybrid_comm_theory(
-    cfg: GPTConfig, schedule: Schedule, batch: int, dp: int, tp: int, split=None, zero_stage: int = 0
-) -> list[dict[str, dict[str, int]]]:
-    """Payload bytes per rank per training step, by pipeline stage, axis and kind of call:
+    cfg: GPTConfig,
+    schedule: Schedule,
+    batch: int,
+    sizes: dict[str, int],
+    *,
+    zero: int = 0,
+    sequence_parallel: bool = False,
+    cp_method: str = "ring",
+    split=None,
+) -> list[dict[str, int]]:
+    """Payload bytes per step of a rank of each pipeline rank, by "axis kind" (what parlab.comm records):
 
-    tp: the Megatron all-reduces of the stage's blocks (4 x [b, T, H] per block and micro-batch), plus the
-        vocab-parallel embedding (stage 0) and LM head and loss (last stage); b = B / (D m) rows a micro-batch
-    pp: the activations and gradients the stage's rank sends ([b, T, H] each)
-    dp: one all-reduce of all the gradients the rank holds (= its parameter bytes); with ZeRO-1, a reduce-scatter
-        of its flat gradients (padded to D x S, S = ceil(numel / D)) and an all-gather of its shard (S)
+    tp   per micro-batch 4 all-reduces of [b, T/C, H] per block, 1 for the embedding, 1 + 3 x [b, T/C] for the
+         LM head and loss; SP: per block 4 all-gathers of [b, T/(C tp), H] and 4 reduce-scatters of [b, T/C, H]
+         (embedding and head 1 of each), the loss's 3, and the sum of SP's sequence-split gradients (per step;
+         with ZeRO 2-3 per micro-batch); a zb-type schedule's BW repeats the all-gather under each block's two
+         reduce-scatters (BI already passed through them to reach the stage input)
+    cp   ring: per block and micro-batch 3C - 2 sends of a K/V block [2, b, nh/tp, T/C, hs] (C - 1 forward,
+         C - 1 K/V and C dK/dV backward); Ulysses: 8 all-to-alls of [b, nh/tp, T/C, hs]
+    pp   one [b, T/C, H] (SP: [b, T/(C tp), H]) per F not on the last stage and per backward not on the first
+    dp (dp_cp when C > 1, N = D C ranks)  an all-reduce of the parameters held; ZeRO: per unit a reduce-scatter of
+         its flat gradients [N S_u] (stages 2-3: once per micro-batch) and all-gathers of the shard [S_u] (stage 3:
+         before each forward and each backward)
+    b = B / (D m) rows per micro-batch.
     """
-    S, m, e = schedule.p, schedule.m, cfg.dtype_bytes
-    ranges = split_layers(cfg.layers, S, split)
-    b = batch // (dp * m)
-    per_mb = allreduce_theory(cfg, b)  # one micro-batch, every layer: its per-layer items are L x [b, T, H]
-    block = sum(per_mb[k] for k in ("g fwd attn", "g fwd mlp", "f bwd attn", "f bwd mlp")) // cfg.layers
-    first = per_mb["g fwd embed"]
-    last = per_mb["f bwd lm_head"] + per_mb["loss max"] + per_mb["loss sum-exp"] + per_mb["loss target logit"]
-    sends = theory_send_bytes(schedule, b * cfg.seq_len * cfg.hidden * e)
+    D, S, C, Tt = (sizes[a] for a in ("dp", "pp", "cp", "tp"))
+    m, e, H, nh = schedule.m, cfg.dtype_bytes, cfg.hidden, cfg.heads
+    b = batch // (D * m)
+    BTH, BT = b * (cfg.seq_len // C) * H * e, b * (cfg.seq_len // C) * e
+    message = BTH // Tt if sequence_parallel else BTH
+    sends = theory_send_bytes(schedule, message)
+    grad_axis, N = ("dp" if C == 1 else "dp_cp"), D * C
     rows = []
-    for s, layers in enumerate(ranges):
-        tp_bytes = m * (len(layers) * block + (first if s == 0 else 0) + (last if s == S - 1 else 0))
-        held = hybrid_param_bytes(cfg, s, layers, S, tp)
-        if dp == 1:
-            dp_calls = {}
-        elif zero_stage:
-            shard = math.ceil(held // e / dp) * e  # this stage is one ZeRO unit: its flat parameters, padded
-            dp_calls = {"reduce_scatter": dp * shard, "all_gather": shard}
-        else:
-            dp_calls = {"all_reduce": held}
-        rows.append({"tp": {"all_reduce": tp_bytes} if tp > 1 else {}, "pp": {"send": sends[s]}, "dp": dp_calls})
+    for r in range(S):
+        held = stage_layers(cfg, schedule, r, split)
+        L = sum(len(layers) for _, layers in held)
+        first, last = any(s == 0 for s, _ in held), any(s == schedule.num_stages - 1 for s, _ in held)
+        row: dict[str, int] = {}
+        if Tt > 1 and not sequence_parallel:
+            row["tp all_reduce"] = m * ((4 * L + first + last) * BTH + 3 * last * BT)
+        elif Tt > 1:
+            sp_numbers = L * 6 * H + first * cfg.seq_len * H + last * 2 * H  # LayerNorms, row biases, wpe, ln_f
+            bw = sum(len(held[a.chunk][1]) for a in schedule.actions[r] if a.op == "BW")  # blocks a BW redoes
+            row["tp all_gather"] = (m * (4 * L + first + last) + 2 * bw) * BTH // Tt
+            row["tp reduce_scatter"] = m * (4 * L + first + last) * BTH
+            row["tp all_reduce"] = m * 3 * last * BT + sp_numbers * e * (m if zero >= 2 else 1)
+        if C > 1 and cp_method == "ulysses":
+            row["cp all_to_all"] = m * L * 8 * a2a_bytes_per_call(b, nh // Tt, cfg.seq_len, H // nh, C, e)
+        elif C > 1:
+            row["cp send"] = m * L * (3 * C - 2) * kv_block_bytes(b, nh // Tt, cfg.seq_len, H // nh, C, e)
+        if S > 1:
+            row["pp send"] = sends[r]
+        units = unit_numels(cfg, schedule, r, Tt, split)
+        shard = sum(math.ceil(n / N) for n in units) * e  # S: this rank's piece of every unit
+        if N > 1 and zero == 0:
+            row[f"{grad_axis} all_reduce"] = sum(units) * e
+        elif N > 1:
+            row[f"{grad_axis} reduce_scatter"] = N * shard * (m if zero >= 2 else 1)
+            row[f"{grad_axis} all_gather"] = shard * (2 * m if zero == 3 else 1)
+        rows.append(row)
     return rows

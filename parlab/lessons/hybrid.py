@@ -3,7 +3,8 @@
 The scheme is parlab/hybrid.py (run and checked by parlab/runs/hybrid.py); the planner is parlab/planner.py.
 This module draws what a run did and tabulates what the planner estimates:
 
-    the mesh            `mesh_figure`: every rank at its (dp, pp, tp) place, what it holds, its groups
+    the mesh            `mesh_figure`: every rank at its (dp, pp, cp, tp) place, what it holds, its groups
+    a builder           `mesh_builder`: widgets for each axis' size and the options; runs the chosen mesh live
     traffic per axis    `axis_traffic_figure`: payload bytes each rank handed over on each axis, measured beside the
                         theory (lesson 00's count; for send, the payload is what goes on the wire)
     the planner         `plan_table`: the best plans for a model and a cluster, one line each
@@ -15,54 +16,63 @@ from parlab.hybrid import AXES
 from parlab.mesh import axis_groups
 from parlab.pipeline import split_layers
 from parlab.planner import Cluster, ModelSpec, describe, plans
+from parlab.schedules import make_schedule
 
 
 def rank_places(report: dict) -> list[dict]:
     """For each rank of a hybrid run: its coordinates, its groups on each axis and what it holds."""
-    axes = report["mesh"]["axes"]
-    stages = split_layers(report["layers"], axes["pp"])
+    axes, opts = report["mesh"]["axes"], report.get("options", {})
+    schedule = make_schedule(opts.get("schedule", "1f1b"), axes["pp"], report["microbatches"], opts.get("virtual", 1))
+    stages = split_layers(report["layers"], schedule.num_stages)
     rows = []
     for rank, coords in enumerate(report["mesh"]["coords"]):
         groups = {axis: next(g for g in axis_groups(axes, axis) if rank in g) for axis in AXES}
-        blocks = stages[coords["pp"]]
-        holds = f"blocks {blocks.start}-{blocks.stop - 1}" + (", embeddings" if coords["pp"] == 0 else "")
-        holds += ", LM head" if coords["pp"] == axes["pp"] - 1 else ""
+        held = [schedule.stage(coords["pp"], k) for k in range(schedule.v)]
+        holds = ", ".join(f"blocks {stages[s].start}-{stages[s].stop - 1}" for s in held)
+        holds += ", embeddings" if 0 in held else ""
+        holds += ", LM head" if schedule.num_stages - 1 in held else ""
+        if axes.get("tp", 1) > 1:
+            holds += f"<br>TP slice {coords['tp'] + 1}/{axes['tp']}" + (
+                " (SP: T/tp tokens)" if opts.get("sequence_parallel") else ""
+            )
+        if axes.get("cp", 1) > 1:
+            holds += f"<br>tokens: block {coords['cp'] + 1}/{axes['cp']} ({opts.get('cp_method', 'ring')})"
+        if opts.get("zero"):
+            holds += f"<br>ZeRO-{opts['zero']}: 1/{axes['dp'] * axes.get('cp', 1)} of the states"
         rows.append({"rank": rank, **coords, "groups": groups, "holds": holds})
     return rows
 
 
 def mesh_figure(report: dict):
-    """The mesh of a hybrid run: one panel per data-parallel replica, pipeline stages as rows, tensor-parallel
-    ranks as columns. Each cell: the rank, the blocks it holds and its 1/T slice; hover: its group on each axis
-    and the payload bytes it handed over on each axis (measured)."""
+    """The mesh of a hybrid run: one panel per data-parallel replica, pipeline stages as rows, the (cp, tp) ranks
+    as columns. Each cell: the rank and what it holds (blocks, TP slice, tokens, ZeRO share); hover: its group on
+    each axis and the payload bytes it handed over on each axis (measured)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     from parlab.plots import rank_color, style
 
     axes = report["mesh"]["axes"]
-    D, S, T = axes["dp"], axes["pp"], axes["tp"]
+    D, S, C, T = axes["dp"], axes["pp"], axes.get("cp", 1), axes["tp"]
     measured = report["comm"]["per_axis_measured"]
     fig = make_subplots(rows=1, cols=D, subplot_titles=[f"replica dp = {d}" for d in range(D)], horizontal_spacing=0.06)
     for place in rank_places(report):
         r = place["rank"]
-        text = f"<b>rank {r}</b><br>{place['holds']}<br>TP slice {place['tp'] + 1}/{T}"
         hover = "<br>".join(
-            [f"rank {r}: dp {place['dp']}, pp {place['pp']}, tp {place['tp']}", place["holds"]]
+            [f"rank {r}: " + ", ".join(f"{a} {place.get(a, 0)}" for a in AXES), place["holds"]]
             + [
                 f"{axis} group {place['groups'][axis]}: "
-                + ", ".join(
-                    f"{key.split()[1]} payload {m[r]} bytes" for key, m in measured.items() if key.startswith(axis)
-                )
+                + ", ".join(f"{key.split()[1]} {m[r]} bytes" for key, m in measured.items() if key.split()[0] == axis)
                 for axis in AXES
+                if axes.get(axis, 1) > 1
             ]
         )
         fig.add_trace(
             go.Scatter(
-                x=[place["tp"]],
+                x=[place.get("cp", 0) * T + place["tp"]],
                 y=[place["pp"]],
                 mode="markers+text",
-                text=[text],
+                text=[f"<b>rank {r}</b><br>{place['holds']}"],
                 textposition="middle center",
                 marker={"symbol": "square", "size": 120, "color": rank_color(r), "opacity": 0.35},
                 hovertext=[hover],
@@ -72,11 +82,61 @@ def mesh_figure(report: dict):
             row=1,
             col=place["dp"] + 1,
         )
-    fig.update_xaxes(range=[-0.6, T - 0.4], tickvals=list(range(T)), title_text="tp (tensor parallel)")
+    ticks = [f"cp {c}, tp {t}" if C > 1 else f"tp {t}" for c in range(C) for t in range(T)]
+    fig.update_xaxes(range=[-0.6, C * T - 0.4], tickvals=list(range(C * T)), ticktext=ticks)
     fig.update_yaxes(range=[S - 0.4, -0.6], tickvals=list(range(S)), title_text="pp (pipeline stage)", col=1)
     fig.update_yaxes(range=[S - 0.4, -0.6], tickvals=list(range(S)))
-    title = f"Device mesh dp {D} x pp {S} x tp {T} = {D * S * T} ranks: who holds what"
-    return style(fig, title, height=200 + 170 * S)
+    shape = " x ".join(f"{a} {axes.get(a, 1)}" for a in AXES)
+    title = f"Device mesh {shape} = {D * S * C * T} ranks: who holds what"
+    return style(fig, title, height=220 + 190 * S)
+
+
+BUILDER_SIZES = (1, 2, 4)
+
+
+def build_and_run(dp=1, pp=2, cp=1, tp=2, zero=0, sequence_parallel=True, cp_method="ring", schedule="1f1b"):
+    """Run the chosen mesh (at most 8 ranks, one step of the reference GPT) and draw who holds what; a
+    combination that cannot run prints the reason `check_parallel_dims` gives, before any process starts."""
+    from parlab.runs.hybrid import HybridOptions, run_hybrid
+
+    chosen = dict(dp=dp, pp=pp, cp=cp, tp=tp, zero=zero, sequence_parallel=sequence_parallel,
+                  cp_method=cp_method, schedule=schedule, steps=1)  # fmt: skip
+    try:
+        opts = HybridOptions.make(**chosen)
+        opts.validate()
+        if opts.world_size > 8:
+            raise ValueError(f"{opts.world_size} ranks: keep dp x pp x cp x tp <= 8 here")
+    except ValueError as exc:
+        print(f"cannot run: {exc}")
+        return None
+    _, report = run_hybrid(**chosen)
+    failed = [line for line in report["verdicts"] if not line.endswith("PASS")]
+    print(f"{report['world_size']} ranks: one step {'equal to one device' if report['passed'] else 'DIFFERS'}"
+          f" (max |err| {report['max_abs_err']:.0e}); every axis' bytes as theory: {not failed}")  # fmt: skip
+    for key, theory in report["comm"]["per_axis_theory"].items():
+        print(f"  {key:20s} payload per rank {theory}")
+    mesh_figure(report).show()
+    return report
+
+
+def mesh_builder():
+    """Widgets for each axis' size and the options; each change runs the mesh live (parlab.widgets.interact)."""
+    from ipywidgets import Checkbox, Dropdown
+
+    from parlab.hybrid_axes import CP_METHODS
+    from parlab.schedules import SCHEDULES
+    from parlab.widgets import interact
+
+    sizes = {axis: Dropdown(options=BUILDER_SIZES, value=v, description=axis) for axis, v in
+             (("dp", 1), ("pp", 2), ("cp", 1), ("tp", 2))}  # fmt: skip
+    return interact(
+        build_and_run,
+        **sizes,
+        zero=Dropdown(options=[0, 1, 2, 3], value=0, description="ZeRO"),
+        sequence_parallel=Checkbox(value=True, description="SP on tp"),
+        cp_method=Dropdown(options=list(CP_METHODS), value="ring", description="cp"),
+        schedule=Dropdown(options=list(SCHEDULES), value="1f1b", description="schedule"),
+    )
 
 
 def axis_traffic_figure(report: dict):
@@ -88,7 +148,8 @@ def axis_traffic_figure(report: dict):
     from parlab.plots import kind_color, style
 
     measured, theory = report["comm"]["per_axis_measured"], report["comm"]["per_axis_theory"]
-    what = {"dp": "gradients over the replicas", "pp": "activations and gradients", "tp": "inside each layer"}
+    what = {"dp": "gradients over the replicas", "pp": "activations and gradients", "tp": "inside each layer",
+            "cp": "attention over the sequence", "dp_cp": "gradients over dp x cp"}  # fmt: skip
     keys = list(measured)  # "dp all_reduce", "pp send", "tp all_reduce", ...
     titles = [f"{key.split()[0]}: {key.split()[1].replace('_', '-')} ({what[key.split()[0]]})" for key in keys]
     fig = make_subplots(rows=len(keys), cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.08)
