@@ -6,6 +6,7 @@ theory, every building block taking the process group it works in. How each is r
 `parlab.runs` (the CLI's registry), each lesson's figures in `parlab.lessons`. The shared machinery is here:
 
     parlab.launch(fn, world_size, ...)   run rank code on real processes (parlab.launch)
+    parlab.live(fn or "scheme", ...)     the same, its timeline drawn while the ranks run (parlab.live)
     parlab.comm                          traced collectives and compute spans
     parlab.compare(...)                  one verdict line against the single-device reference (parlab.check)
     parlab.models                        the reference GPT, its data and its single-device training
@@ -51,6 +52,14 @@ class _Package(types.ModuleType):
     def launch(self, module):  # the import system binds the submodule here; parlab.launch stays the function
         pass
 
+    @property
+    def live(self):  # like launch: parlab.live(...) is the function, its module is sys.modules["parlab.live"]
+        return importlib.import_module("parlab.live").live
+
+    @live.setter
+    def live(self, module):
+        pass
+
     def __getattr__(self, name: str):
         if name not in _EXPORTS:
             raise AttributeError(f"module 'parlab' has no attribute {name!r}")
@@ -59,7 +68,7 @@ class _Package(types.ModuleType):
         return value if attribute is None else getattr(value, attribute)
 
     def __dir__(self):
-        return sorted({*super().__dir__(), *_EXPORTS, "launch"})
+        return sorted({*super().__dir__(), *_EXPORTS, "launch", "live"})
 
 
 sys.modules[__name__].__class__ = _Package
@@ -88,6 +97,7 @@ __all__ = [
     "device",
     "init_from_env",
     "launch",
+    "live",
     "progress",
     "warm_up",
 ]

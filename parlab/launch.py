@@ -47,6 +47,7 @@ from parlab.runtime import (  # noqa: F401  (the launcher's settings, named here
     RENDEZVOUS_PREFIX,
     SERVER_START_TIMEOUT,
     SLOT_BYTES,
+    under_torchrun,
 )
 from parlab.runtime.errors import CollectiveMismatch, LaunchTimeout, RankError, Results
 from parlab.runtime.hang import _died, _HangWatch, _mismatch, _stuck_ranks  # noqa: F401  (tests reach these here)
@@ -176,6 +177,7 @@ def launch(
         "default_dtype": torch.get_default_dtype(),
         "seed": seed,
         "slot_bytes": SLOT_BYTES,
+        "stream_events": comm.event_sink is not None,  # a live timeline (parlab.live) is watching
     }
     job_id, request = job["id"], pickle.dumps({"job": job})
     del job  # the pickled request is what travels: no second copy of a large closure while the ranks run
@@ -215,7 +217,10 @@ def _wait_for_report(server: _RankServer, job_id: int, timeout: float, world_siz
                 if "report" in message:
                     progress.close()
                     return message["report"], None, watch.describe()
-                if "progress" in message:
+                if "events" in message.get("progress", {}):  # a rank's events, for a live timeline
+                    if comm.event_sink is not None:
+                        comm.event_sink(message["progress"])
+                elif "progress" in message:
                     progress.update(message["progress"])
                 elif "calls" in message:
                     watch.update(message["calls"], message["at"])
@@ -225,6 +230,8 @@ def _wait_for_report(server: _RankServer, job_id: int, timeout: float, world_siz
                 break
             progress.waiting = watch.longest_wait()
             progress.show()
+            if comm.event_sink is not None:
+                comm.event_sink(None)  # a tick: the live timeline moves its "now" line
         progress.close()
         calls = watch.describe()
         return server.cancel(job_id), stopped, calls
@@ -288,11 +295,6 @@ def init_from_env(backend: str | None = None) -> None:
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     dist.init_process_group(backend, init_method="env://")
-
-
-def under_torchrun() -> bool:
-    """True in a process started by torchrun (and not by parlab.launch)."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "PARLAB_LAUNCHED" not in os.environ)
 
 
 def device() -> torch.device:

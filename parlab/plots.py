@@ -71,6 +71,77 @@ EMPTY_COLOR = "#FFFFFF"
 
 FONT_SIZE = 16
 TITLE_SIZE = 20
+BAR_LINE = 0.5  # the white outline between timeline bars
+
+# ---------------------------------------------------------------------------------------------------- themes
+# A theme changes sizes and contrast, never colours: the palette above stays the same (colour-blind-safe) in both.
+#   default    what the lessons show on a laptop screen
+#   projector  read from the back of a room: larger fonts, thicker lines and bar outlines, black text and axes,
+#              long titles broken over lines (so a title never runs into another)
+THEMES = {
+    "default": {"font": 16, "title": 20, "bar_line": 0.5, "line": 2, "marker": 6, "ink": "#2a3f5f", "grid": None},
+    "projector": {
+        "font": 22,
+        "title": 26,
+        "bar_line": 1.5,
+        "line": 4,
+        "marker": 11,
+        "ink": "#000000",
+        "grid": "#BBBBBB",
+    },
+}
+_theme = "default"
+
+
+def theme() -> str:
+    """The name of the theme in use ("default" or "projector")."""
+    return _theme
+
+
+def use_theme(name: str = "default") -> None:
+    """Switch every figure drawn from now on to a theme: `plots.use_theme("projector")` before presenting,
+    `plots.use_theme("default")` to go back. Figures already drawn keep their look (draw them again).
+
+    It also becomes plotly's default template, so a figure a lesson builds without `style` follows it too.
+    """
+    import plotly.io as pio
+
+    global _theme, FONT_SIZE, TITLE_SIZE, BAR_LINE
+    if name not in THEMES:
+        raise ValueError(f"unknown theme {name!r}; available: {', '.join(THEMES)}")
+    t = THEMES[name]
+    _theme, FONT_SIZE, TITLE_SIZE, BAR_LINE = name, t["font"], t["title"], t["bar_line"]
+    pio.templates.default = "plotly" if name == "default" else _template()
+
+
+def _template():
+    """The plotly template of the current theme (plotly_white, with the theme's sizes and contrast)."""
+    import plotly.io as pio
+
+    t = THEMES[_theme]
+    template = go.layout.Template(pio.templates["plotly_white"])
+    if _theme == "default":
+        return template
+    axis = {"linecolor": t["ink"], "linewidth": 2, "gridcolor": t["grid"], "tickfont": {"color": t["ink"]},
+            "title": {"font": {"color": t["ink"]}}}  # fmt: skip
+    template.layout.update(font={"size": t["font"], "color": t["ink"]}, xaxis=axis, yaxis=axis)
+    template.layout.annotationdefaults = {"font": {"size": t["font"] - 2, "color": t["ink"]}}
+    template.data.scatter = [go.Scatter(line={"width": t["line"]}, marker={"size": t["marker"]})]
+    template.data.bar = [go.Bar(marker={"line": {"width": t["bar_line"]}})]
+    return template
+
+
+def _wrap(title: str, width_px: float, size: int) -> str:
+    """Break a title into lines that fit `width_px` at font `size` (a character is ~0.55 em wide)."""
+    per_line = max(20, int(width_px / (0.55 * size)))
+    lines, line = [], ""
+    for word in title.split(" "):
+        if line and len(line) + 1 + len(word) > per_line:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return "<br>".join([*lines, line])
 
 
 def rank_color(rank: int) -> str:
@@ -86,12 +157,20 @@ def kind_label(kind: str) -> str:
 
 
 def style(fig: go.Figure, title: str, xaxis: str | None = None, yaxis: str | None = None, height=None):
-    """The package's figure defaults: a title, axis titles, presentation-size fonts, a white background."""
+    """The package's figure defaults: a title, axis titles, presentation-size fonts, a white background; in the
+    projector theme (use_theme) larger, with long titles broken over lines and the top margin grown to fit."""
+    top = 70
+    if _theme != "default":
+        title = _wrap(title, (fig.layout.width or 900) - 110, TITLE_SIZE)
+        lines = title.count("<br>") + 1
+        top = 40 + int(1.3 * TITLE_SIZE * lines)
+        if height is not None:
+            height += top - 70 + 10 * (FONT_SIZE - 16)  # room for the larger title and tick labels
     fig.update_layout(
         title={"text": title, "font": {"size": TITLE_SIZE}},
         font={"size": FONT_SIZE},
-        template="plotly_white",
-        margin={"l": 80, "r": 30, "t": 70, "b": 60},
+        template="plotly_white" if _theme == "default" else _template(),
+        margin={"l": 80, "r": 30, "t": top, "b": 60},
         legend={"font": {"size": FONT_SIZE - 2}},
     )
     if height is not None:
@@ -165,7 +244,7 @@ def timeline(
                 x=[max(e.duration * scale, 1e-3) for e in mine],
                 offset=[place[id(e)][0] for e in mine],
                 width=[place[id(e)][1] for e in mine],
-                marker={"color": kind_color(kind), "line": {"color": "white", "width": 0.5}},
+                marker={"color": kind_color(kind), "line": {"color": "white", "width": BAR_LINE}},
                 text=[e.label for e in mine] if show_labels else None,
                 textposition="inside",
                 insidetextanchor="middle",

@@ -213,6 +213,7 @@ def test_binder_install_steps_in_a_fresh_environment(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, repo / name)
     shutil.copytree(BINDER, repo / "binder")
+    shutil.copytree(ROOT / "jupyter_config", repo / "jupyter_config")  # the quiet first open (postBuild merges it)
     out = _run([str(repo / "binder" / "postBuild")], repo, env, 300)
     assert "widgets and plotly extensions installed" in out, out
 

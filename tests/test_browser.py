@@ -103,8 +103,12 @@ class Deadline:
 class Lab:
     """A JupyterLab server on 127.0.0.1 with a token, serving `root`; stopped by its process id."""
 
-    def __init__(self, root: Path, home: Path):
+    def __init__(self, root: Path, home: Path, settings: dict | None = None, config_path: Path | None = None):
+        """settings: the lab's user settings (default LAB_SETTINGS); config_path: a folder put on Jupyter's config
+        path (JUPYTER_CONFIG_PATH), as the Quick start puts the repository's jupyter_config/."""
         self.root, self.home = root, home
+        self.settings = LAB_SETTINGS if settings is None else settings
+        self.config_path = config_path
         self.port, self.token = _free_port(), secrets.token_hex(16)
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = home / "lab.log"
@@ -122,7 +126,7 @@ class Lab:
         }
         (kernel / "kernel.json").write_text(json.dumps(spec))
         settings = self.home / "settings"
-        for name, value in LAB_SETTINGS.items():
+        for name, value in self.settings.items():
             path = settings / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(value))
@@ -135,6 +139,10 @@ class Lab:
             IPYTHONDIR=str(self.home / "ipython"),
             PYTHONUNBUFFERED="1",
         )
+        env.pop("JUPYTER_CONFIG_PATH", None)
+        if self.config_path is not None:  # the Quick start's lab: a user's kernel, where live drafts show
+            env["JUPYTER_CONFIG_PATH"] = str(self.config_path)
+            env.pop("PYTEST_CURRENT_TEST", None)
         return env
 
     def start(self, deadline: Deadline) -> None:
@@ -439,3 +447,127 @@ def test_lesson_00_in_a_real_browser(browser_tools, tmp_path):
     print(f"browser check of {NOTEBOOK.name}: {summary}")
     if NOTEBOOK.name == "00_collectives.ipynb":  # the issue asks for lesson 00's ring slider in particular
         assert summary["sliders"] >= 1, f"lesson 00 should have a slider beside a figure: {summary}"
+
+
+# ------------------------------------------------------------------------------- the Quick start, for a class
+
+LIVE_CELLS = [
+    # A run slow enough to watch: 2 ranks, 16 steps of 0.25 s, drawn while it runs.
+    "import time\nimport torch\nimport parlab\nfrom parlab import comm\n\n\n"
+    "def steps(n):\n    x = torch.ones(4)\n    for i in range(n):\n"
+    "        with comm.span(f'F{i}', kind='forward'):\n            time.sleep(0.25)\n"
+    "        comm.all_reduce(x, label=f'step {i}')\n\n\nresults = parlab.live(steps, 2, 16)",
+    "from parlab.replay import replay\n\nreplay(results.trace, frames=12)",
+]
+
+# Whatever could cover the notebook: a dialog, a notification toast, or another element at the notebook's centre.
+COVERING_JS = """
+() => {
+  const covers = [...document.querySelectorAll('.jp-Dialog, .Toastify__toast, .jp-Notification-Toast')]
+    .map((e) => e.className + ': ' + e.innerText.slice(0, 100));
+  const nb = document.querySelector('.jp-Notebook');
+  if (!nb) return ['no notebook on the page'];
+  const box = nb.getBoundingClientRect();
+  const top = document.elementFromPoint(box.left + box.width / 2, box.top + Math.min(box.height, 600) / 2);
+  if (!top || !nb.contains(top)) covers.push('at the notebook centre: ' + (top ? top.className : 'nothing'));
+  return covers;
+}
+"""
+
+BARS_JS = "(cell) => cell.querySelectorAll('.js-plotly-plot .trace.bars .point path').length"
+
+
+def test_quick_start_opens_lesson_00_quietly_then_a_live_timeline_grows_and_a_replay_steps(browser_tools, tmp_path):
+    """The Quick start's lab (the repository's jupyter_config/ on the config path, no user settings at all) opens
+    lesson 00 with no dialog or notification over it (without jupyter_config/ the news prompt shows at once).
+    Then, in the same page, a live timeline gains bars while its run is going, and a replay's step slider changes
+    its figure."""
+    sync_playwright, chromium = browser_tools
+    deadline = Deadline(BUDGET_S + 60)  # two notebooks: ~60 s on an idle machine, far more on a busy one
+    root, home = tmp_path / "lab-root", tmp_path / "lab-home"
+    (root / "notebooks").mkdir(parents=True)
+    home.mkdir()
+    shutil.copy(ROOT / "notebooks" / "00_collectives.ipynb", root / "notebooks")
+    live = {"cells": [{"cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None}
+                      for c in LIVE_CELLS], "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                      "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}  # fmt: skip
+    (root / "notebooks" / "live.ipynb").write_text(json.dumps(live))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    lab = Lab(root, home, settings={}, config_path=ROOT / "jupyter_config")
+    lab.start(deadline)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1500, "height": 1100})
+                page.goto(f"{lab.base}/?token={lab.token}", timeout=deadline.left_ms())  # the Quick start's URL
+                try:
+                    page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=deadline.left_ms())
+                finally:
+                    page.screenshot(path=str(ARTIFACTS / "quick-start-first-open.png"))
+                assert page.url.split("?")[0].endswith("/lab/tree/notebooks/00_collectives.ipynb")
+                wait_for_kernel_quietly(page, deadline)
+                watched_until = time.monotonic() + 8  # the news prompt shows within a second when it is on
+                while time.monotonic() < watched_until:
+                    covers = page.evaluate(COVERING_JS)
+                    assert not covers, f"something covers lesson 00 on first open: {covers}"
+                    page.wait_for_timeout(400)
+                page.screenshot(path=str(ARTIFACTS / "quick-start-first-open.png"))
+
+                # The live notebook in a page and a fresh workspace of its own (?reset): the only notebook there, so
+                # the status bar's kernel is its kernel.
+                page = browser.new_page(viewport={"width": 1500, "height": 1100})
+                url = f"{lab.base}/lab/workspaces/live/tree/notebooks/live.ipynb?reset&token={lab.token}"
+                page.goto(url, timeout=deadline.left_ms())
+                page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=deadline.left_ms())
+                wait_for_kernel(page, deadline)
+                live_cell = page.locator(".jp-CodeCell").nth(0)
+                try:
+                    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+                    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+                    page.wait_for_function(
+                        "(p) => /\\[(\\*|\\d+)\\]/.test(p.textContent)",
+                        arg=live_cell.locator(".jp-InputArea-prompt").element_handle(),
+                        timeout=30_000,
+                    )
+                finally:
+                    page.screenshot(path=str(ARTIFACTS / "live-notebook-started.png"))
+                counts = []
+                while time.monotonic() < deadline.end:  # sample the live figure until the run's cell is done
+                    dismiss_dialogs(page)  # (a kernel choice, in a lab without the test's settings)
+                    running = "*" in (live_cell.locator(".jp-InputArea-prompt").text_content() or "")
+                    counts.append(live_cell.evaluate(BARS_JS))
+                    if not running and counts[-1] == 64:  # 16 spans and 16 all-reduces per rank, all drawn
+                        break
+                    page.wait_for_timeout(150)
+                during = sorted(set(c for c in counts if 0 < c < 64))
+                live_cell.screenshot(path=str(ARTIFACTS / "live-timeline-final.png"))
+                page.screenshot(path=str(ARTIFACTS / "live-notebook.png"))
+                assert len(during) >= 3, f"the live timeline did not grow while the ranks ran: {counts}"
+
+                replay_cell = page.locator(".jp-CodeCell").nth(1)
+                replay_cell.locator(".js-plotly-plot .slider-rail-rect").wait_for(timeout=deadline.left_ms())
+                replay_cell.scroll_into_view_if_needed()
+                before = replay_cell.locator(".js-plotly-plot").evaluate_all(FIGURE_SIGNATURE_JS)
+                rail = replay_cell.locator(".js-plotly-plot .slider-rail-rect").first.bounding_box()
+                page.mouse.click(rail["x"] + 0.2 * rail["width"], rail["y"] + rail["height"] / 2)  # an early step
+                after, give_up = before, time.monotonic() + 10
+                while after == before and time.monotonic() < give_up:
+                    page.wait_for_timeout(200)
+                    after = replay_cell.locator(".js-plotly-plot").evaluate_all(FIGURE_SIGNATURE_JS)
+                replay_cell.screenshot(path=str(ARTIFACTS / "replay-after-step.png"))
+                assert after != before, "a step of the replay's slider did not change its figure"
+            finally:
+                browser.close()
+    finally:
+        lab.stop()
+
+
+def wait_for_kernel_quietly(page, deadline: Deadline) -> None:
+    """wait_for_kernel without dismissing anything: a dialog that shows up must fail the quiet-open check."""
+    while not page.evaluate(KERNEL_READY_JS):
+        covers = page.evaluate(COVERING_JS)
+        assert not [c for c in covers if "Toast" in c or "Dialog" in c], f"a dialog on first open: {covers}"
+        if time.monotonic() > deadline.end:
+            pytest.fail("lesson 00's kernel did not become idle in time")
+        page.wait_for_timeout(200)

@@ -1,5 +1,7 @@
 """Figure data (nbval does not compare plotly output, so the figures are checked here)."""
 
+import plotly.graph_objects as go
+import pytest
 import torch
 
 from parlab import plots
@@ -79,3 +81,53 @@ def test_ring_step_arrows_follow_the_ring():
     arrows = [a for a in fig.layout.annotations if a.showarrow]
     assert len(arrows) == 5  # 4 sends; the wrap-around 3 -> 0 leaves at the bottom and re-enters at the top
     assert "reduce-scatter step 1 of 3" in fig.layout.title.text
+
+
+def _ring_steps(P=4):
+    """What ring_steps reads from a causal contiguous ring run: rank r holds rank (r - s)'s K/V at step s."""
+    held = [[(r - s) % P for r in range(P)] for s in range(P)]
+    tiles = [(r, s, r, (r - s) % P) for s in range(P) for r in range(P) if (r - s) % P <= r]
+    return {"held": held, "tiles": tiles, "world_size": P, "layout": "contiguous"}
+
+
+def test_projector_theme_is_larger_keeps_the_palette_and_the_default_look_comes_back():
+    default = plots.style(go.Figure(), "t", "x", "y", height=400)
+    assert default.layout.font.size == 16 and default.layout.title.font.size == 20 and default.layout.height == 400
+    palette = list(plots.RANK_COLORS), dict(plots.KIND_COLORS)
+    long_title = "Interleaved 1F1B on 4 ranks, paced: the ideal timeline above and the measured one below, step 3"
+    try:
+        plots.use_theme("projector")
+        fig = plots.style(go.Figure(), long_title, "x", "y", height=400)
+        bars = plots.timeline(_trace())
+        assert plots.theme() == "projector"
+        assert fig.layout.font.size == 22 and fig.layout.title.font.size == 26 and fig.layout.height > 400
+        lines = fig.layout.title.text.split("<br>")  # a long title is broken over lines, the top margin holds them
+        assert len(lines) >= 2 and " ".join(lines) == long_title
+        assert fig.layout.margin.t >= 1.3 * 26 * len(lines)
+        assert fig.layout.template.layout.font.color == "#000000"  # black ink: high contrast
+        assert bars.data[0].marker.line.width == 1.5  # thicker outlines between bars
+        assert (list(plots.RANK_COLORS), dict(plots.KIND_COLORS)) == palette
+        with pytest.raises(ValueError, match="unknown theme 'dark'"):
+            plots.use_theme("dark")
+    finally:
+        plots.use_theme("default")
+    again = plots.style(go.Figure(), "t", "x", "y", height=400)
+    assert again.to_plotly_json() == default.to_plotly_json()
+    assert plots.timeline(_trace()).data[0].marker.line.width == 0.5
+
+
+def test_lesson_04_ring_panel_titles_cannot_overlap_at_any_font_size():
+    from parlab.lessons.sequence_parallel import draw_ring_step
+
+    for theme in ("default", "projector"):
+        try:
+            plots.use_theme(theme)
+            fig = draw_ring_step(_ring_steps(), 1)
+        finally:
+            plots.use_theme("default")
+        kv, tiles = [a for a in fig.layout.annotations if a.name == "panel title"]
+        assert "K/V block" in kv.text and "score tiles done" in tiles.text
+        # One ends where the K/V panel ends, the other starts where the tiles start, with a gap between:
+        # whatever the font, the K/V title grows leftwards and the tiles' title rightwards.
+        assert kv.xanchor == "right" and tiles.xanchor == "left" and kv.x < tiles.x
+        assert kv.yanchor == tiles.yanchor == "bottom" and fig.layout.yaxis.range[1] > kv.y + 1

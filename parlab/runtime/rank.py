@@ -180,6 +180,12 @@ def _rank_main(job: dict, rank: int, out: Connection, slot: memoryview, captured
     comm.progress_hook = lambda update: out.send_bytes(pickle.dumps({"progress": update}))
     board = _CallBoard(slot, rank, job["world_size"])
     comm.call_hook = board.hook
+    if job.get("stream_events"):  # a live timeline in the parent: stream this rank's events as they happen
+        from parlab.live import EventStream
+
+        comm.event_hook = EventStream(lambda update: out.send_bytes(pickle.dumps({"progress": update})), rank)
+    else:
+        comm.event_hook = None
     _seed_generators(job["seed"] + rank)
     torch.set_default_dtype(job["default_dtype"])
     try:

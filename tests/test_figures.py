@@ -1,0 +1,74 @@
+"""`python -m parlab figures`: a lesson's figures as standalone files for a slide deck."""
+
+import json
+from pathlib import Path
+
+import nbformat
+import plotly.graph_objects as go
+import pytest
+
+from parlab import figures
+from parlab.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _stored_plotly_titles(path: Path) -> list[str]:
+    """Counted independently of parlab.figures: the plotly outputs of the cells, then those in widget state."""
+    nb = json.loads(path.read_text())
+    titles = [
+        o["data"][figures.PLOTLY_MIME]["layout"]["title"]["text"]
+        for cell in nb["cells"]
+        for o in cell.get("outputs", [])
+        if figures.PLOTLY_MIME in o.get("data", {})
+    ]
+    return titles
+
+
+def test_figures_of_lesson_03_become_one_standalone_html_file_each(tmp_path, capsys):
+    assert main(["figures", "--lesson", "03", "--out", str(tmp_path), "--format", "html"]) == 0
+    written = capsys.readouterr().out.split()
+    pages = sorted(p for p in tmp_path.glob("03_fig*.html"))
+    assert [str(p) for p in pages] == sorted(w for w in written if Path(w).name.startswith("03_fig"))
+    titles = _stored_plotly_titles(ROOT / "notebooks" / "03_pipeline_parallel.ipynb")
+    assert len(titles) >= 6 and len(pages) >= len(titles)  # every output figure, plus those inside widgets
+    for page, title in zip(pages, titles, strict=False):
+        text = page.read_text()
+        assert "<script src=" not in text  # nothing fetched: plotly.js is inline, the page opens offline
+        assert "Plotly.newPlot" in text and len(text) > 1_000_000  # plotly.js itself (~4.5 MB) is in the file
+        assert json.dumps(title)[1:-1] in text, f"{page.name} does not carry its figure {title!r}"
+    index = (tmp_path / "index.html").read_text()
+    assert all(p.name in index for p in pages)
+    assert not list(tmp_path.glob("*.png"))  # --format html: no static files
+
+
+def _one_figure_notebook(folder: Path) -> None:
+    fig = go.Figure(go.Bar(x=["a", "b"], y=[1, 2]), layout={"title": {"text": "Bytes per rank"}, "height": 300})
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("fig")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={figures.PLOTLY_MIME: fig.to_plotly_json()})]
+    nb.cells = [nbformat.v4.new_markdown_cell("# 42 · test"), cell]
+    nbformat.write(nb, folder / "42_test.ipynb")
+
+
+def test_static_export_writes_png_and_svg_or_says_why_not(tmp_path):
+    _one_figure_notebook(tmp_path)
+    written, notes = figures.export("42", tmp_path / "out", ("html", "png", "svg"), folder=tmp_path)
+    names = sorted(p.name for p in written)
+    assert "42_fig01_bytes-per-rank.html" in names and "index.html" in names
+    why = figures.static_renderer()
+    if why is not None:  # no kaleido or no Chromium on this machine: HTML only, and the reason is printed
+        assert notes and why in notes[0] and not list((tmp_path / "out").glob("*.png"))
+        pytest.skip(why)
+    assert notes == [], notes
+    png = (tmp_path / "out" / "42_fig01_bytes-per-rank.png").read_bytes()
+    svg = (tmp_path / "out" / "42_fig01_bytes-per-rank.svg").read_text()
+    assert png.startswith(b"\x89PNG") and int.from_bytes(png[20:24], "big") == 600  # height 300 at scale 2
+    assert svg.lstrip().startswith("<svg") and "Bytes per rank" in svg
+
+
+def test_an_unknown_lesson_is_one_error_line(tmp_path, capsys):
+    assert main(["figures", "--lesson", "99", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("parlab: error: no lesson '99'") and err.count("\n") == 1
+    assert main(["figures", "--lesson", "03", "--out", str(tmp_path), "--format", "gif"]) == 2

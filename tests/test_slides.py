@@ -1,0 +1,80 @@
+"""parlab.slides: every lesson's slideshow (RISE) structure, derived from the notebook and checked here."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from parlab.slides import add_slides, is_live, main, slide_types, slides
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def _cell(kind, source):
+    return {"cell_type": kind, "metadata": {}, "source": source, **({"outputs": []} if kind == "code" else {})}
+
+
+def test_slide_rules_on_a_small_notebook():
+    cells = [
+        _cell("markdown", "# 42 · A lesson\n\nThe question."),
+        _cell("code", "from parlab import plots\nimport torch"),  # right after the title: on its slide, but imports
+        _cell("markdown", "## 1 · First idea"),
+        _cell("code", "results, report = run_dp(4)"),
+        _cell("code", "draw(results)"),
+        _cell("markdown", "What the figure shows.\n\n## 2 · Second idea"),  # opens the next section
+        _cell("markdown", "Text under it."),
+        _cell("code", "results, report = launch_scheme('pp', live=True, pace='unit=400ms')"),
+        _cell("markdown", "Why the bubble shrinks."),
+    ]
+    assert slide_types(cells) == ["slide", "skip", "slide", "-", "subslide", "slide", "-", "subslide", "fragment"]
+    nb = add_slides({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    shown = slides(nb)
+    assert [s["title"] for s in shown] == ["42 · A lesson", "1 · First idea", "2 · Second idea"]
+    assert [s["cells"] for s in shown] == [[0], [2, 3, 4], [5, 6, 7, 8]] and shown[2]["live"] == 1
+    assert nb["cells"][7]["metadata"]["tags"] == ["live"] and nb["cells"][7]["metadata"]["parlab"] == {"live": True}
+    assert nb["metadata"]["rise"]["scroll"] is True
+    assert add_slides(nb) == nb  # deterministic: a second run changes nothing
+    assert [c["source"] for c in nb["cells"]] == [c["source"] for c in cells] and cells[3]["metadata"] == {}
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_every_lesson_makes_a_slideshow_one_idea_per_slide(path):
+    nb = json.loads(path.read_text())
+    wanted = add_slides(nb)
+    shown = slides(wanted)
+    headings = [c for c in nb["cells"] if c["cell_type"] == "markdown" and "\n## " in "\n" + "".join(c["source"])]
+    assert shown[0]["title"].startswith(path.stem[:2]) and shown[0]["cells"][0] == 0  # the title slide first
+    assert len(shown) == 1 + len(headings) >= 4, [s["title"] for s in shown]  # one slide per "##" section
+    for s in shown:
+        assert s["title"] and s["cells"], f"{path.name}: an empty or untitled slide {s}"
+        code = [i for i in s["cells"] if nb["cells"][i]["cell_type"] == "code"]
+        assert s["subslides"] >= len(code) - 1, f"{path.name} '{s['title']}': two runs share one (sub)slide"
+    live = [i for i, c in enumerate(nb["cells"]) if is_live(c)]
+    assert all("live" in wanted["cells"][i]["metadata"]["tags"] for i in live)
+    assert [c["source"] for c in wanted["cells"]] == [c["source"] for c in nb["cells"]]
+    assert [c.get("outputs") for c in wanted["cells"]] == [c.get("outputs") for c in nb["cells"]]
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_every_lesson_carries_its_slide_metadata(path):
+    nb = json.loads(path.read_text())
+    wanted = add_slides(nb)
+    if not any("slideshow" in c.get("metadata", {}) for c in nb["cells"]):
+        pytest.skip(f"{path.name} has no slide metadata yet: python -m parlab.slides notebooks/*.ipynb")
+    assert wanted == nb, f"{path.name}'s slide metadata is stale: python -m parlab.slides {path.relative_to(ROOT)}"
+
+
+def test_the_command_writes_once_then_checks_clean(tmp_path, capsys):
+    lesson = tmp_path / LESSONS[0].name
+    lesson.write_text(LESSONS[0].read_text())
+    assert main(["--check", str(lesson)]) == int(add_slides(json.loads(lesson.read_text())) != json.loads(
+        lesson.read_text()))  # fmt: skip
+    assert main([str(lesson)]) == 0
+    text = lesson.read_text()
+    assert main(["--check", str(lesson)]) == 0 and lesson.read_text() == text
+    assert main([str(lesson)]) == 0 and lesson.read_text() == text  # byte for byte: nothing left to change
+    before = json.loads(LESSONS[0].read_text())
+    after = json.loads(text)
+    assert [c["source"] for c in after["cells"]] == [c["source"] for c in before["cells"]]
+    assert text.endswith("}\n") and after["cells"][0]["metadata"]["slideshow"] == {"slide_type": "slide"}
