@@ -1,5 +1,6 @@
 """Lab 03's checks: the 1F1B order, a pipeline executor's point-to-point messages, the zero-bubble split of a
-stage's backward, and a prediction of a pipeline's traffic (see parlab/grading for collect_/judge_).
+stage's backward (in lab03_zero_bubble.py), and a prediction of a pipeline's traffic (see parlab/grading for
+collect_/judge_).
 
 The executor runs on a toy pipeline: S = p v stages, stage s computes y = tanh(x W_s^T) on micro-batches of
 [b, H] rows (float64), the last stage's loss is 0.5 |y - target|^2 / BATCH summed over its rows. `StageWork` is
@@ -12,11 +13,21 @@ from fractions import Fraction
 
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import parlab
 from parlab.check import compare
 from parlab.grading import error_summary, prediction_lines, probe, run_check
+from parlab.grading.lab03_zero_bubble import (  # noqa: F401  (re-exported: the grader looks them up here)
+    ZB_B,
+    ZB_H,
+    ZB_M,
+    GemmFlops,
+    collect_zero_bubble,
+    judge_zero_bubble,
+    zero_bubble_orders,
+    zero_bubble_problem,
+    zero_bubble_reference,
+)
 from parlab.models import GPTConfig, build_model
 from parlab.pipeline import (
     Action,
@@ -29,14 +40,13 @@ from parlab.pipeline import (
     theory_send_bytes,
     validate,
 )
-from parlab.schedules import make_schedule, messages, zero_bubble_h1
+from parlab.schedules import make_schedule, messages
 
 ORDER_CASES = [(4, 8), (3, 7), (4, 2), (2, 5)]  # (p, m); (4, 2) has fewer micro-batches than stages
 EXECUTOR_LAUNCH = {"timeout": 10, "echo": False}  # a deadlock is diagnosed in ~2 s; 10 s stops anything else
 # (schedule, p, m, v). Interleaved on 2 ranks: each pair of ranks exchanges activations and gradients both ways.
 EXECUTOR_CASES = [("gpipe", 4, 4, 1), ("1f1b", 4, 8, 1), ("interleaved", 4, 8, 2), ("interleaved", 2, 4, 2)]
 H, BATCH = 8, 16  # the toy pipeline: hidden size; the global batch is [BATCH, H], a micro-batch [BATCH / m, H]
-ZB_H, ZB_B, ZB_M = 8, 2, 8  # the zero-bubble stage: hidden size, micro-batch rows, micro-batches
 TRAFFIC = {"p": 4, "v": 2, "m": 8, "b": 1}  # the predicted run: interleaved 1F1B, one row per micro-batch
 TRAFFIC_CFG = GPTConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=8)  # float64: [b, T, H] messages
 LAUNCH = {"timeout": 60, "echo": False}
@@ -314,107 +324,6 @@ def judge_executor(data) -> list[str]:
                 bad.append(f"rank {r}: {_described(got)}" + (f", collectives {others}" if others else ""))
         verdict = "PASS" if not bad else f"{'; '.join(bad[:2])}: FAIL"
         lines.append(f"{label}: every rank sent and received exactly the schedule's messages, no collective: {verdict}")
-    return lines
-
-
-# ------------------------------------------------------------------------------------------- zero bubble
-
-
-def zero_bubble_problem(seed: int = 1) -> dict[str, torch.Tensor]:
-    """W1, W2: [H, H]; the micro-batches' inputs x and output gradients g: [m, b, H] each."""
-    gen = torch.Generator().manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64)
-
-    return {
-        "w1": randn(ZB_H, ZB_H),
-        "w2": randn(ZB_H, ZB_H),
-        "x": randn(ZB_M, ZB_B, ZB_H),
-        "g": randn(ZB_M, ZB_B, ZB_H),
-    }
-
-
-def zero_bubble_orders() -> dict[str, list[tuple[str, int]]]:
-    """The two orders of one stage's actions the check runs: the last rank's in ZB-H1 (p = 4), which postpones
-    each BW by four actions, and the most deferred order of all."""
-    zb = [(a.op, a.mb) for a in zero_bubble_h1(4, ZB_M).actions[3]]
-    deferred = [("F", i) for i in range(ZB_M)] + [("BI", i) for i in range(ZB_M)]
-    deferred += [("BW", i) for i in reversed(range(ZB_M))]
-    return {"ZB-H1 order of the last rank": zb, "every BW postponed to the end": deferred}
-
-
-class GemmFlops(TorchDispatchMode):
-    """Counts the FLOPs of the matrix products run inside it (2 M K N per [M, K] x [K, N]), at the level of aten
-    operators, so `@`, einsum, F.linear and autograd's own backward products all count."""
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False  # torch's default would import torch._dynamo (seconds) for nothing here
-
-    def __init__(self):
-        super().__init__()
-        self.flops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        op, aten = func.overloadpacket, torch.ops.aten
-        if op in (aten.mm, aten.bmm, aten.mv, aten.dot):  # [.., M, K] x [.., K, N]
-            self.flops += 2 * args[0].numel() * (args[1].shape[-1] if args[1].dim() > 1 else 1)
-        elif op in (aten.addmm, aten.baddbmm, aten.addmv):  # bias + [.., M, K] x [.., K, N]
-            self.flops += 2 * args[1].numel() * (args[2].shape[-1] if args[2].dim() > 1 else 1)
-        return out
-
-
-def collect_zero_bubble(stage_class) -> dict:
-    problem, out = zero_bubble_problem(), {}
-    for name, actions in zero_bubble_orders().items():
-        stage = stage_class(problem["w1"].clone(), problem["w2"].clone())
-        dx, flops = [None] * ZB_M, {"BI": [], "BW": []}
-        for op, mb in actions:
-            if op == "F":
-                stage.forward(mb, problem["x"][mb].clone())
-                continue
-            with GemmFlops() as counter:
-                if op == "BI":
-                    dx[mb] = stage.backward_input(mb, problem["g"][mb].clone())
-                else:
-                    stage.backward_weight(mb)
-            flops[op].append(counter.flops)
-        out[name] = {"dx": dx, "grad_w1": stage.grad_w1, "grad_w2": stage.grad_w2, "flops": flops}
-    return {"orders": out}
-
-
-def zero_bubble_reference() -> dict:
-    """autograd on one stage: d loss / d x of every micro-batch, and the weight gradients summed over them."""
-    problem = zero_bubble_problem()
-    w1, w2 = problem["w1"].clone().requires_grad_(), problem["w2"].clone().requires_grad_()
-    dx = []
-    for x, g in zip(problem["x"], problem["g"], strict=True):
-        x = x.clone().requires_grad_()
-        y = torch.tanh(x @ w1.T) @ w2.T
-        (y * g).sum().backward()  # dL/dy = g
-        dx.append(x.grad)
-    return {"dx": dx, "grad_w1": w1.grad, "grad_w2": w2.grad}
-
-
-def judge_zero_bubble(data) -> list[str]:
-    reference, lines = zero_bubble_reference(), []
-    gemm = 2 * ZB_B * ZB_H * ZB_H  # FLOPs of one [b, H] x [H, H] product (or [H, b] x [b, H])
-    for name in zero_bubble_orders():
-        got = data["orders"][name]
-        lines.append(compare(f"{name}: dL/dx from each BI", got["dx"], reference["dx"], show=False).line)
-        weights = [got["grad_w1"], got["grad_w2"]]
-        expected = [reference["grad_w1"], reference["grad_w2"]]
-        lines.append(compare(f"{name}: dL/dW1, dL/dW2 after the last BW", weights, expected, show=False).line)
-        for op in ("BI", "BW"):
-            flops = got["flops"][op]
-            if len(flops) != ZB_M:
-                verdict = f"{len(flops)} of {ZB_M} ran: FAIL"
-            else:
-                most = max(flops)
-                verdict = "PASS" if most <= 2 * gemm else f"one used {most}: FAIL"
-            lines.append(f"{name}: every {op} within the budget of two GEMMs, {2 * gemm} FLOPs: {verdict}")
     return lines
 
 
