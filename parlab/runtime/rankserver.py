@@ -261,7 +261,10 @@ def _run_job(job: dict, parent: Connection) -> tuple[dict, dict | None]:
                     exited.add(rank)
                     failed = rank not in messages
                 if failed and first_failure is None and not cancelled:
-                    first_failure = rank
+                    # A rank that raised may only be the victim of a peer that died without a word (its socket
+                    # closed: "Connection reset by peer"); that peer's exit is seen a moment later. Name it.
+                    silent = _silent_death(pipes, messages, exited) if rank in messages else None
+                    first_failure = rank if silent is None else silent
                     _kill(pids)  # stop the other ranks at once: they would only hang on the dead peer
     finally:
         # Every exit path: stop what the ranks started (their process groups still exist while they are zombies),
@@ -285,6 +288,28 @@ def _run_job(job: dict, parent: Connection) -> tuple[dict, dict | None]:
         "stderr_tails": {rank: tail for rank, tail in stderr_tails.items() if tail},
     }
     return report, next_request
+
+
+def _silent_death(pipes: dict, messages: dict, exited: set, within: float = 0.25) -> int | None:
+    """After a rank reported an error: a rank whose process ended without any message within `within` seconds
+    (os._exit, a crash, a kill), or None. Messages read meanwhile are kept as the main loop would keep them."""
+    deadline = time.monotonic() + within
+    while (left := deadline - time.monotonic()) > 0:
+        waiting = {pipes[r]: r for r in pipes if r not in exited}
+        ready = wait(list(waiting), timeout=left)
+        if not ready:
+            return None
+        for pipe in ready:
+            rank = waiting[pipe]
+            try:
+                message = pickle.loads(pipe.recv_bytes())
+                if "progress" not in message:
+                    messages[rank] = message
+            except EOFError:
+                exited.add(rank)
+                if rank not in messages:
+                    return rank
+    return None
 
 
 def _tail_and_pass_on(err, tail_bytes: int = 4096) -> str:
