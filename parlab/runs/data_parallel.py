@@ -18,11 +18,11 @@ from parlab.data_parallel import DEFAULT_BUCKET_BYTES, MODES, dp_theory, shard_b
 from parlab.launch import Results
 from parlab.models import build_model, lm_loss, make_batches, make_optimizer, train_single_device
 from parlab.runs import Scheme, launch_scheme
-from parlab.runs.options import ModelOptions, option, positive
+from parlab.runs.options import FaultOptions, ModelOptions, option, positive
 
 
 @dataclass
-class DPOptions(ModelOptions):
+class DPOptions(FaultOptions, ModelOptions):
     mode: str = option("dp", "dp (bucketed, overlapped) or dp-naive (one all-reduce per gradient)", choices=MODES)
     microbatches: int = option(1, "gradient-accumulation micro-batches per step")
     bucket_bytes: int = option(DEFAULT_BUCKET_BYTES, "bytes per gradient bucket (bucketed DP)")
@@ -71,6 +71,10 @@ def train_torch_ddp(opts: DPOptions, batches: list[tuple[torch.Tensor, torch.Ten
 
 def dp_rank(opts: DPOptions) -> dict:
     """Rank code: our DP (traced), then torch DDP on the same data (untraced) unless opts.ddp is False."""
+    if opts.kill_rank is not None:  # a failure injected: this launch is the uninterrupted run (runs/checkpoint.py)
+        from parlab.runs.checkpoint import uninterrupted_rank
+
+        return uninterrupted_rank("dp", opts)
     cfg = opts.gpt_config()
     batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)  # global [B, T], the same on every rank
     model = build_model(cfg, opts.seed)  # the same weights on every rank (same seed)
@@ -85,6 +89,10 @@ def dp_rank(opts: DPOptions) -> dict:
 
 def dp_report(opts: DPOptions, results: Results) -> dict:
     """Run the single-device reference on the same global batches and compare; count the bytes."""
+    if opts.kill_rank is not None:  # the failure and the restart on the survivors (runs/checkpoint.py)
+        from parlab.runs.checkpoint import failure_report
+
+        return failure_report("dp", opts, results)
     P, K, mode = opts.world_size, opts.steps, opts.mode
     cfg = opts.gpt_config()
     batches = make_batches(cfg, opts.batch, K, opts.seed)

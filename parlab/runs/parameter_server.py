@@ -37,11 +37,11 @@ from parlab.parameter_server import (
     vector_to_params,
 )
 from parlab.runs import Scheme, launch_scheme
-from parlab.runs.options import ModelOptions, option
+from parlab.runs.options import FaultOptions, ModelOptions, option
 
 
 @dataclass
-class PSOptions(ModelOptions):
+class PSOptions(FaultOptions, ModelOptions):
     batch: int = option(12, "global batch: sequences per step over all workers (divisible by world - 1)")
     mode: str = option(
         "sync", "sync (wait for every worker) or async (apply each gradient as it arrives)", choices=MODES
@@ -49,12 +49,18 @@ class PSOptions(ModelOptions):
     straggler: int | None = option(None, "the worker rank (1..world-1) to slow down (default: none)")
     slowdown: float = option(1.0, "the straggler's step takes this many times its compute time", bounds="[1, 1000]")
     dp: bool = option(True, "also train the same workers with an all-reduce, no server (--no-dp skips it)")
+    heartbeat: float = option(
+        1.0, "with --kill-rank: seconds without a gradient before a worker is declared dead", bounds="(0, 1.5]"
+    )  # fmt: skip  (launch's hang watch stops ranks stuck for 2 s)
 
     def validate(self) -> None:
         super().validate()
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} must be one of {MODES}")
         check_setup(self.world_size, self.straggler, self.slowdown, self.batch)
+        if self.kill_rank is not None and (self.mode != "async" or self.kill_rank == SERVER):
+            raise ValueError("--kill-rank with ps: a worker (1..world-1) of --mode async (a dead server, or a dead "
+                             "worker under sync, stops everyone: see dp and zero for restarts)")  # fmt: skip
 
 
 def eval_batch(opts: PSOptions, rows: int = 64):
@@ -71,6 +77,10 @@ def eval_batch(opts: PSOptions, rows: int = 64):
 def ps_rank(opts: PSOptions) -> dict:
     """Rank code: the parameter server (traced), then all-reduce DP over the workers (traced, unless opts.dp is
     False). The server also measures the loss of every version theta_v on a fixed batch, after training."""
+    if opts.kill_rank is not None:  # a worker falls silent; the server carries on (runs/checkpoint.py)
+        from parlab.runs.checkpoint import ps_failure_rank
+
+        return ps_failure_rank(opts)
     cfg, P = opts.gpt_config(), opts.world_size
     batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)  # global [B, T], the same on every rank
     # The asynchronous server's any-source receive needs gloo (NCCL has none): under NCCL (one GPU per rank) the
@@ -128,6 +138,10 @@ class AtLeast:
 
 def ps_report(opts: PSOptions, results: Results) -> dict:
     """Check against one device (sync) or a one-device replay (async); count the bytes and the updates."""
+    if opts.kill_rank is not None:
+        from parlab.runs.checkpoint import ps_failure_report
+
+        return ps_failure_report(opts, results)
     P, K, mode = opts.world_size, opts.steps, opts.mode
     N = P - 1
     cfg = opts.gpt_config()

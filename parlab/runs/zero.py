@@ -20,7 +20,7 @@ from parlab.data_parallel import shard_batch
 from parlab.launch import Results
 from parlab.models import GPT, build_model, lm_loss, make_batches, train_single_device
 from parlab.runs import Scheme, launch_scheme
-from parlab.runs.options import ModelOptions, option
+from parlab.runs.options import FaultOptions, ModelOptions, option
 from parlab.zero import (
     STAGES,
     check_reducible,
@@ -46,7 +46,7 @@ def param_count(cfg) -> int:
 
 
 @dataclass
-class ZeROOptions(ModelOptions):
+class ZeROOptions(FaultOptions, ModelOptions):
     stage: int = option(1, "ZeRO stage: 1 (optimizer states), 2 (+ gradients), 3 (+ parameters)")
     mixed_precision: bool = option(False, "compute copy in --compute-dtype, fp32 master weights and Adam states")
     compute_dtype: str = option("bfloat16", "the compute copy under --mixed-precision: bfloat16, or float16")
@@ -74,6 +74,8 @@ class ZeROOptions(ModelOptions):
             raise ValueError(
                 "stage 3 gathers one layer at a time; a weight shared by two layers (--tied) is not supported"
             )
+        if self.kill_rank is not None and self.mixed_precision:
+            raise ValueError("--kill-rank runs ZeRO in one dtype: leave out --mixed-precision")
         if self.mixed_precision and self.compute_dtype == "float16" and self.loss_scale <= 0:
             raise ValueError(f"loss_scale={self.loss_scale} must be > 0")
 
@@ -182,6 +184,10 @@ def train_torch_reference(opts: ZeROOptions, batches) -> dict:
 
 def zero_rank(opts: ZeROOptions) -> dict:
     """Rank code: our ZeRO (traced), then PyTorch's (untraced) on the same data unless opts.reference is False."""
+    if opts.kill_rank is not None:  # a failure injected: this launch is the uninterrupted run (runs/checkpoint.py)
+        from parlab.runs.checkpoint import uninterrupted_rank
+
+        return uninterrupted_rank("zero", opts)
     cfg = opts.gpt_config()
     batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)  # global [B, T], the same on every rank
     out = train_zero(build_model(cfg, opts.seed), batches, **opts.zero_kwargs())
@@ -200,6 +206,10 @@ def bytes_formula(opts: ZeROOptions, psi: int) -> dict[str, float]:
 
 def zero_report(opts: ZeROOptions, results: Results) -> dict:
     """The single-device reference on the same global batches, the comparisons, the bytes held and moved."""
+    if opts.kill_rank is not None:  # the failure and the restart on the survivors (runs/checkpoint.py)
+        from parlab.runs.checkpoint import failure_report
+
+        return failure_report("zero", opts, results)
     P, K = opts.world_size, opts.steps
     cfg = opts.gpt_config()
     batches = make_batches(cfg, opts.batch, K, opts.seed)

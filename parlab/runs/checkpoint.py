@@ -1,0 +1,391 @@
+"""Failures injected and survived: `python -m parlab run dp --world 4 --steps 8 --kill-rank 2 --at-step 5`.
+
+The same for `zero --stage 3` and `ps --mode async`. The schemes' own run modules hand over to this one when
+--kill-rank is given (parlab/runs/options.py FaultOptions):
+
+  dp, zero   the launch itself trains the UNINTERRUPTED run (P ranks, the same data order): the comparison.
+             The report then runs the story: a launch in which rank k dies in the middle of step s (os._exit),
+             parlab.launch stops the others and names a rank; a second launch on the P-1 survivors loads the newest
+             complete checkpoint (resharded from P to P-1 ranks) and finishes. Checked: the final parameters against
+             one device trained on the same batches (float64, 1e-10), and against the uninterrupted run: equal when
+             the survivors keep the global batch B (B divisible by P-1), else they keep their b = B/P rows each and
+             the global batch shrinks to b(P-1): a documented difference, and the one-device reference does the same.
+  ps async   the launch is the failure: worker k falls silent before its step s; the server notices (no gradient
+             for --heartbeat seconds) and goes on with the others. Checked against a one-device replay of the
+             updates the server applied.
+
+Checkpoints go to a scratch folder (parlab/scratch.py) that is removed afterwards, unless --keep-checkpoint DIR.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from parlab import checkpoint as ckpt
+from parlab import comm
+from parlab.check import compare
+from parlab.faults import DIED_FILE, FaultPlan, async_server_with_failures, resumable_rank
+from parlab.launch import RankError, Results, launch
+from parlab.models import build_model, lm_loss, make_batches, make_optimizer, train_single_device
+from parlab.parameter_server import SERVER, replay_on_one_device, run_worker
+from parlab.scratch import offload_folder
+
+
+@contextmanager
+def checkpoint_folder(keep: str = ""):
+    """The folder the checkpoints go to: `keep` (created, left behind on purpose), else a scratch folder that is
+    removed whatever happens (parlab/scratch.py)."""
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        yield Path(keep)
+        return
+    with offload_folder() as folder:
+        yield folder
+
+
+def _train_kwargs(kind: str, opts) -> dict:
+    return {"seed": opts.seed, "optimizer": opts.optimizer, "lr": opts.lr, "stage": getattr(opts, "stage", 0)}
+
+
+def survivor_rows(batch: int, world_size: int) -> int:
+    """The global batch after one of P ranks is lost: B if P-1 ranks can share it, else b = B/P rows each."""
+    return batch if batch % (world_size - 1) == 0 else batch // world_size * (world_size - 1)
+
+
+# ------------------------------------------------------------------------------------------------ dp and zero
+
+
+def uninterrupted_rank(kind: str, opts) -> dict:
+    """Rank code of the launch that `run dp/zero --kill-rank` makes first: the same training, nobody dies."""
+    batches = make_batches(opts.gpt_config(), opts.batch, opts.steps, opts.seed)
+    return resumable_rank(kind, opts.gpt_config(), batches, FaultPlan("", every=0), **_train_kwargs(kind, opts))
+
+
+def survive(kind: str, opts) -> dict:
+    """The failure and the restart (two launches); returns what happened, measured."""
+    P, K, cfg = opts.world_size, opts.steps, opts.gpt_config()
+    batches = make_batches(cfg, opts.batch, K, opts.seed)
+    rows = survivor_rows(opts.batch, P)
+    kwargs = _train_kwargs(kind, opts)
+    with checkpoint_folder(opts.keep_checkpoint) as root:
+        plan = FaultPlan(str(root), opts.checkpoint_every, opts.kill_rank, opts.at_step)
+        try:
+            launch(resumable_rank, P, kind, cfg, batches, plan, echo=False, **kwargs)
+            raise RuntimeError(f"rank {opts.kill_rank} was to die in step {opts.at_step}, and the run finished")
+        except RankError as exc:
+            detected, named = time.time(), exc.rank
+        died = json.loads((root / DIED_FILE).read_text())
+        newest = ckpt.latest(root)
+        resumed = 0 if newest is None else ckpt.Reader(newest).step
+        saved = {f.name: sum(g.stat().st_size for g in f.glob("rank*.pt")) for f in root.glob("step-*")}
+        plan = FaultPlan(str(root), opts.checkpoint_every, resume=True)
+        restart = launch(resumable_rank, P - 1, kind, cfg, batches, plan, rows=rows, echo=False, **kwargs)
+    return {
+        "died": died,
+        "named": named,
+        "detected": detected,
+        "resumed_from": resumed,
+        "restart": restart,
+        "rows_after": rows,
+        "checkpoint_bytes_on_disk": saved,
+    }
+
+
+def failure_report(kind: str, opts, uninterrupted: Results) -> dict:
+    """Run the failure and the restart, and compare with one device and with the uninterrupted run."""
+    P, K, cfg = opts.world_size, opts.steps, opts.gpt_config()
+    story = survive(kind, opts)
+    restart, resumed, rows = story["restart"], story["resumed_from"], story["rows_after"]
+    batches = make_batches(cfg, opts.batch, K, opts.seed)
+    same_order = [(x, y) if k < resumed else (x[:rows], y[:rows]) for k, (x, y) in enumerate(batches)]
+    single = train_single_device(cfg, same_order, opts.seed, opts.optimizer, opts.lr)
+    dtype = cfg.torch_dtype
+    losses_after = [sum(r["losses"][k] for r in restart) / (P - 1) for k in range(K - resumed)]
+    name = "zero" if kind == "zero" else opts.mode
+    what = f"{name}{f' stage {opts.stage}' if kind == 'zero' else ''}"
+    batch_note = (
+        f"global batch kept at {opts.batch} rows"
+        if rows == opts.batch
+        else f"global batch {opts.batch} -> {rows} rows after the failure ({opts.batch // P} per survivor)"
+    )
+    verdicts = [
+        compare(
+            f"after the restart on {P - 1} ranks: parameters, every survivor ({batch_note})",
+            [r["params"] for r in restart],
+            [single.params] * (P - 1),
+            show=False,
+        ),
+        compare(
+            f"after the restart: loss of steps {resumed + 1}..{K}",
+            torch.tensor(losses_after, dtype=dtype),
+            torch.tensor(single.losses[resumed:], dtype=dtype),
+            show=False,
+        ),
+    ]
+    vs_uninterrupted = compare(
+        f"vs the uninterrupted run on {P} ranks: parameters",
+        restart[0]["params"],
+        uninterrupted[0]["params"],
+        show=False,
+        against=f"uninterrupted {name}",
+    )
+    lines = [
+        f"{what}: rank {story['died']['rank']} died in step {story['died']['step']} of {K} (os._exit); "
+        "parlab.launch stopped the other ranks",
+        f"restarted on {P - 1} ranks from the checkpoint of step {resumed} (resharded from {P} ranks); "
+        f"steps lost: {opts.at_step - resumed}",
+    ] + [v.line for v in verdicts]
+    if rows == opts.batch:  # the math says: the same updates, only summed by fewer ranks
+        verdicts.append(vs_uninterrupted)
+        lines.append(vs_uninterrupted.line)
+    else:
+        lines.append(
+            f"vs the uninterrupted run on {P} ranks: parameters differ by {vs_uninterrupted.max_abs_err:.1e}, "
+            f"as expected: the survivors' global batch is {rows} rows, not {opts.batch} (give --batch divisible "
+            f"by {P} and {P - 1} to keep it)"
+        )
+    ready = max(r["ready"] for r in restart)
+    worst = max(verdicts, key=lambda v: v.max_abs_err)
+    uninterrupted_losses = [sum(r["losses"][k] for r in uninterrupted) / P for k in range(K)]
+    return {
+        "scheme": name,
+        "world_size": P,
+        "passed": all(v.passed for v in verdicts) and story["died"]["rank"] == opts.kill_rank,
+        "max_abs_err": worst.max_abs_err,
+        "tol": worst.tol,
+        "comm": {},
+        "verdicts": lines,
+        "killed_rank": story["died"]["rank"],
+        "named_rank": story["named"],
+        "at_step": opts.at_step,
+        "resumed_from": resumed,
+        "steps_lost": opts.at_step - resumed,  # steps computed again: the completed ones since the checkpoint + 1
+        "time_to_detect": story["detected"] - story["died"]["time"],
+        "time_to_restart": ready - story["detected"],  # new processes, rendezvous, reading the checkpoint
+        "restarted_on": P - 1,
+        "global_batch_after": rows,
+        "equal_to_uninterrupted": rows == opts.batch and vs_uninterrupted.passed,
+        "vs_uninterrupted_max_abs_err": vs_uninterrupted.max_abs_err,
+        "checkpoint_every": opts.checkpoint_every,
+        "checkpoint_bytes_per_rank": [r["bytes_read"] for r in restart],  # what each survivor read back
+        "checkpoint_bytes_on_disk": story["checkpoint_bytes_on_disk"],
+        "checkpoint_saves": [r["saves"] for r in restart],  # per survivor: each save's step, bytes, seconds
+        "loss_uninterrupted": uninterrupted_losses,
+        "loss_after_restart": losses_after,
+        "loss_single": single.losses,
+        "steps": K,
+    }
+
+
+# ----------------------------------------------------------------------------------------- ps: carry on without
+
+
+def ps_failure_rank(opts) -> dict:
+    """Rank code: the asynchronous parameter server; worker `kill_rank` falls silent before step at_step.
+
+    It returns instead of os._exit-ing: parlab.launch ends the whole job when a process dies, and here the point is
+    that nobody else needs it. To the server it is gone all the same: it never sends again."""
+    cfg, P, rank = opts.gpt_config(), opts.world_size, comm.group_rank()
+    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)
+    model = build_model(cfg, opts.seed)
+    optimizer = make_optimizer(model.parameters(), opts.optimizer, opts.lr)
+    if rank == SERVER:
+        return async_server_with_failures(model, optimizer, opts.steps, heartbeat=opts.heartbeat)
+    last = opts.at_step - 1 if rank == opts.kill_rank else opts.steps  # steps this worker completes
+    out = run_worker(model, batches[:last], loss_fn=lambda model, x, y: lm_loss(model(x), y))
+    return {"role": "worker", "died_at": opts.at_step if rank == opts.kill_rank else None, **out, "P": P}
+
+
+def ps_failure_report(opts, results: Results) -> dict:
+    P, K, cfg = opts.world_size, opts.steps, opts.gpt_config()
+    N, server = P - 1, results[SERVER]
+    updates, dead = server["updates"], server["dead"]
+    batches = make_batches(cfg, opts.batch, K, opts.seed)
+    model = build_model(cfg, opts.seed)
+    replay = replay_on_one_device(model, make_optimizer(model.parameters(), opts.optimizer, opts.lr), batches,
+                                  updates, N)  # fmt: skip
+    expected = N * K - (K - (opts.at_step - 1))
+    verdict = compare(
+        f"async with a dead worker: server's parameters after {len(updates)} updates",
+        server["params"],
+        replay["params"],
+        show=False,
+        against="one-device replay of the same update order",
+    )
+    ok = verdict.passed and sorted(int(w) for w in dead) == [opts.kill_rank] and len(updates) == expected
+    staleness = [u["staleness"] for u in updates]
+    lines = [
+        f"worker {opts.kill_rank} fell silent before its step {opts.at_step}; the server declared it dead "
+        f"after {opts.heartbeat:g} s without a gradient and carried on with {N - 1} workers",
+        f"updates applied: {len(updates)} = {N} x {K} - {K - opts.at_step + 1} never sent: "
+        f"{'PASS' if len(updates) == expected else 'FAIL'}",
+        f"largest staleness {max(staleness)}, mean {sum(staleness) / len(staleness):.2f}",
+        verdict.line,
+    ]
+    worker_losses = {r_: results[r_]["losses"] for r_ in range(1, P)}
+    return {
+        "scheme": "ps",
+        "mode": "async",
+        "world_size": P,
+        "passed": ok,
+        "max_abs_err": verdict.max_abs_err,
+        "tol": verdict.tol,
+        "comm": results.trace.bytes_per_rank(),
+        "verdicts": lines,
+        "killed_rank": opts.kill_rank,
+        "dead": {int(w): d for w, d in dead.items()},
+        "time_to_detect": next(iter(dead.values()))["silent_for"] if dead else None,
+        "updates": updates,
+        "staleness": staleness,
+        "worker_losses": worker_losses,
+        "restarted_on": None,  # nothing restarts: the job never stopped
+        "steps_lost": K - opts.at_step + 1,  # the dead worker's gradients that never came
+    }
+
+
+# ------------------------------------------------------------------ resharding, beside torch.distributed.checkpoint
+
+
+def zero_save_rank(cfg, batches, root: str, *, stage: int = 3, lr: float = 1e-3, seed: int = 0) -> dict:
+    """Rank code: ZeRO `stage` trains on `batches`, saves its sharded checkpoint under root/parlab, and returns
+    the whole training state (gathered) and the bytes this rank wrote."""
+    from parlab.data_parallel import shard_batch
+    from parlab.models import lm_loss
+    from parlab.zero import ZeRO
+
+    P, rank = comm.group_size(), comm.group_rank()
+    zero = ZeRO(build_model(cfg, seed), stage, lr=lr)
+    for k, (x, y) in enumerate(batches):
+        x_r, y_r = shard_batch(x, y, rank, P)
+        lm_loss(zero.model(x_r), y_r).backward()
+        zero.step(k)
+        zero.zero_grad()
+    pieces = ckpt.zero_pieces(zero)
+    ckpt.save(f"{root}/parlab", len(batches), pieces, layout=f"zero-{stage}", extra={"optimizer_step": zero.t})
+    state = zero_state(zero)
+    zero.remove()
+    return {"state": state, "bytes": sum(p.data.numel() * p.data.element_size() for p in pieces)}
+
+
+def zero_state(zero) -> dict[str, torch.Tensor]:
+    """Rank code (collective): the whole training state of a ZeRO run, by checkpoint name: master weights, m, v."""
+    from parlab.zero import gather_master
+
+    state = {f"model.{n}": t for n, t in zero.full_params().items()}
+    for key, shard in zip(ckpt.ADAM_STATES, (zero.m, zero.v), strict=True):
+        full = gather_master(shard, zero.units, zero.group)
+        state.update({f"optim.{n}.{key}": t for n, t in full.items()})
+    return state
+
+
+def fsdp_model(cfg, seed: int = 0):
+    """The GPT under FSDP2 (torch.distributed.fsdp.fully_shard, one unit per block and the root), and its Adam."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = build_model(cfg, seed)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def dcp_save_rank(cfg, batches, root: str, *, lr: float = 1e-3, seed: int = 0) -> dict:
+    """Rank code: the same training with FSDP2, saved with torch.distributed.checkpoint (dcp.save) under root/dcp."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from parlab.data_parallel import shard_batch
+    from parlab.models import lm_loss
+
+    P, rank = comm.group_size(), comm.group_rank()
+    model = fsdp_model(cfg, seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for x, y in batches:
+        x_r, y_r = shard_batch(x, y, rank, P)
+        opt.zero_grad()
+        lm_loss(model(x_r), y_r).backward()
+        opt.step()
+    model_sd, optim_sd = get_state_dict(model, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=f"{root}/dcp")
+    return {}
+
+
+def dcp_load_rank(cfg, root: str, *, lr: float = 1e-3, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Rank code: FSDP2 on THIS world size loads the dcp checkpoint (torch reshards it); returns the whole state
+    (DTensor.full_tensor(), an all-gather) under parlab's checkpoint names."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model = fsdp_model(cfg, seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    model_sd, optim_sd = get_state_dict(model, opt)  # the shapes to load into (optimizer states created empty)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=f"{root}/dcp")
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    full = lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t  # noqa: E731
+    out = {f"model.{n}": full(p).detach().clone() for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        for key in ckpt.ADAM_STATES:
+            out[f"optim.{n}.{key}"] = full(opt.state[p][key]).detach().clone()
+    return out
+
+
+def zero_load_rank(cfg, root: str, *, stage: int = 3, lr: float = 1e-3, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Rank code: ZeRO `stage` on THIS world size loads parlab's checkpoint (resharding); returns the whole state."""
+    from parlab.zero import ZeRO
+
+    zero = ZeRO(build_model(cfg, seed), stage, lr=lr)
+    ckpt.load_zero(ckpt.Reader(ckpt.latest(f"{root}/parlab")), zero)
+    state = zero_state(zero)
+    zero.remove()
+    return state
+
+
+# -------------------------------------------------------------------------- under torchrun: an elastic restart
+
+
+def elastic_main(argv: list[str] | None = None) -> None:
+    """One rank of `torchrun --nnodes 1:2 --max-restarts 3 ... -m parlab.runs.checkpoint --root DIR ...`.
+
+    Every start resumes from the newest complete checkpoint under --root (none at the first start). Rank
+    --kill-rank dies in step --at-step once (the first time: it leaves died.json behind); torchrun's agent sees
+    the worker fail, stops the others and starts them all again, which resume and finish. Rank 0 writes
+    root/result.pt: the final parameters, the step it resumed from, and torchrun's restart count."""
+    import argparse
+    import os
+
+    import torch.distributed as dist
+
+    from parlab.launch import init_from_env
+    from parlab.models import GPTConfig
+
+    parser = argparse.ArgumentParser(prog="parlab.runs.checkpoint")
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--scheme", default="dp", choices=["dp", "zero"])
+    parser.add_argument("--stage", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--kill-rank", type=int, default=1)
+    parser.add_argument("--at-step", type=int, default=4)
+    parser.add_argument("--checkpoint-every", type=int, default=2)
+    args = parser.parse_args(argv)
+    init_from_env()
+    cfg = GPTConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=2, dtype="float64")
+    batches = make_batches(cfg, args.batch, args.steps, 0)
+    once = not Path(args.root, DIED_FILE).exists()  # it fails once: not again after the restart
+    plan = FaultPlan(args.root, args.checkpoint_every, args.kill_rank if once else None, args.at_step, resume=True)
+    optimizer = "adam" if args.scheme == "zero" else "sgd"
+    out = resumable_rank(args.scheme, cfg, batches, plan, optimizer=optimizer, lr=1e-3, stage=args.stage)
+    if dist.get_rank() == 0:
+        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+        torch.save({"params": out["params"], "start": out["start"], "restarts": restarts}, Path(args.root, "result.pt"))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    elastic_main()

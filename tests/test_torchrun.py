@@ -1,0 +1,88 @@
+"""The same rank code under torchrun: an elastic restart after a rank fails once (torchrun --nnodes 1:2
+--max-restarts 3: the agent restarts the group, parlab resumes from its sharded checkpoint and finishes like one
+device), and two torchrun agents on this machine standing in for two nodes (--nnodes 2 --node-rank 0|1, c10d
+rendezvous on 127.0.0.1) print the verdicts one machine prints. Each starts torchrun agents (torch imported once per
+process): marked slow."""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from parlab import cli
+from parlab.check import max_abs_error
+from parlab.models import GPTConfig, make_batches, train_single_device
+
+pytestmark = pytest.mark.slow
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+ENV = {**os.environ, "PARLAB_WARM": "0", "OMP_NUM_THREADS": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_restarts_a_failed_rank_and_parlab_resumes_from_its_checkpoint(tmp_path):
+    port = free_port()
+    args = ["--nnodes", "1:2", "--nproc-per-node", "2", "--max-restarts", "3", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf", "last_call_timeout=1"]  # fmt: skip
+    job = ["-m", "parlab.runs.checkpoint", "--root", str(tmp_path), "--scheme", "zero", "--stage", "3",
+           "--kill-rank", "1", "--at-step", "4", "--steps", "6"]  # fmt: skip
+    out = subprocess.run(TORCHRUN + args + job, capture_output=True, text=True, env=ENV, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "exitcode: 43" in out.stderr  # rank 1 died on purpose (parlab.faults.KILLED_EXIT_CODE)
+    result = torch.load(tmp_path / "result.pt")
+    assert result["restarts"] == 1 and result["start"] == 2  # torchrun restarted once; resumed from step 2
+    cfg = GPTConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=2, dtype="float64")
+    single = train_single_device(cfg, make_batches(cfg, 8, 6, 0), 0, "adam", 1e-3)
+    assert max_abs_error(result["params"], single.params)[0] <= 1e-10
+
+
+def _masked(lines: list[str]) -> list[str]:
+    """Verdict lines with the error's digits masked (they may differ in the last bits, as nbval's sanitizer says)."""
+    return [re.sub(r"\d\.\de[-+]\d+", "E", line) for line in lines]
+
+
+@pytest.mark.parametrize("scheme", ["collectives", "dp", "tp"])
+def test_two_torchrun_agents_on_localhost_print_the_verdicts_of_one_machine(scheme, capsys):
+    """Two agents (two "nodes") of 2 processes each: `python -m parlab run SCHEME` under torchrun, world size 4."""
+    port = free_port()
+    agents = [
+        subprocess.Popen(
+            TORCHRUN
+            + [
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--nproc-per-node",
+                "2",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "-m",
+                "parlab",
+                "run",
+                scheme,
+            ],  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+        )
+        for node in (0, 1)
+    ]
+    outputs = [agent.communicate(timeout=300) for agent in agents]
+    assert [a.returncode for a in agents] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    two_nodes = [line for line in outputs[0][0].splitlines() if line.strip()]  # global rank 0 lives on node 0
+    assert outputs[1][0].strip() == ""  # ranks 2, 3 (node 1) leave the report to rank 0
+    assert cli.main(["run", scheme, "--world", "4"]) == 0  # the same command on one machine (parlab.launch)
+    one_machine = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert _masked(two_nodes) == _masked(one_machine)
