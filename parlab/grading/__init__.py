@@ -46,6 +46,8 @@ LABS = (
     "lab06_offload",
     "lab07_hybrid",
     "lab08_parameter_server",
+    "lab09_expert_parallel",
+    "lab11_fault_tolerance",
     "lab_bug_hunt",
 )
 
