@@ -478,3 +478,13 @@ def test_the_gradebook_rows_and_feedback_from_a_report():
         "zed", grades[:1], {"lab01_data_parallel": {"average": "**Hint.** Sum, then scale."}}
     )
     assert "**average** (0/3): a: FAIL" in text and "hint: Sum, then scale." in text and "shard" not in text
+
+
+def test_a_wrong_prediction_is_not_shown_the_answer():
+    from parlab.grading import prediction_lines
+
+    wrong = prediction_lines("bytes", 4512, 4576, 4576, rtol=0.005)
+    assert "4,576" not in " ".join(wrong) and "4576" not in " ".join(wrong), wrong
+    assert wrong[-2].endswith(": FAIL") and "within 0.5% of theory" in wrong[-2]
+    right = prediction_lines("bytes", 4570, 4576, 4576, rtol=0.005)
+    assert "theory 4" in right[0] and right[-2].endswith(": PASS") and right[-1].endswith(": PASS")

@@ -124,22 +124,26 @@ def _shown(value) -> str:
 
 def prediction_lines(label: str, predicted, theory: float, measured=None, rtol: float = 0.05) -> list[str]:
     """The lines of one graded prediction: what was predicted, the theory and the measurement side by side (shown,
-    not scored), then the verdicts: the prediction within `rtol` of the theory the judge computed itself, and (when
-    a measurement is given) the measurement equal to the theory.
+    not scored; the theory and the measurement only once the prediction is right, so that a wrong one cannot be
+    copied from them), then the verdicts: the prediction within `rtol` of the theory the judge computed itself,
+    and (when a measurement is given) the measurement equal to the theory.
 
     The first line carries no verdict, so a prediction that is right but not the solution's own number still
     scores: the verdict lines are the same for every prediction within the tolerance."""
+    number = _number(predicted)
+    within = f"within {rtol:.0%} of theory" if rtol >= 0.01 else f"within {rtol:.1%} of theory"
+    within = "equals theory" if rtol == 0 else within
+    ok = number is not None and abs(number - theory) <= rtol * abs(theory) + (1e-12 if theory == 0 else 0.0)
+    # The theory and the measurement are the answer: shown once the prediction is right, not to copy from.
     columns = f"predicted {_shown(predicted)} | theory {_shown(theory)}"
     if measured is not None:
         columns += f" | measured {_shown(measured)}"
+    if not ok:
+        columns = f"predicted {_shown(predicted)} | theory and measurement shown once the prediction is right"
     lines = [f"{label}: {columns}"]
-    number = _number(predicted)
-    within = f"within {rtol:.0%} of theory" if rtol >= 0.01 else f"within {rtol:g} of theory"
-    within = "equals theory" if rtol == 0 else within
     if number is None:
         lines.append(f"{label}: prediction is not a finite number ({type(predicted).__name__}): FAIL")
     else:
-        ok = abs(number - theory) <= rtol * abs(theory) + (1e-12 if theory == 0 else 0.0)
         lines.append(f"{label}: prediction {within}: {'PASS' if ok else 'FAIL'}")
     if measured is not None:
         value = _number(measured)
