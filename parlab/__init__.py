@@ -14,6 +14,7 @@ theory, every building block taking the process group it works in. How each is r
     parlab.plots                         timelines, shard diagrams and the package's palette (imports plotly)
 """
 
+import copyreg
 import importlib
 import os
 import sys
@@ -72,6 +73,8 @@ class _Package(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _Package
+# Rank code that names `parlab` travels by value (cloudpickle); the package itself travels by name, as any module.
+copyreg.pickle(_Package, lambda package: (importlib.import_module, (package.__name__,)))
 
 # In a Jupyter kernel (or with PARLAB_WARM=1) importing parlab starts the rank server at once (parlab.launch does it
 # at its import), so that the lesson's first launch is warm; nowhere else does `import parlab` import torch.

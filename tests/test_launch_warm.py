@@ -63,6 +63,7 @@ def test_warm_up_returns_at_once_and_the_first_launch_is_warm():
         """
         import json, sys, time
         import parlab
+        import parlab.launch  # (the package attribute parlab.launch is the function)
         launch_module = sys.modules["parlab.launch"]
         import parlab.runtime.server as server_module
         started = time.perf_counter()
