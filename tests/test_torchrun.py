@@ -67,6 +67,10 @@ def test_two_torchrun_agents_on_localhost_print_the_verdicts_of_one_machine(sche
                 "c10d",
                 "--rdzv-endpoint",
                 f"127.0.0.1:{port}",
+                # Both agents are on 127.0.0.1, so both would guess they host the rendezvous store; say which one
+                # does, or node 0 could outlive a node 1 that hosted it and wait for it forever (seen once).
+                "--rdzv-conf",
+                f"is_host={1 if node == 0 else 0}",
                 "-m",
                 "parlab",
                 "run",
@@ -79,7 +83,13 @@ def test_two_torchrun_agents_on_localhost_print_the_verdicts_of_one_machine(sche
         )
         for node in (0, 1)
     ]
-    outputs = [agent.communicate(timeout=300) for agent in agents]
+    try:
+        outputs = [agent.communicate(timeout=300) for agent in agents]
+    finally:  # a hung agent (and its workers) never outlives the test
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
     assert [a.returncode for a in agents] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
     two_nodes = [line for line in outputs[0][0].splitlines() if line.strip()]  # global rank 0 lives on node 0
     assert outputs[1][0].strip() == ""  # ranks 2, 3 (node 1) leave the report to rank 0
