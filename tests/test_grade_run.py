@@ -37,6 +37,12 @@ MAX_POINTS = {name: lab.max_points for name, lab in grade.load_labs().items()}
 # The wrong answers graded end to end here (a fresh kernel each: ~12 s of CPU); tests/test_wrong_answers.py runs
 # every wrong answer and every handout through the same checks in one process.
 GRADED_WRONG = ("lab02_tensor_parallel", "lab_bug_hunt")
+# The solutions graded end to end here: those whose checks do what only the grader's setting can break (a sandbox
+# with one writable folder: lab 06's disk offload; the timeouts of the longest checks: labs 03, 09, 11 and the bug
+# hunt; lab 00's message-by-message ring check). Every other solution's verdict lines are its answer key, which
+# nbval re-executes and compares in CI (labs/solutions/ is a test path): the grader scores exactly those lines.
+GRADED_SOLUTIONS = ("lab00_ring_allreduce", "lab03_pipeline_1f1b", "lab06_offload", "lab09_expert_parallel",
+                    "lab11_fault_tolerance", "lab_bug_hunt")  # fmt: skip
 
 pytestmark = pytest.mark.slow  # one grading run of a class, ~4 min on 2 cores: leave out with -m "not slow"
 
@@ -178,7 +184,8 @@ def write_submissions(folder: Path) -> dict[str, dict]:
     ignores = _with_answers(handout["lab03_pipeline_1f1b"], {"one_f_one_b": IGNORE_INTERRUPT})
     add("lab03_ignores_interrupt", ignores, kind="cheat")
     for solution in SOLUTIONS:
-        add(solution.stem, solution_nb[solution.stem], kind="solution")
+        if solution.stem in GRADED_SOLUTIONS:
+            add(solution.stem, solution_nb[solution.stem], kind="solution")
         if solution.stem in GRADED_WRONG:  # every wrong answer and handout: tests/test_wrong_answers.py
             answers, failing = _wrong_answers(WRONG / f"{solution.stem}.py")
             wrong = _with_answers(solution_nb[solution.stem], answers)
