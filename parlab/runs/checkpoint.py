@@ -33,6 +33,7 @@ from parlab.faults import DIED_FILE, FaultPlan, async_server_with_failures, resu
 from parlab.launch import RankError, Results, launch
 from parlab.models import build_model, lm_loss, make_batches, make_optimizer, train_single_device
 from parlab.parameter_server import SERVER, replay_on_one_device, run_worker
+from parlab.runs.report import run_report
 from parlab.scratch import offload_folder
 
 
@@ -150,36 +151,34 @@ def failure_report(kind: str, opts, uninterrupted: Results) -> dict:
             f"by {P} and {P - 1} to keep it)"
         )
     ready = max(r["ready"] for r in restart)
-    worst = max(verdicts, key=lambda v: v.max_abs_err)
     uninterrupted_losses = [sum(r["losses"][k] for r in uninterrupted) / P for k in range(K)]
-    return {
-        "scheme": name,
-        "world_size": P,
-        "passed": all(v.passed for v in verdicts) and story["died"]["rank"] == opts.kill_rank,
-        "max_abs_err": worst.max_abs_err,
-        "tol": worst.tol,
-        "comm": {},
-        "verdicts": lines,
-        "killed_rank": story["died"]["rank"],
-        "named_rank": story["named"],
-        "at_step": opts.at_step,
-        "resumed_from": resumed,
-        "steps_lost": opts.at_step - resumed,  # steps computed again: the completed ones since the checkpoint + 1
-        "time_to_detect": story["detected"] - story["died"]["time"],
-        "time_to_restart": ready - story["detected"],  # new processes, rendezvous, reading the checkpoint
-        "restarted_on": P - 1,
-        "global_batch_after": rows,
-        "equal_to_uninterrupted": rows == opts.batch and vs_uninterrupted.passed,
-        "vs_uninterrupted_max_abs_err": vs_uninterrupted.max_abs_err,
-        "checkpoint_every": opts.checkpoint_every,
-        "checkpoint_bytes_per_rank": [r["bytes_read"] for r in restart],  # what each survivor read back
-        "checkpoint_bytes_on_disk": story["checkpoint_bytes_on_disk"],
-        "checkpoint_saves": [r["saves"] for r in restart],  # per survivor: each save's step, bytes, seconds
-        "loss_uninterrupted": uninterrupted_losses,
-        "loss_after_restart": losses_after,
-        "loss_single": single.losses,
-        "steps": K,
-    }
+    return run_report(
+        name,
+        P,
+        verdicts,
+        passed=all(v.passed for v in verdicts) and story["died"]["rank"] == opts.kill_rank,
+        comm={},
+        lines=lines,
+        killed_rank=story["died"]["rank"],
+        named_rank=story["named"],
+        at_step=opts.at_step,
+        resumed_from=resumed,
+        steps_lost=opts.at_step - resumed,  # steps computed again: the completed ones since the checkpoint + 1
+        time_to_detect=story["detected"] - story["died"]["time"],
+        time_to_restart=ready - story["detected"],  # new processes, rendezvous, reading the checkpoint
+        restarted_on=P - 1,
+        global_batch_after=rows,
+        equal_to_uninterrupted=rows == opts.batch and vs_uninterrupted.passed,
+        vs_uninterrupted_max_abs_err=vs_uninterrupted.max_abs_err,
+        checkpoint_every=opts.checkpoint_every,
+        checkpoint_bytes_per_rank=[r["bytes_read"] for r in restart],  # what each survivor read back
+        checkpoint_bytes_on_disk=story["checkpoint_bytes_on_disk"],
+        checkpoint_saves=[r["saves"] for r in restart],  # per survivor: each save's step, bytes, seconds
+        loss_uninterrupted=uninterrupted_losses,
+        loss_after_restart=losses_after,
+        loss_single=single.losses,
+        steps=K,
+    )
 
 
 # ----------------------------------------------------------------------------------------- ps: carry on without

@@ -13,7 +13,7 @@ from parlab.launch import Results
 from parlab.models import dtype_bytes
 from parlab.runs import Scheme, launch_scheme
 from parlab.runs.options import RunOptions, option
-from parlab.runs.report import report
+from parlab.runs.report import run_report
 
 
 @dataclass
@@ -54,7 +54,7 @@ def ring_report(opts: RingOptions, results: Results) -> dict:
         check_equal(f"bytes sent by rank {rank}", sent, theory[rank], show=False)
         for rank, sent in enumerate(comm_bytes.get("send", [0] * P))
     ]
-    return report(
+    return run_report(
         "collectives",
         P,
         verdicts + byte_checks,

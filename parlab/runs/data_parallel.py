@@ -19,6 +19,7 @@ from parlab.launch import Results
 from parlab.models import build_model, lm_loss, make_batches, make_optimizer, train_single_device
 from parlab.runs import Scheme, launch_scheme
 from parlab.runs.options import FaultOptions, ModelOptions, option, positive
+from parlab.runs.report import run_report
 
 
 @dataclass
@@ -150,27 +151,25 @@ def dp_report(opts: DPOptions, results: Results) -> dict:
         for r in range(P)
     ]
     checks = verdicts + byte_checks + call_checks
-    worst = max(verdicts, key=lambda v: v.max_abs_err)
     lines = [v.line for v in verdicts[:3]] + ddp_lines + [c.line for c in byte_checks + call_checks]
-    return {
-        "scheme": mode,
-        "world_size": P,
-        "passed": all(c.passed for c in checks),
-        "max_abs_err": worst.max_abs_err,
-        "tol": worst.tol,
-        "comm": {**comm_bytes, "all_reduce_per_step": per_step, **dp_theory(grad_bytes, P)},
-        "verdicts": lines,
-        "steps": K,
-        "loss_single": single.losses,
-        "loss_parallel": loss_parallel,
-        "loss_ddp": loss_ddp,
-        "grad_bytes": grad_bytes,
-        "buckets_per_step": buckets_per_step,
-        "bucket_bytes": opts.bucket_bytes if mode == "dp" else None,
-        "buckets": results[0]["buckets"],
-        "batch": opts.batch,
-        "microbatches": opts.microbatches,
-    }
+    return run_report(
+        mode,
+        P,
+        verdicts,
+        passed=all(c.passed for c in checks),
+        comm={**comm_bytes, "all_reduce_per_step": per_step, **dp_theory(grad_bytes, P)},
+        lines=lines,
+        steps=K,
+        loss_single=single.losses,
+        loss_parallel=loss_parallel,
+        loss_ddp=loss_ddp,
+        grad_bytes=grad_bytes,
+        buckets_per_step=buckets_per_step,
+        bucket_bytes=opts.bucket_bytes if mode == "dp" else None,
+        buckets=results[0]["buckets"],
+        batch=opts.batch,
+        microbatches=opts.microbatches,
+    )
 
 
 def run_dp(world_size: int = 4, mode: str = "dp", **options) -> tuple[Results, dict]:

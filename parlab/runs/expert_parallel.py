@@ -26,6 +26,7 @@ from parlab.models import GPTConfig, build_model, make_batches, train_single_dev
 from parlab.moe import MoEConfig, check_moe, moe_layers
 from parlab.runs import Scheme, launch_scheme
 from parlab.runs.options import ModelOptions, option, positive
+from parlab.runs.report import run_report
 
 
 @dataclass
@@ -139,42 +140,40 @@ def moe_report(opts: MoEOptions, results: Results) -> dict:
     tokens = opts.batch // W * cfg.seq_len  # per rank
     moe_per_step = len(results[0]["stats"][0])
     checks = verdicts + counts
-    worst = max(verdicts, key=lambda v: v.max_abs_err)
     mean_load = sum(load1) / E
-    return {
-        "scheme": "moe",
-        "world_size": W,
-        "passed": all(c.passed for c in checks),
-        "max_abs_err": worst.max_abs_err,
-        "tol": worst.tol,
-        "comm": results.trace.bytes_per_rank(),
-        "verdicts": [c.line for c in checks],
-        "mesh": {"axes": opts.axes, "coords": coords},
-        "steps": K,
-        "experts": E,
-        "top_k": opts.top_k,
-        "capacity_factor": opts.capacity_factor,
-        "drop": opts.drop,
-        "capacity_per_rank": results[0]["stats"][0][0]["capacity"],
-        "moe_layers": moe_per_step,
-        "tokens_per_rank": tokens,
-        "loss_single": reference.losses,
-        "loss_parallel": loss,
-        "aux_loss": [sum(r["aux"][k] for r in results) / W for k in range(K)],
-        "tokens_per_expert": {"per_rank": load, "step1_total": load1, "imbalance_step1": max(load1) / mean_load},
-        "received_per_expert": received,
-        "dropped_tokens": {
+    return run_report(
+        "moe",
+        W,
+        verdicts,
+        passed=all(c.passed for c in checks),
+        comm=results.trace.bytes_per_rank(),
+        lines=[c.line for c in checks],
+        mesh={"axes": opts.axes, "coords": coords},
+        steps=K,
+        experts=E,
+        top_k=opts.top_k,
+        capacity_factor=opts.capacity_factor,
+        drop=opts.drop,
+        capacity_per_rank=results[0]["stats"][0][0]["capacity"],
+        moe_layers=moe_per_step,
+        tokens_per_rank=tokens,
+        loss_single=reference.losses,
+        loss_parallel=loss,
+        aux_loss=[sum(r["aux"][k] for r in results) / W for k in range(K)],
+        tokens_per_expert={"per_rank": load, "step1_total": load1, "imbalance_step1": max(load1) / mean_load},
+        received_per_expert=received,
+        dropped_tokens={
             "total": sum(dropped_per_step),
             "per_step": dropped_per_step,
             "assignments_per_step": W * tokens * opts.top_k * moe_per_step,
         },  # fmt: skip
-        "all_to_all_bytes": measured,
-        "all_to_all_theory": theory,
-        "all_to_all_balanced": {
+        all_to_all_bytes=measured,
+        all_to_all_theory=theory,
+        all_to_all_balanced={
             "per_layer_direction": balanced_all_to_all_bytes(tokens, opts.top_k, cfg.hidden, cfg.dtype_bytes, opts.ep),
             "formula": "tokens x k x H x bytes per direction (payload); x (P-1)/P leaves the rank (wire)",
         },
-    }
+    )
 
 
 def run_moe(world_size: int = 4, **options) -> tuple[Results, dict]:

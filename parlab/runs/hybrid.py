@@ -20,6 +20,7 @@ from parlab.models import build_model, make_batches, train_single_device
 from parlab.planner import Cluster, ModelSpec, Plan, estimate
 from parlab.runs import Scheme, launch_scheme
 from parlab.runs.options import ModelOptions, option
+from parlab.runs.report import run_report
 from parlab.runs.tensor_parallel import gather_full
 from parlab.schedules import SCHEDULES, V_SCHEDULES, Schedule, make_schedule
 
@@ -173,35 +174,33 @@ def hybrid_report(opts: HybridOptions, results: Results) -> dict:
     pb = [r["param_bytes"] for r in results]
     wrong = sum(a != b for a, b in zip(pb, pb_theory, strict=True))
     counts.append(check_equal("ranks whose parameter bytes differ from theory", wrong, 0, show=False))
-    worst = max(verdicts, key=lambda v: v.max_abs_err)
-    return {
-        "scheme": "hybrid",
-        "world_size": P,
-        "passed": all(v.passed for v in verdicts + counts),
-        "max_abs_err": worst.max_abs_err,
-        "tol": worst.tol,
-        "comm": {
+    return run_report(
+        "hybrid",
+        P,
+        verdicts,
+        passed=all(v.passed for v in verdicts + counts),
+        comm={
             **results.trace.bytes_per_rank(),
             "per_axis_measured": {k: measured.get(k, [0] * P) for k in sorted(expected)},
             "per_axis_theory": {k: expected[k] for k in sorted(expected)},
         },
-        "verdicts": [v.line for v in verdicts + counts],
-        "mesh": {"axes": opts.axes, "coords": coords},
-        "options": {
+        lines=[v.line for v in verdicts + counts],
+        mesh={"axes": opts.axes, "coords": coords},
+        options={
             "zero": opts.zero,
             "sequence_parallel": opts.sequence_parallel,
             "cp_method": opts.cp_method,
             "schedule": opts.schedule,
             "virtual": opts.v,
         },  # fmt: skip
-        "bytes_per_rank": {"params": pb, "params_theory": pb_theory},
-        "state_bytes": [r["state_bytes"] for r in results],
-        "peak_activation_bytes": [r["peak_activation_bytes"] for r in results],
-        "param_bytes_single_device": cfg.dtype_bytes * sum(p.numel() for p in build_model(cfg).parameters()),
-        "microbatches": opts.microbatches,
-        "layers": cfg.layers,
-        "steps": K,
-    }
+        bytes_per_rank={"params": pb, "params_theory": pb_theory},
+        state_bytes=[r["state_bytes"] for r in results],
+        peak_activation_bytes=[r["peak_activation_bytes"] for r in results],
+        param_bytes_single_device=cfg.dtype_bytes * sum(p.numel() for p in build_model(cfg).parameters()),
+        microbatches=opts.microbatches,
+        layers=cfg.layers,
+        steps=K,
+    )
 
 
 def run_hybrid(dp: int = 2, pp: int = 1, tp: int = 2, cp: int = 1, **options) -> tuple[Results, dict]:

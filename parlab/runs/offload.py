@@ -30,6 +30,7 @@ from parlab.offload import (
 )
 from parlab.runs import Scheme, launch_scheme
 from parlab.runs.options import ModelOptions, option
+from parlab.runs.report import run_report
 from parlab.scratch import check_folder, new_folder_path, offload_folder, sweep_orphans
 from parlab.trace import Trace
 from parlab.zero import plan_units
@@ -198,36 +199,34 @@ def offload_report(opts: OffloadOptions, results: Results) -> dict:
         lines += [c.line for c in folder_checks]
 
     passed = all(v.passed for v in verdicts) and all(c.passed for c in checks)
-    worst = max(verdicts, key=lambda v: v.max_abs_err)
     lines = [v.line for v in verdicts] + lines
-    return {
-        "scheme": f"offload ({target})",
-        "world_size": P,
-        "passed": passed,
-        "max_abs_err": worst.max_abs_err,
-        "tol": worst.tol,
-        "comm": {
+    return run_report(
+        f"offload ({target})",
+        P,
+        verdicts,
+        passed=passed,
+        comm={
             **trace.bytes_per_rank(),
             "per_step": {k: [n / K for n in v] for k, v in moved.items()},
             "theory_per_step": offload_theory(opts),
         },  # fmt: skip
-        "verdicts": lines,
-        "target": target,
-        "steps": K,
-        "bytes_per_rank": {
+        lines=lines,
+        target=target,
+        steps=K,
+        bytes_per_rank={
             "steady": {p: [sum(r["steady"][p].values()) for r in results] for p in PLACES},
             "peak": {p: [sum(r["peak"][p].values()) for r in results] for p in PLACES},
             "detail_rank0": {"steady": results[0]["steady"], "peak": results[0]["peak"]},
             "formula": {"steady": memory["steady"], "peak": memory["peak"], "S": memory["S"]},
             "cuda_allocated_peak": [r["cuda_allocated_peak"] for r in results],
         },
-        "budget": opts.budget(),
-        "disk_folder": opts.folder or None,
-        "disk_folder_removed": removed,
-        "loss_single": single.losses,
-        "loss_parallel": loss_parallel,
-        "batch": opts.batch,
-    }
+        budget=opts.budget(),
+        disk_folder=opts.folder or None,
+        disk_folder_removed=removed,
+        loss_single=single.losses,
+        loss_parallel=loss_parallel,
+        batch=opts.batch,
+    )
 
 
 def run_offload(world_size: int = 4, target: str = "cpu", **options) -> tuple[Results, dict]:

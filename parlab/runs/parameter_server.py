@@ -38,6 +38,7 @@ from parlab.parameter_server import (
 )
 from parlab.runs import Scheme, launch_scheme
 from parlab.runs.options import FaultOptions, ModelOptions, option
+from parlab.runs.report import run_report
 
 
 @dataclass
@@ -266,37 +267,33 @@ def ps_report(opts: PSOptions, results: Results) -> dict:
         ]
         comm_table["all_reduce_per_step"] = per_step
 
-    worst = max(numeric, key=lambda v: v.max_abs_err)
     checks = numeric + counts
     t0 = server["start"]
-    return {
-        "scheme": "ps",
-        "mode": mode,
-        "world_size": P,
-        "workers": N,
-        "passed": all(c.passed for c in checks),
-        "max_abs_err": worst.max_abs_err,
-        "tol": worst.tol,
-        "comm": comm_table,
-        "verdicts": [c.line for c in checks],
-        "server_bytes": server_bytes,
-        "worker_bytes": worker_bytes,
-        "grad_bytes": grad_bytes,
-        "staleness": staleness,
-        "updates": updates,  # one record per gradient received (async: each is one update applied)
-        "updates_applied": applied,
-        "update_seconds": [t - t0 for t in server["update_times"]],  # when each update was applied (server clock)
-        "eval_losses": server["eval_losses"],  # the loss of theta_0, theta_1, ... on a fixed batch
-        "loss_single": reference_losses,
-        "straggler": opts.straggler,
-        "slowdown": opts.slowdown,
-        "steps": K,
-        "batch": opts.batch,
-        "ps_seconds": server["end"] - server["start"],
-        "dp_seconds": max(w["dp"]["end"] for w in workers) - min(w["dp"]["start"] for w in workers)
-        if opts.dp
-        else None,
-    }
+    return run_report(
+        "ps",
+        P,
+        numeric,
+        mode=mode,
+        workers=N,
+        passed=all(c.passed for c in checks),
+        comm=comm_table,
+        lines=[c.line for c in checks],
+        server_bytes=server_bytes,
+        worker_bytes=worker_bytes,
+        grad_bytes=grad_bytes,
+        staleness=staleness,
+        updates=updates,  # one record per gradient received (async: each is one update applied)
+        updates_applied=applied,
+        update_seconds=[t - t0 for t in server["update_times"]],  # when each update was applied (server clock)
+        eval_losses=server["eval_losses"],  # the loss of theta_0, theta_1, ... on a fixed batch
+        loss_single=reference_losses,
+        straggler=opts.straggler,
+        slowdown=opts.slowdown,
+        steps=K,
+        batch=opts.batch,
+        ps_seconds=server["end"] - server["start"],
+        dp_seconds=max(w["dp"]["end"] for w in workers) - min(w["dp"]["start"] for w in workers) if opts.dp else None,
+    )
 
 
 def run_ps(world_size: int = 4, mode: str = "sync", **options) -> tuple[Results, dict]:

@@ -17,6 +17,7 @@ from parlab.models import build_model, make_batches, make_optimizer, train_singl
 from parlab.pipeline import build_stages, measured_bubble, split_layers, theory_send_bytes, train_pipeline
 from parlab.runs import Scheme, launch_scheme
 from parlab.runs.options import ModelOptions, int_list, option
+from parlab.runs.report import run_report
 from parlab.schedules import (
     SCHEDULES,
     V_SCHEDULES,
@@ -138,7 +139,6 @@ def pp_report(opts: PPOptions, results: Results) -> dict:
     formula, formula_text = bubble_formula(schedule.name, p, m, v, costs)
     measured, measured_per_rank = measured_bubble(results.trace)
     peaks = [r["peak_inflight"] for r in results]
-    worst = max(verdicts, key=lambda x: x.max_abs_err)
     lines = [x.line for x in verdicts + counts]
     if schedule.name in V_SCHEDULES and not formula_holds(schedule.name, p, m, costs):
         exact = True  # the closed form is the ideal bubble only at unit costs and with the V filled: say so
@@ -155,31 +155,30 @@ def pp_report(opts: PPOptions, results: Results) -> dict:
     lines.append(f"bubble measured (last step, mean over ranks): {measured:.3f}")
     lines.append(f"peak in-flight (micro-batch, chunk) activations per rank: {peaks}")
     lines += phase_lines(schedule)
-    return {
-        "scheme": "pp",
-        "world_size": p,
-        "passed": all(x.passed for x in verdicts + counts) and exact,
-        "max_abs_err": worst.max_abs_err,
-        "tol": worst.tol,
-        "comm": {**results.trace.bytes_per_rank(), "theory_send_bytes_per_rank": theory},
-        "verdicts": lines,
-        "schedule": schedule.name,
-        "microbatches": m,
-        "virtual": v,
-        "layers_per_stage": [len(r) for r in split_layers(cfg.layers, p * v, opts.split or None)],
-        "bubble_ideal": float(ideal),
-        "bubble_ideal_fraction": str(ideal),
-        "bubble_formula": float(formula),
-        "bubble_formula_fraction": str(formula),
-        "bubble_formula_text": formula_text,
-        "bubble_measured": measured,
-        "bubble_measured_per_rank": measured_per_rank,
-        "peak_inflight_microbatches": max(peaks),
-        "peak_inflight_per_rank": peaks,
-        "peak_inflight_ideal_per_rank": peak_inflight(schedule),
-        "peak_activation_bytes_per_rank": [r["peak_activation_bytes"] for r in results],
-        "phases": phases(schedule),
-    }
+    return run_report(
+        "pp",
+        p,
+        verdicts,
+        passed=all(x.passed for x in verdicts + counts) and exact,
+        comm={**results.trace.bytes_per_rank(), "theory_send_bytes_per_rank": theory},
+        lines=lines,
+        schedule=schedule.name,
+        microbatches=m,
+        virtual=v,
+        layers_per_stage=[len(r) for r in split_layers(cfg.layers, p * v, opts.split or None)],
+        bubble_ideal=float(ideal),
+        bubble_ideal_fraction=str(ideal),
+        bubble_formula=float(formula),
+        bubble_formula_fraction=str(formula),
+        bubble_formula_text=formula_text,
+        bubble_measured=measured,
+        bubble_measured_per_rank=measured_per_rank,
+        peak_inflight_microbatches=max(peaks),
+        peak_inflight_per_rank=peaks,
+        peak_inflight_ideal_per_rank=peak_inflight(schedule),
+        peak_activation_bytes_per_rank=[r["peak_activation_bytes"] for r in results],
+        phases=phases(schedule),
+    )
 
 
 def run_pipeline(schedule: str = "1f1b", world_size: int = 4, microbatches: int = 8, **options) -> tuple[Results, dict]:

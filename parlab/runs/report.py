@@ -1,6 +1,6 @@
 """The skeleton every run's report shares (`python -m parlab run SCHEME --json`, and the notebooks' run_... helpers).
 
-    report("tp", P, checks, comm={...}, layers=..., ...)
+    run_report("tp", P, checks, comm={...}, layers=..., ...)
 
 checks: every verdict of the run in order: `Verdict`s (numbers compared with the single-device run, each with its
 max |err| and tolerance) and `CountCheck`s (bytes, calls, memory against theory). The run passes when all of them
@@ -16,7 +16,7 @@ from typing import Any
 from parlab.check import Verdict
 
 
-def report(
+def run_report(
     scheme: str,
     world_size: int,
     checks: Sequence[Any],

@@ -20,6 +20,7 @@ from parlab.models import build_model, make_batches, make_optimizer, train_singl
 from parlab.ring_attention import tiles_theory
 from parlab.runs import Scheme, launch_scheme
 from parlab.runs.options import ModelOptions, option
+from parlab.runs.report import run_report
 from parlab.runs.tensor_parallel import gather_full, per_step
 from parlab.runs.usp import USP_SCHEME, run_usp  # noqa: F401  (USP: Ulysses x ring, registered below)
 from parlab.sequence_parallel import (
@@ -308,26 +309,21 @@ def sp_report(opts: SPOptions, results: Results) -> dict:
     )
     checks, figures, extra = _comm_checks(opts, results)
     verdicts += checks
-    numeric = [v for v in verdicts if isinstance(v, Verdict)]
-    worst = max(numeric, key=lambda v: v.max_abs_err)
-    return {
-        "scheme": method,
-        "world_size": P,
-        "passed": all(v.passed for v in verdicts),
-        "max_abs_err": worst.max_abs_err,
-        "tol": worst.tol,
-        "comm": {**results.trace.bytes_per_rank(), **figures},
-        "seq": cfg.seq_len,
-        "heads": cfg.heads,
-        "hidden": cfg.hidden,
-        "layers": cfg.layers,
-        "batch": opts.batch,
-        "dtype": cfg.dtype,
-        "steps": steps,
+    return run_report(
+        method,
+        P,
+        verdicts,
+        comm={**results.trace.bytes_per_rank(), **figures},
+        seq=cfg.seq_len,
+        heads=cfg.heads,
+        hidden=cfg.hidden,
+        layers=cfg.layers,
+        batch=opts.batch,
+        dtype=cfg.dtype,
+        steps=steps,
         **extra,
-        "param_bytes_per_rank": [r["param_bytes"] for r in results],
-        "verdicts": [v.line for v in verdicts],
-    }
+        param_bytes_per_rank=[r["param_bytes"] for r in results],
+    )
 
 
 def run_sp(method: str = "ring", world_size: int = 4, **options) -> tuple[Results, dict]:

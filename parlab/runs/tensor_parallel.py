@@ -17,6 +17,7 @@ from parlab.memory import tensor_bytes
 from parlab.models import build_model, make_batches, make_optimizer, train_single_device
 from parlab.runs import Scheme, launch_scheme
 from parlab.runs.options import ModelOptions, option
+from parlab.runs.report import run_report
 from parlab.tensor_parallel import (
     PER_LAYER_ITEMS,
     TensorParallelGPT,
@@ -135,15 +136,11 @@ def tp_report(opts: TPOptions, results: Results) -> dict:
         check_equal("parameter bytes held by each rank", pb[0], pb_theory, show=False),
     ]
 
-    numeric = [v for v in verdicts if isinstance(v, Verdict)]
-    worst = max(numeric, key=lambda v: v.max_abs_err)
-    return {
-        "scheme": "tp",
-        "world_size": P,
-        "passed": all(v.passed for v in verdicts),
-        "max_abs_err": worst.max_abs_err,
-        "tol": worst.tol,
-        "comm": {
+    return run_report(
+        "tp",
+        P,
+        verdicts,
+        comm={
             **results.trace.bytes_per_rank(),
             "all_reduce_per_step": total,
             "all_reduce_per_step_theory": sum(theory.values()),
@@ -153,20 +150,19 @@ def tp_report(opts: TPOptions, results: Results) -> dict:
             "items_per_step": {k: {"measured": measured[k], "theory": v} for k, v in theory.items()},
             "all_reduces_per_step": calls,
         },
-        "layers": cfg.layers,
-        "hidden": cfg.hidden,
-        "heads": cfg.heads,
-        "ffn": cfg.ffn,
-        "vocab": cfg.vocab_size,
-        "seq": cfg.seq_len,
-        "batch": opts.batch,
-        "dtype": cfg.dtype,
-        "steps": steps,
-        "param_bytes_per_rank": pb,
-        "param_bytes_per_rank_theory": pb_theory,
-        "param_bytes_single_device": tensor_bytes(build_model(cfg, opts.seed).parameters()),
-        "verdicts": [v.line for v in verdicts],
-    }
+        layers=cfg.layers,
+        hidden=cfg.hidden,
+        heads=cfg.heads,
+        ffn=cfg.ffn,
+        vocab=cfg.vocab_size,
+        seq=cfg.seq_len,
+        batch=opts.batch,
+        dtype=cfg.dtype,
+        steps=steps,
+        param_bytes_per_rank=pb,
+        param_bytes_per_rank_theory=pb_theory,
+        param_bytes_single_device=tensor_bytes(build_model(cfg, opts.seed).parameters()),
+    )
 
 
 def run_tp(world_size: int = 4, **options) -> tuple[Results, dict]:

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
-from parlab.check import Verdict, check_equal, compare
+from parlab.check import check_equal, compare
 from parlab.launch import Results, device
 from parlab.mesh import DeviceMesh
 from parlab.models import build_model, make_batches, make_optimizer, train_single_device
 from parlab.ring_attention import LAYOUTS, tiles_theory
 from parlab.runs import Scheme, launch_scheme
 from parlab.runs.options import ModelOptions, option
+from parlab.runs.report import run_report
 from parlab.runs.tensor_parallel import per_step
 from parlab.sequence_parallel import grad_sync_theory
 from parlab.usp import USPGPT, check_usp, train_usp, usp_bytes_per_call, usp_mesh_axes
@@ -111,8 +112,6 @@ def usp_report(opts: USPOptions, results: Results) -> dict:
             show=False,
         ),  # fmt: skip
     ]
-    numeric = [v for v in verdicts if isinstance(v, Verdict)]
-    worst = max(numeric, key=lambda v: v.max_abs_err)
     comm = {
         **trace.bytes_per_rank(),
         "ulysses_per_step": measured["ulysses"],
@@ -123,27 +122,24 @@ def usp_report(opts: USPOptions, results: Results) -> dict:
         "ring_block_bytes": per_call["ring_block"],
         "a2a_call_bytes": per_call["a2a_call"],
     }
-    return {
-        "scheme": "usp",
-        "world_size": P,
-        "ulysses": opts.ulysses,
-        "ring": opts.ring,
-        "layout": opts.layout,
-        "passed": all(v.passed for v in verdicts),
-        "max_abs_err": worst.max_abs_err,
-        "tol": worst.tol,
-        "comm": comm,
-        "tiles_computed_per_rank": tiles,
-        "tiles_theory": expected_tiles,
-        "seq": cfg.seq_len,
-        "heads": cfg.heads,
-        "hidden": cfg.hidden,
-        "layers": L,
-        "batch": B,
-        "dtype": cfg.dtype,
-        "steps": steps,
-        "verdicts": [v.line for v in verdicts],
-    }
+    return run_report(
+        "usp",
+        P,
+        verdicts,
+        ulysses=opts.ulysses,
+        ring=opts.ring,
+        layout=opts.layout,
+        comm=comm,
+        tiles_computed_per_rank=tiles,
+        tiles_theory=expected_tiles,
+        seq=cfg.seq_len,
+        heads=cfg.heads,
+        hidden=cfg.hidden,
+        layers=L,
+        batch=B,
+        dtype=cfg.dtype,
+        steps=steps,
+    )
 
 
 def run_usp(ulysses: int = 2, ring: int = 2, **options) -> tuple[Results, dict]:

@@ -21,6 +21,7 @@ from parlab.launch import Results
 from parlab.models import GPT, build_model, lm_loss, make_batches, train_single_device
 from parlab.runs import Scheme, launch_scheme
 from parlab.runs.options import FaultOptions, ModelOptions, option
+from parlab.runs.report import run_report
 from parlab.zero import (
     STAGES,
     check_reducible,
@@ -269,15 +270,13 @@ def zero_report(opts: ZeROOptions, results: Results) -> dict:
         f"{'PASS' if comm_ok else 'FAIL'}"
     )
 
-    worst = max(verdicts, key=lambda v: v.max_abs_err)
     peak = {k: max(r["peak"][k] for r in results) for k in results[0]["peak"]}
-    report = {
-        "scheme": "zero",
-        "world_size": P,
-        "passed": all(v.passed for v in verdicts) and all(memory_ok) and comm_ok,
-        "max_abs_err": worst.max_abs_err,
-        "tol": worst.tol,
-        "comm": {
+    report = run_report(
+        "zero",
+        P,
+        verdicts,
+        passed=all(v.passed for v in verdicts) and all(memory_ok) and comm_ok,
+        comm={
             **results.trace.bytes_per_rank(),
             "reduce_scatter_per_step": payload["reduce_scatter"],
             "all_gather_per_step": payload["all_gather"],
@@ -285,26 +284,26 @@ def zero_report(opts: ZeROOptions, results: Results) -> dict:
             **theory,
             "measured_ratio": ratio,
         },
-        "verdicts": [v.line for v in verdicts] + note + memory_lines + [comm_line],
-        "stage": opts.stage,
-        "mixed_precision": opts.mixed_precision,
-        "compute_dtype": str(opts.grad_dtype()).removeprefix("torch."),
-        "param_count": psi,
-        "padding": pad,
-        "bytes_per_rank": measured,
-        "bytes_formula": {c: formula[c] for c in COMPONENTS},
-        "bytes_formula_padded": {c: formula_padded[c] for c in COMPONENTS},
-        "peak_bytes": peak,
-        "steps": K,
-        "batch": opts.batch,
-        "loss_single": single_losses,
-        "loss_parallel": loss_parallel,
-        "loss_reference": loss_ref,
-        "reference": ref,
-        "reference_note": reference_note(opts) if opts.reference else "",
-        "skipped_steps": results[0]["skipped_steps"],
-        "units": results[0]["units"],
-    }
+        lines=[v.line for v in verdicts] + note + memory_lines + [comm_line],
+        stage=opts.stage,
+        mixed_precision=opts.mixed_precision,
+        compute_dtype=str(opts.grad_dtype()).removeprefix("torch."),
+        param_count=psi,
+        padding=pad,
+        bytes_per_rank=measured,
+        bytes_formula={c: formula[c] for c in COMPONENTS},
+        bytes_formula_padded={c: formula_padded[c] for c in COMPONENTS},
+        peak_bytes=peak,
+        steps=K,
+        batch=opts.batch,
+        loss_single=single_losses,
+        loss_parallel=loss_parallel,
+        loss_reference=loss_ref,
+        reference=ref,
+        reference_note=reference_note(opts) if opts.reference else "",
+        skipped_steps=results[0]["skipped_steps"],
+        units=results[0]["units"],
+    )
     if opts.stage == 3:
         report["gathered_params_peak"] = peak["gathered params"]
     return report
