@@ -6,6 +6,7 @@ process): marked slow."""
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -28,15 +29,49 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def torchrun(agents: list[list[str]], timeout: float = 120) -> list[tuple[int, str, str]]:
+    """Run torchrun agents (each a list of arguments; "PORT" stands for a fresh rendezvous port) together; returns
+    each one's (exit status, stdout, stderr). Each agent runs in a session of its own, killed with its workers if
+    it outlives `timeout`. Once in a few loaded runs, a torchrun agent whose workers had finished waited in its own
+    exit barrier or rendezvous until its 300 s timeout (torch 2.13, c10d rendezvous on 127.0.0.1): torchrun's
+    machinery, not the rank code, so a hung launch is tried once more, on a new port, before the test fails."""
+    for attempt in range(2):
+        port = str(free_port())
+        procs = [
+            subprocess.Popen(
+                TORCHRUN + [port if a == "PORT" else a.replace("PORT", port) for a in args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=ENV,
+                start_new_session=True,
+            )  # fmt: skip
+            for args in agents
+        ]
+        try:
+            outs = [p.communicate(timeout=timeout) for p in procs]
+            return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
+        except subprocess.TimeoutExpired:
+            if attempt == 1:
+                raise
+        finally:  # nothing outlives the attempt: the agents' sessions hold their workers too
+            for p in procs:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+    raise AssertionError("unreachable")
+
+
 def test_torchrun_restarts_a_failed_rank_and_parlab_resumes_from_its_checkpoint(tmp_path):
-    port = free_port()
     args = ["--nnodes", "1:2", "--nproc-per-node", "2", "--max-restarts", "3", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf", "last_call_timeout=1"]  # fmt: skip
+            "--rdzv-endpoint", "127.0.0.1:PORT", "--rdzv-conf", "last_call_timeout=1"]  # fmt: skip
     job = ["-m", "parlab.runs.checkpoint", "--root", str(tmp_path), "--scheme", "zero", "--stage", "3",
            "--kill-rank", "1", "--at-step", "4", "--steps", "6"]  # fmt: skip
-    out = subprocess.run(TORCHRUN + args + job, capture_output=True, text=True, env=ENV, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "exitcode: 43" in out.stderr  # rank 1 died on purpose (parlab.faults.KILLED_EXIT_CODE)
+    ((status, _, stderr),) = torchrun([args + job])
+    assert status == 0, stderr[-3000:]
+    assert "exitcode: 43" in stderr  # rank 1 died on purpose (parlab.faults.KILLED_EXIT_CODE)
     result = torch.load(tmp_path / "result.pt")
     assert result["restarts"] == 1 and result["start"] == 2  # torchrun restarted once; resumed from step 2
     cfg = GPTConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=2, dtype="float64")
@@ -52,47 +87,18 @@ def _masked(lines: list[str]) -> list[str]:
 @pytest.mark.parametrize("scheme", ["collectives", "dp", "tp"])
 def test_two_torchrun_agents_on_localhost_print_the_verdicts_of_one_machine(scheme, capsys):
     """Two agents (two "nodes") of 2 processes each: `python -m parlab run SCHEME` under torchrun, world size 4."""
-    port = free_port()
     agents = [
-        subprocess.Popen(
-            TORCHRUN
-            + [
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(node),
-                "--nproc-per-node",
-                "2",
-                "--rdzv-backend",
-                "c10d",
-                "--rdzv-endpoint",
-                f"127.0.0.1:{port}",
-                # Both agents are on 127.0.0.1, so both would guess they host the rendezvous store; say which one
-                # does, or node 0 could outlive a node 1 that hosted it and wait for it forever (seen once).
-                "--rdzv-conf",
-                f"is_host={1 if node == 0 else 0}",
-                "-m",
-                "parlab",
-                "run",
-                scheme,
-            ],  # fmt: skip
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=ENV,
-        )
+        ["--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+         "--rdzv-endpoint", "127.0.0.1:PORT",
+         # Both agents are on 127.0.0.1, so both would guess they host the rendezvous store; say which one does,
+         # or node 0 could outlive a node 1 that hosted it and wait for it (seen once).
+         "--rdzv-conf", f"is_host={1 if node == 0 else 0}", "-m", "parlab", "run", scheme]
         for node in (0, 1)
-    ]
-    try:
-        outputs = [agent.communicate(timeout=300) for agent in agents]
-    finally:  # a hung agent (and its workers) never outlives the test
-        for agent in agents:
-            if agent.poll() is None:
-                agent.kill()
-                agent.wait()
-    assert [a.returncode for a in agents] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
-    two_nodes = [line for line in outputs[0][0].splitlines() if line.strip()]  # global rank 0 lives on node 0
-    assert outputs[1][0].strip() == ""  # ranks 2, 3 (node 1) leave the report to rank 0
+    ]  # fmt: skip
+    (status0, out0, err0), (status1, out1, err1) = torchrun(agents)
+    assert [status0, status1] == [0, 0], err0[-2000:] + err1[-2000:]
+    two_nodes = [line for line in out0.splitlines() if line.strip()]  # global rank 0 lives on node 0
+    assert out1.strip() == ""  # ranks 2, 3 (node 1) leave the report to rank 0
     assert cli.main(["run", scheme, "--world", "4"]) == 0  # the same command on one machine (parlab.launch)
     one_machine = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert _masked(two_nodes) == _masked(one_machine)
