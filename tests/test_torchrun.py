@@ -71,9 +71,11 @@ def test_torchrun_restarts_a_failed_rank_and_parlab_resumes_from_its_checkpoint(
            "--kill-rank", "1", "--at-step", "4", "--steps", "6"]  # fmt: skip
     ((status, _, stderr),) = torchrun([args + job])
     assert status == 0, stderr[-3000:]
-    assert "exitcode: 43" in stderr  # rank 1 died on purpose (parlab.faults.KILLED_EXIT_CODE)
+    assert stderr.count("exitcode: 43") == 1  # rank 1 died on purpose once (parlab.faults.KILLED_EXIT_CODE)
     result = torch.load(tmp_path / "result.pt")
-    assert result["restarts"] == 1 and result["start"] == 2  # torchrun restarted once; resumed from step 2
+    # Resumed from the checkpoint of step 2. torchrun restarted the group at least once: on a loaded machine it
+    # may restart it again for its own reasons (a rendezvous round that timed out), which the run survives too.
+    assert result["restarts"] >= 1 and result["start"] == 2
     cfg = GPTConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=2, dtype="float64")
     single = train_single_device(cfg, make_batches(cfg, 8, 6, 0), 0, "adam", 1e-3)
     assert max_abs_error(result["params"], single.params)[0] <= 1e-10
