@@ -29,12 +29,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(agents: list[list[str]], timeout: float = 120) -> list[tuple[int, str, str]]:
+def torchrun(agents: list[list[str]], timeout: float = 60) -> list[tuple[int, str, str]]:
     """Run torchrun agents (each a list of arguments; "PORT" stands for a fresh rendezvous port) together; returns
     each one's (exit status, stdout, stderr). Each agent runs in a session of its own, killed with its workers if
     it outlives `timeout`. Once in a few loaded runs, a torchrun agent whose workers had finished waited in its own
     exit barrier or rendezvous until its 300 s timeout (torch 2.13, c10d rendezvous on 127.0.0.1): torchrun's
-    machinery, not the rank code, so a hung launch is tried once more, on a new port, before the test fails."""
+    machinery, not the rank code, so a hung launch is tried once more, on a new port, before the test fails (a launch
+    takes 10-16 s here: 60 s is four times that)."""
     for attempt in range(2):
         port = str(free_port())
         procs = [
