@@ -1,9 +1,9 @@
-"""parlab.replay: a recorded trace played back; each frame's bars and state are checked against the events."""
+"""parlab.lessons.replay: a recorded trace played back; each frame's bars and state are checked against the events."""
 
 import pytest
 
+from parlab.lessons.replay import detect, replay, state_at
 from parlab.lessons.sequence_parallel import ring_demo, ring_steps
-from parlab.replay import detect, replay, state_at
 from parlab.trace import Event, Trace
 
 

@@ -262,7 +262,7 @@ class FaultOptions:
         if self.at_step is not None and self.at_step > self.steps == default_steps:
             # `--kill-rank 2 --at-step 5` alone: the default run is too short to reach step 5, so it trains on to
             # three steps past the failure (an explicit --steps smaller than --at-step is refused below).
-            self.steps_raised_from, self.steps = self.steps, self.at_step + 3
+            self.steps = self.at_step + 3
         if self.at_step is None or not 1 <= self.at_step <= self.steps:
             raise ValueError(
                 f"at_step={self.at_step} must be a step of the run, 1..steps={self.steps} (give --at-step, or --steps)"

@@ -1,7 +1,7 @@
 """Play a recorded run back: `replay(results.trace)` is the run's timeline with play / pause / speed buttons and a
 step slider, and under it the state of the ranks at the moment shown.
 
-    from parlab.replay import replay
+    from parlab.lessons.replay import replay
     results, report = run_pipeline("1f1b", 4, microbatches=8)
     replay(results.trace)                     # or replay(trace, kind="pipeline", frames=60)
 
