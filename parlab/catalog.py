@@ -21,7 +21,10 @@ CATALOG: list[tuple[str, str]] = [
     ("usp", "USP: Ulysses all-to-all inside, ring attention across, on a ulysses x ring mesh"),
     ("zero", "ZeRO stages 1-3 (+ mixed precision): memory per rank vs the paper; vs one device and torch's own"),
     ("offload", "ZeRO-2 with Adam's state in host memory (ZeRO-Offload) or on disk (ZeRO-Infinity); vs one device"),
-    ("hybrid", "hybrid parallelism on a device mesh: data x pipeline (1F1B) x tensor parallel, each on its own axis"),
+    (
+        "hybrid",
+        "hybrid parallelism on one device mesh: data (ZeRO) x pipeline x context x tensor, + experts, each on its axis",
+    ),
     ("ps", "parameter server on rank 0, workers on the others; sync (vs one device) or async (staleness, replayed)"),
     ("moe", "expert parallelism: a Mixture-of-Experts GPT, experts spread over ranks, all-to-all dispatch and combine"),
 ]

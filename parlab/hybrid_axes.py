@@ -25,7 +25,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from parlab import comm
+from parlab.hybrid_experts import hybrid_moe, moe_forward
 from parlab.models import GPT, Block, causal_attention, lm_loss
+from parlab.moe import MoE
 from parlab.ring_attention import ring_attention, sequence_split
 from parlab.sequence_parallel import (
     SequenceParallelEmbedding,
@@ -40,14 +42,16 @@ from parlab.tensor_parallel import (
     vocab_parallel_cross_entropy,
 )
 from parlab.ulysses import ulysses_attention
+from parlab.usp import usp_attention
 from parlab.zero import ZeRO, flatten
 
-CP_METHODS = ("ring", "zigzag", "ulysses")
+CP_METHODS = ("ring", "zigzag", "ulysses", "usp")
 
 
 @dataclass
 class Axes:
-    """What a stage needs to know of the mesh: the tp and cp groups, their sizes and this rank's place in them."""
+    """What a stage needs to know of the mesh: the tp and cp groups, their sizes and this rank's place in them;
+    with USP the cp group's ulysses and ring sub-groups, with experts the ep group (None: all experts here)."""
 
     tp: int = 1
     cp: int = 1
@@ -57,6 +61,9 @@ class Axes:
     cp_rank: int = 0
     sequence_parallel: bool = False
     cp_method: str = "ring"
+    ulysses_group: object = None
+    ring_group: object = None
+    ep_group: object = None
 
     @property
     def layout(self) -> str:
@@ -106,8 +113,12 @@ class HybridBlock(nn.Module):
         label = f"attn {index}"  # q, k, v column-parallel (this rank's heads), proj row-parallel
         self.attn.q, self.attn.k, self.attn.v = (self._column(getattr(full.attn, n), label) for n in ("q", "k", "v"))
         self.attn.proj = self._row(full.attn.proj, label)
-        label = f"mlp {index}"  # fc column-parallel (this rank's FFN units), proj row-parallel
-        self.mlp.fc, self.mlp.proj = self._column(full.mlp.fc, label), self._row(full.mlp.proj, label)
+        self.moe = isinstance(full.mlp, MoE)
+        if self.moe:  # the router and this rank's E/ep experts (of the ep group), replicated over tp
+            self.mlp = hybrid_moe(full.mlp, axes.ep_group, f"L{index}")
+        else:  # fc column-parallel (this rank's FFN units), proj row-parallel
+            label = f"mlp {index}"
+            self.mlp.fc, self.mlp.proj = self._column(full.mlp.fc, label), self._row(full.mlp.proj, label)
         self.heads, self.head_size = full.attn.heads // tp, full.attn.q.out_features // full.attn.heads  # nh/tp, hs
 
     def _column(self, full: nn.Linear, label: str) -> nn.Module:
@@ -139,6 +150,9 @@ class HybridBlock(nn.Module):
             return causal_attention(q, k, v)
         if a.cp_method == "ulysses":
             return ulysses_attention(q, k, v, causal=True, group=a.cp_group, label=label)
+        if a.cp_method == "usp":  # all-to-all over the ulysses sub-axis, ring over the ring sub-axis, and back
+            return usp_attention(q, k, v, causal=True, ulysses_group=a.ulysses_group, ring_group=a.ring_group,
+                                 layout="contiguous", label=label)  # fmt: skip
         return ring_attention(q, k, v, causal=True, group=a.cp_group, layout=a.layout, label=label)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -151,6 +165,8 @@ class HybridBlock(nn.Module):
         at = self.attn
         y = self._attend(split_heads(at.q(h)), split_heads(at.k(h)), split_heads(at.v(h)))
         x = x + at.proj(y.transpose(1, 2).reshape(b, T, -1))  # g (or g-bar) inside: [b, T/cp, H] (SP: T/(cp tp))
+        if self.moe:  # every tp rank holds the same tokens: no f, no g
+            return x + moe_forward(self.mlp, self.ln2(x))  # [b, T/cp, H], the ep group's all-to-alls inside
         h = self._enter(self.ln2(x), f"mlp {self.index}")
         return x + self.mlp.proj(F.gelu(self.mlp.fc(h)))  # [b, T/cp, F/tp] -> g -> [b, T/cp, H]
 

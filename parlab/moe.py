@@ -24,6 +24,9 @@ of expert.T.flatten().
 Capacity groups (GShard's G): with `groups=G` the N tokens are cut into G equal blocks of rows, each routed with
 its own capacity and its own aux loss (the mean of the G is the layer's aux). That is what G ranks do when each
 routes its own B/G rows, so the single-device reference of expert parallelism on P ranks uses groups=P.
+Groups along the sequence too (`seq_groups`): a context-parallel rank holds only some positions of its rows, so
+its group is its rows x its positions; `seq_groups` lists the positions of each of C equal sequence blocks (a
+partition of range(T)), and group (g, c) is the tokens of row block g at the positions of block c, row-major.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class MoEConfig:
     aux_weight: float = 0.01  # the load-balancing loss' weight in the training loss
     every: int = 1  # an MoE layer in every block (1) or every other block (2: blocks 1, 3, ...)
     groups: int = 1  # capacity groups (see the module docstring): P for the reference of P expert-parallel ranks
+    seq_groups: tuple[tuple[int, ...], ...] = ()  # positions of each sequence block of a group (): the whole row
 
     def __post_init__(self):
         check_moe(self.experts, self.top_k, self.capacity_factor)
@@ -135,8 +139,10 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, H = x.shape
-        groups = self.groups(B)
-        xg = x.reshape(groups, -1, H)  # [G, N/G, H]: group g = rows [g*B/G, (g+1)*B/G)
+        groups, order = self.groups(B), self.sequence_order(T)  # G row blocks; C sequence blocks side by side
+        C = len(self.cfg.seq_groups) or 1
+        blocks = x[:, order.to(x.device)].view(groups, B // groups, C, T // C, H).transpose(1, 2)  # [G, C, B/G, T/C, H]
+        xg = blocks.reshape(groups * C, -1, H)  # [G C, N/(G C), H]: group (g, c) = rows of block g at positions of c
         outs, routings = [], []
         for xs in xg:
             routing = route(xs, self.router, self.cfg)
@@ -148,7 +154,16 @@ class MoE(nn.Module):
             "dropped": int(sum((~r.keep).sum() for r in routings)),
             "assignments": x.shape[0] * T * self.cfg.top_k,
         }
-        return torch.stack(outs).reshape(B, T, H)
+        out = torch.stack(outs).view(groups, C, B // groups, T // C, H).transpose(1, 2).reshape(B, T, H)
+        return out[:, torch.argsort(order).to(x.device)]  # back to the sequence's own order
+
+    def sequence_order(self, seq: int) -> torch.Tensor:
+        """The positions [T] with each sequence group's side by side (arange(T) without seq_groups)."""
+        blocks = self.cfg.seq_groups or (tuple(range(seq)),)
+        order = torch.tensor([t for block in blocks for t in block])
+        if sorted(order.tolist()) != list(range(seq)) or len({len(b) for b in blocks}) != 1:
+            raise ValueError(f"seq_groups={blocks} is not a partition of range({seq}) into equal blocks")
+        return order
 
     def groups(self, batch: int) -> int:
         """How many capacity groups this layer cuts its batch into (an expert-parallel layer: always 1)."""

@@ -1,8 +1,10 @@
 """Run and check hybrid parallelism (parlab/hybrid.py): `python -m parlab run hybrid --dp 2 --tp 2 --pp 2`.
 
-The ranks train the GPT with DP x PP x TP on a device mesh; the parent gathers each replica's TP slices and
-stages back to full shape and compares them with one device, then checks each axis' measured traffic (from the
-trace, filtered by the mesh axis of each call) and each rank's parameter bytes against the theory.
+The ranks train the GPT with DP x PP x CP x TP on a device mesh (with --experts E an MoE GPT, its experts over
+--ep ranks borrowed from dp x cp; with --cp-method usp the cp axis split into ulysses x ring); the parent gathers
+each replica's TP slices, stages and experts back to full shape and compares them with one device (routed in the
+same capacity groups), then checks each axis' measured traffic (from the trace, filtered by the mesh axis of each
+call; the ep all-to-alls against each call's split sizes) and each rank's parameter bytes against the theory.
 """
 
 from __future__ import annotations
@@ -12,13 +14,17 @@ from dataclasses import dataclass
 import torch
 
 from parlab.check import check_equal, compare
+from parlab.expert_parallel import is_expert_param
 from parlab.hybrid import check_parallel_dims, hybrid_comm_theory, hybrid_param_bytes, train_hybrid, unshard
 from parlab.hybrid_axes import CP_METHODS
+from parlab.hybrid_experts import default_ulysses, ep_all_to_all_bytes, reference_seq_groups
 from parlab.launch import Results
 from parlab.mesh import DeviceMesh, mesh_coords
-from parlab.models import build_model, make_batches, train_single_device
+from parlab.models import GPTConfig, build_model, make_batches, train_single_device
+from parlab.moe import MoEConfig
 from parlab.planner import Cluster, ModelSpec, Plan, estimate
 from parlab.runs import Scheme, launch_scheme
+from parlab.runs.expert_parallel import reference_routing
 from parlab.runs.options import ModelOptions, option
 from parlab.runs.report import run_report
 from parlab.runs.tensor_parallel import gather_full
@@ -38,7 +44,19 @@ class HybridOptions(ModelOptions):
     virtual: int = option(0, "v, model chunks per pp rank (0: 2 for interleaved, zbv and dualpipev, else 1)")
     zero: int = option(0, "ZeRO stage over dp x cp: 0 (all-reduce the gradients), 1, 2 or 3 (needs --optimizer adam)")
     sequence_parallel: bool = option(False, "Megatron sequence parallelism on the tp axis (needs --tp > 1)")
-    cp_method: str = option("ring", "attention over the cp axis: ring, zigzag or ulysses", choices=list(CP_METHODS))
+    cp_method: str = option(
+        "ring", "attention over the cp axis: ring, zigzag, ulysses or usp", choices=list(CP_METHODS)
+    )
+    ulysses: int = option(0, "USP: the ulysses sub-axis of cp (ring = cp / ulysses; 0: gcd(cp, heads / tp))")
+    ep: int = option(1, "expert-parallel ranks, borrowed from dp x cp: each holds E / ep experts of each MoE layer")
+    experts: int = option(0, "E, experts per MoE layer (0: a dense GPT)")
+    top_k: int = option(2, "k, experts each token is sent to")
+    capacity_factor: float = option(
+        1.25, "slots per expert and capacity group = ceil(factor x tokens x k / E)", bounds="(0, 1000]"
+    )
+    drop: bool = option(True, "drop the tokens past an expert's capacity (--no-drop: every expert takes all)")
+    aux_weight: float = option(0.01, "weight of the load-balancing loss in the training loss", bounds="[0, 100]")
+    moe_every: int = option(1, "an MoE FFN in every block (1) or every other block (2)")
     optimizer: str = option("auto", "sgd or adam (auto: adam with --zero, ZeRO's own; else sgd)",
                             choices=["auto", "sgd", "adam"])  # fmt: skip
     lr: float = option(0.0, "learning rate (0: 0.1 for sgd, 0.01 for adam)", bounds="[0, 100]")
@@ -50,10 +68,29 @@ class HybridOptions(ModelOptions):
             self.optimizer = "adam" if self.zero else "sgd"
         if self.lr == 0:
             self.lr = 0.01 if self.optimizer == "adam" else 0.1
+        if self.ulysses == 0:
+            self.ulysses = default_ulysses(self.cp, self.heads // max(self.tp, 1)) if self.cp_method == "usp" else 1
 
     @property
     def axes(self) -> dict[str, int]:
         return {"dp": self.dp, "pp": self.pp, "cp": self.cp, "tp": self.tp}
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The mesh's axes and ep (which splits dp x cp, no axis of its own)."""
+        return {**self.axes, "ep": self.ep}
+
+    def gpt_config(self) -> GPTConfig:
+        """The reference GPT; with experts, its MoE routes in the ranks' capacity groups: one per replica and
+        micro-batch (rows), and one per cp block (positions)."""
+        cfg = super().gpt_config()
+        if not self.experts:
+            return cfg
+        layout, chunks = ("zigzag", 2 * self.cp) if self.cp_method == "zigzag" else ("contiguous", self.cp)
+        seq_groups = reference_seq_groups(self.seq, self.cp, layout) if self.cp > 0 and self.seq % chunks == 0 else ()
+        moe = MoEConfig(self.experts, self.top_k, self.capacity_factor, self.drop, self.aux_weight, self.moe_every,
+                        groups=max(self.dp * self.microbatches, 1), seq_groups=seq_groups)  # fmt: skip
+        return GPTConfig(**{**cfg.__dict__, "moe": moe})
 
     @property
     def v(self) -> int:
@@ -61,10 +98,10 @@ class HybridOptions(ModelOptions):
 
     def validate(self) -> None:
         super().validate()
-        check_parallel_dims(self.gpt_config(), self.axes, world_size=self.world_size, batch=self.batch,
+        check_parallel_dims(self.gpt_config(), self.sizes, world_size=self.world_size, batch=self.batch,
                             microbatches=self.microbatches, schedule=self.schedule, virtual=self.v, zero=self.zero,
                             sequence_parallel=self.sequence_parallel, cp_method=self.cp_method,
-                            optimizer=self.optimizer)  # fmt: skip
+                            optimizer=self.optimizer, ulysses=self.ulysses)  # fmt: skip
 
     def forward_flops(self) -> float:
         """One paced F action (`--pace h100`): a micro-batch of b = B/(dp m) sequences through one stage's
@@ -92,6 +129,8 @@ def hybrid_rank(opts: HybridOptions) -> dict:
         zero_stage=opts.zero,
         sequence_parallel=opts.sequence_parallel,
         cp_method=opts.cp_method,
+        ulysses=opts.ulysses,
+        ep=opts.ep,
     )
 
 
@@ -119,6 +158,12 @@ def gathered_model(opts: HybridOptions, results: Results, replica: int) -> tuple
             grads |= gather_full(per_tp, dims)
         else:
             grads |= gather_full([results[r]["grads"] for r in slices], dims)
+        if opts.ep > 1:  # the experts, each held by one rank of this replica's ep group (replicated over tp)
+            n = replica * opts.cp // opts.ep  # the ep group of dp_cp index replica x C
+            group = [r for r, c in enumerate(coords) if c["pp"] == pp_rank and c["tp"] == 0
+                     and (c["dp"] * opts.cp + c["cp"]) // opts.ep == n]  # fmt: skip
+            params |= {k: w for r in group for k, w in results[r]["params"].items() if is_expert_param(k)}
+            grads |= {k: g for r in group for k, g in results[r]["grads"].items() if is_expert_param(k)}
     return grads, params
 
 
@@ -144,11 +189,16 @@ def hybrid_report(opts: HybridOptions, results: Results) -> dict:
     last = [r for r in _ranks(coords, tp=0) if results[r]["losses"] is not None]  # last stage: each dp, cp place
     loss = [sum(results[r]["losses"][k] for r in last) / len(last) for k in range(K)]  # means over equal shares
     dtype = cfg.torch_dtype
-    verdicts.insert(0, compare(f"loss of each of {K} steps", torch.tensor(loss, dtype=dtype),
-                               torch.tensor(reference.losses, dtype=dtype), show=False))  # fmt: skip
+    moe = moe_checks(opts, results, coords) if cfg.moe else {}
+    loss = [lm + cfg.moe.aux_weight * a for lm, a in zip(loss, moe["aux"], strict=True)] if moe else loss
+    verdicts.insert(0, compare(f"loss of each of {K} steps" + (" (aux included)" if moe else ""),
+                               torch.tensor(loss, dtype=dtype), torch.tensor(reference.losses, dtype=dtype),
+                               show=False))  # fmt: skip
+    verdicts += moe.get("verdicts", [])
 
-    theory = hybrid_comm_theory(cfg, schedule, opts.batch, opts.axes, zero=opts.zero,
-                                sequence_parallel=opts.sequence_parallel, cp_method=opts.cp_method)  # fmt: skip
+    theory = hybrid_comm_theory(cfg, schedule, opts.batch, opts.sizes, zero=opts.zero,
+                                sequence_parallel=opts.sequence_parallel, cp_method=opts.cp_method,
+                                ulysses=opts.ulysses)  # fmt: skip
     events = [e for e in results.trace.events if not e.is_compute and not e.label.startswith("check")]
     # An axis as large as the world is torch's default group, which has no mesh name: its calls are that axis'.
     whole = [a for a, n in opts.axes.items() if n == P > 1]
@@ -160,17 +210,21 @@ def hybrid_report(opts: HybridOptions, results: Results) -> dict:
         if e.kind != "recv":  # a receive mirrors its send
             measured.setdefault(f"{e.axis} {e.kind}", [0] * P)[e.rank] += e.bytes
     expected = {key: [theory[c["pp"]].get(key, 0) * K for c in coords] for row in theory for key in row}
+    if opts.ep > 1:  # the ep all-to-alls: what each call's split sizes call for, over all steps
+        expected["ep all_to_all"] = [ep_all_to_all_bytes([rows for step in r["moe"] for rows in step["a2a_rows"]],
+                                                         cfg) for r in results]  # fmt: skip
     counts = []
     for key in sorted(set(measured) | set(expected)):
         got, want = measured.get(key, [0] * P), expected.get(key, [0] * P)
         wrong = sum(a != b for a, b in zip(got, want, strict=True))
         counts.append(check_equal(f"{key.split()[0]} axis: ranks whose {key.split()[1]} bytes differ from theory",
                                   wrong, 0, show=False))  # fmt: skip
-    allowed = {"dp", "pp", "cp", "tp", "dp_cp"}
+    allowed = {"dp", "pp", "cp", "tp", "dp_cp", "ep", "edp", "ulysses", "ring"}
     stray = [e for e in events if e.axis not in allowed]
-    counts.append(check_equal("calls on no mesh axis (every call must be on dp, pp, cp, tp or dp_cp)", len(stray), 0,
-                              show=False))  # fmt: skip
-    pb_theory = [hybrid_param_bytes(cfg, schedule, c["pp"], opts.axes, opts.zero) for c in coords]
+    counts.append(check_equal("calls on no mesh axis (every call must be on dp, pp, cp, tp, dp_cp or a sub-axis)",
+                              len(stray), 0, show=False))  # fmt: skip
+    counts += moe.get("counts", [])
+    pb_theory = [hybrid_param_bytes(cfg, schedule, c["pp"], opts.sizes, opts.zero) for c in coords]
     pb = [r["param_bytes"] for r in results]
     wrong = sum(a != b for a, b in zip(pb, pb_theory, strict=True))
     counts.append(check_equal("ranks whose parameter bytes differ from theory", wrong, 0, show=False))
@@ -185,14 +239,16 @@ def hybrid_report(opts: HybridOptions, results: Results) -> dict:
             "per_axis_theory": {k: expected[k] for k in sorted(expected)},
         },
         lines=[v.line for v in verdicts + counts],
-        mesh={"axes": opts.axes, "coords": coords},
+        mesh={"axes": opts.axes, "coords": coords, "ep": opts.ep, "ulysses": opts.ulysses},
         options={
             "zero": opts.zero,
             "sequence_parallel": opts.sequence_parallel,
             "cp_method": opts.cp_method,
             "schedule": opts.schedule,
             "virtual": opts.v,
+            "experts": opts.experts,
         },  # fmt: skip
+        moe=moe.get("report", {}),
         bytes_per_rank={"params": pb, "params_theory": pb_theory},
         state_bytes=[r["state_bytes"] for r in results],
         peak_activation_bytes=[r["peak_activation_bytes"] for r in results],
@@ -201,6 +257,48 @@ def hybrid_report(opts: HybridOptions, results: Results) -> dict:
         layers=cfg.layers,
         steps=K,
     )
+
+
+def moe_checks(opts: HybridOptions, results: Results, coords: list[dict]) -> dict:
+    """The MoE's routing against one device routing the same capacity groups: the aux loss (per step, summed over
+    layers, mean over the D m C groups), the dropped assignments and the load per expert of step 1."""
+    cfg, K, E, dtype = opts.gpt_config(), opts.steps, opts.experts, opts.gpt_config().torch_dtype
+    ranks = _ranks(coords, tp=0)  # each (dp, pp, cp) once: the tp ranks route the same tokens
+    groups = opts.dp * opts.microbatches * opts.cp
+    aux = [sum(results[r]["moe"][k]["aux"] for r in ranks) / groups for k in range(K)]
+    ref = reference_routing(cfg, make_batches(cfg, opts.batch, 1, opts.seed)[0][0], opts.seed)
+    load = [sum((results[r]["moe"][0]["load"] or [0] * E)[e] for r in ranks) for e in range(E)]  # [] if no MoE
+    dropped = sum(results[r]["moe"][0]["dropped"] for r in ranks)
+    a2a = [sum(n for step in r["moe"] for rows in step["a2a_rows"] for n in rows) for r in results]
+    return {
+        "aux": aux,
+        "verdicts": [
+            compare(
+                "aux loss of step 1 (sum over MoE layers)",
+                torch.tensor([aux[0]], dtype=dtype),
+                torch.tensor([ref["aux"]], dtype=dtype),
+                show=False,
+            )
+        ],  # fmt: skip
+        "counts": [
+            check_equal(
+                "step 1: experts whose assignments differ from one device's",
+                sum(a != b for a, b in zip(load, ref["load"], strict=True)),
+                0,
+                show=False,
+            ),
+            check_equal("step 1: dropped assignments, all ranks (one device's)", dropped, ref["dropped"], show=False),
+        ],  # fmt: skip
+        "report": {
+            "experts": E,
+            "ep": opts.ep,
+            "aux_loss": aux,
+            "load_step1": load,
+            "dropped_step1": dropped,
+            "reference": ref,
+            "a2a_rows_per_rank": a2a,
+        },  # fmt: skip
+    }
 
 
 def run_hybrid(dp: int = 2, pp: int = 1, tp: int = 2, cp: int = 1, **options) -> tuple[Results, dict]:
@@ -221,7 +319,10 @@ def check_plan(plan: Plan, **options) -> dict:
     the model states (params, grads, optimizer states, counted from the tensors each rank holds) and the
     activations (the peak bytes autograd kept for backward, parlab.memory), estimated at this run's dtype."""
     if plan.offload or plan.ep > 1 or plan.recompute != "none":
-        raise ValueError(f"{plan}: the hybrid run has no offload, expert or recompute axis (run them alone)")
+        raise ValueError(
+            f"{plan}: check_plan measures dense plans (the planner's estimate of offload, experts and recompute is "
+            "checked by their own runs: run offload, moe, and pp/tp with --recompute)"
+        )
     run = {"dp": plan.dp, "pp": plan.pp, "cp": plan.cp, "tp": plan.tp, "zero": plan.zero}
     run |= {"sequence_parallel": plan.sp, "cp_method": "ulysses" if plan.cp_method == "ulysses" else "ring"}
     results, report = run_hybrid(**run, **options)
@@ -253,7 +354,7 @@ def check_plan(plan: Plan, **options) -> dict:
 SCHEMES = [
     Scheme(
         "hybrid",
-        "hybrid parallelism on a device mesh: data x pipeline (1F1B) x tensor parallel, each on its own axis",
+        "hybrid parallelism on one device mesh: data (ZeRO) x pipeline x context x tensor, + experts, each on its axis",
         HybridOptions,
         hybrid_rank,
         hybrid_report,

@@ -162,6 +162,11 @@ def hybrid_skip(opts) -> str:
             "the twin composes fully_shard (dp) and parallelize_module (tp) on one DeviceMesh; with pp > 1 it would "
             "also need torch.distributed.pipelining on DTensor stages, not composed here (run pp alone for its twin)"
         )
+    if getattr(opts, "experts", 0):
+        return (
+            "the twin has no MoE: parallelize_module's plans and fully_shard do not route tokens to experts "
+            "(run moe alone for the expert all-to-alls checked against one device)"
+        )
     return ""
 
 
