@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from cli_in_process import run_cli
 
 from parlab.collectives import ring_theory_bytes
 from parlab.lessons.collectives import COLLECTIVES, initial_chunks, show_collective
@@ -67,14 +68,8 @@ def test_each_collective_moves_the_chunks_its_definition_says(kind):
     assert results.trace.bytes_per_rank()  # the collective was traced
 
 
-def _cli(*args, **env):
-    return subprocess.run(
-        [sys.executable, "-m", "parlab", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **env},
-    )
+def _cli(*args):
+    return run_cli(*args)
 
 
 def test_cli_json_contract_for_collectives():

@@ -2,11 +2,10 @@
 really exercised, the bytes counted, and bad options refused before any process starts."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
+from cli_in_process import run_cli
 
 from parlab import data_parallel as dp
 from parlab import runs
@@ -159,12 +158,7 @@ def test_shard_batch_refuses_an_uneven_split():
 
 
 def test_cli_json_world_4_passes():
-    out = subprocess.run(
-        [sys.executable, "-m", "parlab", "run", "dp", "--world", "4", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = run_cli("run", "dp", "--world", "4", "--json")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["passed"] is True and report["scheme"] == "dp" and report["world_size"] == 4
@@ -175,11 +169,6 @@ def test_cli_json_world_4_passes():
 
 
 def test_cli_bad_batch_is_refused():
-    out = subprocess.run(
-        [sys.executable, "-m", "parlab", "run", "dp-naive", "--world", "4", "--batch", "10"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_cli("run", "dp-naive", "--world", "4", "--batch", "10")
     assert out.returncode == 2
     assert "batch=10 is not divisible by world_size=4" in out.stderr

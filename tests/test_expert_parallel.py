@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_in_process import run_cli
 
 from parlab.launch import launch
 from parlab.moe import MoEConfig, capacity, route
@@ -140,8 +139,7 @@ def test_cli_error_is_one_line(capsys):
 
 
 def test_cli_json():
-    cmd = [sys.executable, "-m", "parlab", "run", "moe", "--world", "4", "--experts", "8", "--top-k", "2"]
-    done = subprocess.run([*cmd, "--steps", "1", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    done = run_cli("run", "moe", "--world", "4", "--experts", "8", "--top-k", "2", "--steps", "1", "--json")
     report = json.loads(done.stdout)
     assert done.returncode == 0 and report["passed"] and report["max_abs_err"] <= 1e-10
     for key in ("tokens_per_expert", "dropped_tokens", "all_to_all_bytes", "all_to_all_theory", "aux_loss"):

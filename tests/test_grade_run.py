@@ -117,10 +117,11 @@ os.kill(os.getppid(), signal.SIGKILL)  # the process that runs this kernel
 
 IGNORE_INTERRUPT = """
 import signal
+import time
 
 signal.signal(signal.SIGINT, signal.SIG_IGN)
-while True:
-    pass
+while True:  # (asleep rather than spinning: a spinning cell would take a core from the rest of the run)
+    time.sleep(0.05)
 """
 
 LIBRARY_ALL_REDUCE = """

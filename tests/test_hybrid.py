@@ -3,10 +3,8 @@ device in float64, every axis' bytes by kind of call equal to the theory, every 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from cli_in_process import run_cli
 
 from parlab.runs import run_scheme
 from parlab.runs.hybrid import HybridOptions, run_hybrid
@@ -89,8 +87,6 @@ def test_zero_picks_adam_unless_told_otherwise():
 
 
 def test_an_invalid_combination_on_the_command_line_is_one_error_line():
-    cmd = [sys.executable, "-m", "parlab", "run", "hybrid", "--dp", "1", "--cp", "2", "--tp", "4", "--cp-method",
-           "ulysses"]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    done = run_cli("run", "hybrid", "--dp", "1", "--cp", "2", "--tp", "4", "--cp-method", "ulysses")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("parlab: error: the cp axis (Ulysses, cp=2)")

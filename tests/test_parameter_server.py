@@ -3,11 +3,10 @@ applies every gradient, records staleness and replays exactly; the server carrie
 hold synchronous training up; bad setups are refused before any process starts."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
+from cli_in_process import run_cli
 
 from parlab import parameter_server as ps
 from parlab import runs
@@ -153,12 +152,7 @@ def test_bad_options_fail_before_launch(monkeypatch, world, opts, message):
 
 
 def test_cli_bad_straggler_is_refused():
-    out = subprocess.run(
-        [sys.executable, "-m", "parlab", "run", "ps", "--world", "4", "--straggler", "0", "--slowdown", "2"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_cli("run", "ps", "--world", "4", "--straggler", "0", "--slowdown", "2")
     assert out.returncode == 2 and "straggler=0 is the server" in out.stderr
 
 
@@ -191,12 +185,7 @@ def test_theory():
 def test_cli_json_sync_world_4_passes():
     """The issue's bar: `ps --mode sync --world 4` passes and its server carries 3 x a worker's bytes. (The async
     report is the same dict, tested in-process above.)"""
-    out = subprocess.run(
-        [sys.executable, "-m", "parlab", "run", "ps", "--mode", "sync", "--world", "4", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = run_cli("run", "ps", "--mode", "sync", "--world", "4", "--json")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["passed"] is True and report["scheme"] == "ps" and report["world_size"] == 4

@@ -6,6 +6,7 @@ import sys
 from fractions import Fraction
 
 import pytest
+from cli_in_process import run_cli
 
 from parlab import pipeline
 from parlab import schedules as pp
@@ -247,13 +248,7 @@ def test_the_scheme_module_does_not_import_plotly():
 
 
 def test_cli_json_gpipe():
-    out = subprocess.run(
-        [sys.executable, "-m", "parlab", "run", "pp", "--world", "4", "--schedule", "gpipe", "--microbatches", "8"]
-        + ["--steps", "1", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_cli("run", "pp", "--world", "4", "--schedule", "gpipe", "--microbatches", "8", "--steps", "1", "--json")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["passed"] is True

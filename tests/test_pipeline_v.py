@@ -1,11 +1,10 @@
 """V-shaped pipeline schedules (parlab/schedules_v.py): ZB-V and DualPipeV as data, against torch 2.13's orders,
 their exact bubbles and memory, the executor's hand-over at the tip of the V, numerics vs one device, bad input."""
 
-import subprocess
-import sys
 from fractions import Fraction
 
 import pytest
+from cli_in_process import run_cli
 from torch.distributed.pipelining import schedules as torch_schedules
 
 from parlab import schedules as pp
@@ -123,8 +122,7 @@ def test_bad_input_is_rejected_before_launch(changes, message, monkeypatch):
 
 
 def test_cli_prints_one_error_line():
-    cmd = [sys.executable, "-m", "parlab", "run", "pp", "--schedule", "dualpipev", "--microbatches", "4"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    out = run_cli("run", "pp", "--schedule", "dualpipev", "--microbatches", "4")
     assert out.returncode != 0
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("parlab: error:") and "m=4 < 2p=8" in lines[0], out.stderr

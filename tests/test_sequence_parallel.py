@@ -4,15 +4,13 @@ a GPT training step per method vs one device, measured bytes and tiles vs theory
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from cli_in_process import run_cli
 
 import parlab
 from parlab.check import compare
@@ -212,15 +210,7 @@ def test_bad_input_is_refused_before_launch(monkeypatch, method, changes, messag
 
 
 def test_cli_ring_zigzag_json():
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "parlab", "run", "ring-zigzag", "--world", "4", "--json"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=300,
-    )
+    proc = run_cli("run", "ring-zigzag", "--world", "4", "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     for key in ("scheme", "world_size", "passed", "max_abs_err", "tol", "comm", "verdicts", "seq", "heads", "hidden"):

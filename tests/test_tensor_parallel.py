@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from cli_in_process import run_cli
 
 import parlab
 from parlab import tensor_parallel as tp
@@ -152,15 +151,7 @@ def test_lesson_demos_refuse_bad_sizes_before_launch(monkeypatch):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "parlab", "run", "tp", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=300,
-    )
+    return run_cli("run", "tp", *args)
 
 
 def test_cli_json_world_4():

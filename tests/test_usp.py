@@ -5,14 +5,12 @@ training run vs one device; bad input before launch; the CLI."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from cli_in_process import run_cli
 
 import parlab
 from parlab.check import compare
@@ -121,9 +119,7 @@ def test_bad_input_is_refused_before_launch(monkeypatch, changes, message):
 def test_cli_usp_json_and_one_error_line(capsys):
     from parlab.cli import main
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "parlab", "run", "usp", "--ulysses", "2", "--ring", "2", "--json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    proc = run_cli("run", "usp", "--ulysses", "2", "--ring", "2", "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["passed"] is True and report["scheme"] == "usp"

@@ -4,11 +4,10 @@ itemised); stage 2 reduce-scatters during backward, stage 3 gathers and frees la
 before any process starts."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
+from cli_in_process import run_cli
 
 from parlab import launch
 from parlab.data_parallel import train_data_parallel
@@ -223,12 +222,7 @@ def test_bad_options_are_refused_before_launch(options, message, monkeypatch):
 
 
 def test_cli_json_has_the_report_keys():
-    out = subprocess.run(
-        [sys.executable, "-m", "parlab", "run", "zero", "--stage", "3", "--world", "2", "--steps", "1", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    out = run_cli("run", "zero", "--stage", "3", "--world", "2", "--steps", "1", "--json")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     for key in ("scheme", "world_size", "passed", "max_abs_err", "tol", "comm", "verdicts", "param_count"):
