@@ -6,8 +6,10 @@
 
 Each rank is a real process with its own `torch.distributed` process group (gloo on CPU, NCCL when there is one
 GPU per rank). The processes are forked by a rank server that imported torch once (see `runtime/rankserver.py`), so a
-warm launch costs a fraction of a second. `fn` travels by value (cloudpickle), and so do the values the ranks
-return: a function or a dataclass written in a notebook cell works both ways.
+warm launch costs a fraction of a second; in a Jupyter kernel (or with PARLAB_SPARES=1) the server also prepares the
+next launch's ranks ahead of it (`runtime/workers.py`): each launch still gets new processes. `fn` travels by
+value (cloudpickle), and so do the values the ranks return: a function or a dataclass written in a notebook cell
+works both ways.
 
 The rank server starts in the background as soon as parlab is imported in a Jupyter kernel, so that the first
 launch of a lesson is as fast as the others; elsewhere (scripts, tests) it starts at the first launch, or at
@@ -178,6 +180,7 @@ def launch(
         "seed": seed,
         "slot_bytes": SLOT_BYTES,
         "stream_events": comm.event_sink is not None,  # a live timeline (parlab.live) is watching
+        "spares": int(_spares_wanted()),  # keep ranks ready for the next launch (see _spares_wanted)
     }
     job_id, request = job["id"], pickle.dumps({"job": job})
     del job  # the pickled request is what travels: no second copy of a large closure while the ranks run
@@ -198,6 +201,18 @@ def launch(
         report, stopped, calls = _wait_for_report(server, job_id, timeout, world_size)
         seconds = time.perf_counter() - started
     return _results_from(report, stopped, calls, world_size, timeout, seconds, echo, seed)
+
+
+def _spares_wanted() -> bool:
+    """Whether the rank server prepares the ranks of the next launch ahead of it (spares: forked, parlab imported,
+    waiting for a job; a warm launch then takes ~half the time). PARLAB_SPARES=1 or 0; by default in a Jupyter
+    kernel only, where launches are interactive. A spare is a process of the rank server between launches: code
+    that counts the server's children sees them (processes named "parlab-spare"). It never runs two launches, nor
+    stale parlab code, nor in another folder, sys.path or environment than it was prepared for."""
+    setting = os.environ.get("PARLAB_SPARES", "").strip()
+    if setting in ("0", "1"):
+        return setting == "1"
+    return _in_notebook()
 
 
 def _wait_for_report(server: _RankServer, job_id: int, timeout: float, world_size: int):
@@ -272,7 +287,9 @@ def _results_from(report, stopped, calls, world_size, timeout, seconds, echo, se
         for rank, text in enumerate(stdout):
             for line in text.splitlines():
                 print(f"[rank {rank}] {line}")
-    return Results(values, Trace(events, world_size), stdout, seconds, seed)
+    results = Results(values, Trace(events, world_size), stdout, seconds, seed)
+    results.spares = report.get("spares", 0)  # how many ranks were spares prepared ahead (see _spares_wanted)
+    return results
 
 
 # gloo's words when the ranks of one collective disagree on its size ("Received data size doesn't match expected

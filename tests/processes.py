@@ -19,6 +19,21 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def ranks_of(server_pid: int) -> list[int]:
+    """The rank server's children less its spares (processes it prepared for the next launch, named parlab-spare,
+    which exist between launches when spares are on: PARLAB_SPARES, parlab/launch.py)."""
+    ranks = []
+    for pid in children_of(server_pid):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "parlab-spare":
+                    continue
+        except OSError:  # gone meanwhile
+            continue
+        ranks.append(pid)
+    return ranks
+
+
 # The same, as source for the scripts the tests run in a process of their own: children() of that process.
 CHILDREN = (
     "import os\n\n" + inspect.getsource(children_of) + "\n\ndef children():\n    return children_of(os.getpid())\n"

@@ -8,16 +8,23 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from processes import children_of
+from processes import ranks_of
 
 import parlab
 from parlab import comm
 from parlab.launch import rank_server_pid
 
 
-def _rank_processes() -> list[int]:
-    pid = rank_server_pid()
-    return [] if pid is None else children_of(pid)
+def _rank_processes(settle: float = 2.0) -> list[int]:
+    """The rank server's children that are not spares. A spare forked a moment ago has not named itself yet (it
+    still has the server's name): give it `settle` seconds; a rank that outlived its launch stays."""
+    deadline = time.monotonic() + settle
+    while True:
+        pid = rank_server_pid()
+        ranks = [] if pid is None else ranks_of(pid)
+        if not ranks or time.monotonic() > deadline:
+            return ranks
+        time.sleep(0.05)
 
 
 def _open_fds() -> int:

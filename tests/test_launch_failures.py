@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from processes import CHILDREN, children_of
+from processes import CHILDREN, children_of, ranks_of
 
 import parlab
 from parlab import comm
@@ -72,7 +72,7 @@ def clean(private_tmp):
     fds = len(os.listdir("/proc/self/fd"))
     yield private_tmp
     server = rank_server_pid()
-    assert server is None or _wait_until(lambda: children_of(server) == []), "a rank outlived its launch"
+    assert server is None or _wait_until(lambda: ranks_of(server) == []), "a rank outlived its launch"
     assert set(children_of(os.getpid())) <= {server}, "a process other than the rank server was left"
     assert len(os.listdir("/proc/self/fd")) <= fds, "file descriptors leaked"
     assert _rendezvous_files(private_tmp) == [], "rendezvous files were left"

@@ -5,12 +5,16 @@ benchmarks/bench_launch.py."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
-from processes import CHILDREN
+from processes import CHILDREN, children_of
+
+import parlab.launch  # noqa: F401  (sys.modules["parlab.launch"]: the package attribute is the function)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -113,3 +117,152 @@ def test_importing_parlab_in_a_kernel_starts_the_server_without_blocking():
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+# ------------------------------------------------------------------------------------- spares (issue 28)
+#
+# With PARLAB_SPARES=1 (the default in a Jupyter kernel) the rank server forks the next launch's ranks ahead of it:
+# spares that have imported parlab and wait for a job. Each launch must still get new processes that run the parlab
+# code on disk, in the launch's environment, and leave nothing behind.
+
+launch_module = sys.modules["parlab.launch"]
+
+
+@pytest.fixture
+def spares(monkeypatch):
+    """Spares on for one test; afterwards one launch with them off retires them (the server keeps running)."""
+    monkeypatch.setenv("PARLAB_SPARES", "1")
+    yield
+    monkeypatch.setenv("PARLAB_SPARES", "0")
+    launch_module.launch(lambda: 0, 1)
+    server = launch_module.rank_server_pid()
+    assert _wait_until(lambda: children_of(server) == []), "a spare or a rank outlived the test"
+
+
+def _wait_until(condition, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+def _served_by_spares(fn, world_size: int, *args):
+    """Launch until every rank was a spare (the server forks them after each launch, while this process goes on)."""
+    for _ in range(20):
+        time.sleep(0.1)
+        results = launch_module.launch(fn, world_size, *args)
+        if results.spares == world_size:
+            return results
+    raise AssertionError("no launch was served by spares")
+
+
+def _ranks_left() -> list[int]:
+    """The rank server's children that are not idle spares (ranks killed at the end of a launch exit at once)."""
+    server = launch_module.rank_server_pid()
+
+    def name(pid):
+        try:
+            return open(f"/proc/{pid}/comm").read().strip()
+        except OSError:
+            return "gone"
+
+    return [pid for pid in children_of(server) if name(pid) not in ("parlab-spare", "gone")]
+
+
+def test_spares_never_carry_state_from_one_launch_to_the_next(spares, tmp_path):
+    def fn(folder):
+        import random
+
+        import torch.distributed as dist
+
+        from parlab import comm
+
+        seen = (getattr(comm, "_left_by_a_launch", None), os.environ.get("LEFT_BY_A_LAUNCH"), os.getcwd())
+        groups = dist.distributed_c10d._world.group_count
+        comm._left_by_a_launch = os.getpid()  # a global, the environment, the folder, a new group, the generators
+        os.environ["LEFT_BY_A_LAUNCH"] = "1"
+        os.chdir(folder)
+        dist.new_group([0])
+        return os.getpid(), seen, groups, random.random()
+
+    first = _served_by_spares(fn, 2, str(tmp_path))
+    second = _served_by_spares(fn, 2, str(tmp_path))
+    assert {pid for pid, *_ in first}.isdisjoint(pid for pid, *_ in second)  # new processes
+    for _pid, seen, groups, _ in [*first, *second]:
+        assert seen == (None, None, os.getcwd()) and groups == first[0][2]
+    assert first[0][3] != second[0][3]  # drawn from a new seed
+
+
+def test_spares_run_in_the_environment_of_their_launch(spares, monkeypatch):
+    def fn():
+        return os.environ.get("MY_SETTING"), os.environ.get("PYTEST_CURRENT_TEST"), os.environ["RANK"]
+
+    monkeypatch.setenv("MY_SETTING", "1")
+    _served_by_spares(fn, 2)
+    monkeypatch.setenv("MY_SETTING", "2")  # read at import by some module? The spares prepared with "1" retire
+    results = launch_module.launch(fn, 2)
+    assert list(results) == [
+        ("2", os.environ["PYTEST_CURRENT_TEST"], "0"),
+        ("2", os.environ["PYTEST_CURRENT_TEST"], "1"),
+    ]
+    assert results.spares == 0
+    for attempt in range(20):  # pytest's own per-phase variable differs from the spares': they still serve
+        time.sleep(0.1)
+        monkeypatch.setenv("PYTEST_CURRENT_TEST", f"noise {attempt}")
+        results = launch_module.launch(fn, 2)
+        assert list(results) == [("2", f"noise {attempt}", "0"), ("2", f"noise {attempt}", "1")]
+        if results.spares == 2:
+            break
+    assert results.spares == 2
+
+
+def test_a_launch_after_a_parlab_file_changed_runs_the_new_code(spares, tmp_path, monkeypatch):
+    """A copy of the package first on sys.path; its parlab/comm.py (imported by every spare) is edited."""
+    shutil.copytree(os.path.join(ROOT, "parlab"), tmp_path / "parlab", ignore=shutil.ignore_patterns("__pycache__"))
+    probe = tmp_path / "parlab" / "comm.py"
+    original = probe.read_text()
+    probe.write_text(original + "\nEDIT_PROBE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def fn():
+        from parlab import comm
+
+        return comm.EDIT_PROBE, comm.__file__
+
+    assert list(_served_by_spares(fn, 2)) == [(1, str(probe))] * 2
+    probe.write_text(original + "\nEDIT_PROBE = 2\n")
+    results = launch_module.launch(fn, 2)
+    assert list(results) == [(2, str(probe))] * 2 and results.spares == 0  # the stale spares were not used
+    assert list(_served_by_spares(fn, 2)) == [(2, str(probe))] * 2
+
+
+def test_spares_keep_the_launch_guarantees(spares):
+    """A failing rank still names itself and stops the others, a hang still ends at its timeout, and nothing is
+    left behind: no rank process, no file descriptor in this process."""
+    import torch
+    import torch.distributed as dist
+
+    def fn(fail):
+        if fail and dist.get_rank() == 1:
+            raise ValueError("rank one is unhappy")
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        if fail:
+            time.sleep(60)
+        return t.sum().item()
+
+    _served_by_spares(fn, 3, False)
+    fds = len(os.listdir("/proc/self/fd"))
+    for i in range(12):
+        if i % 4 == 3:
+            started = time.perf_counter()
+            with pytest.raises(launch_module.RankError, match="rank one is unhappy") as info:
+                launch_module.launch(fn, 3, True)
+            assert info.value.rank == 1 and time.perf_counter() - started < 10
+        else:
+            assert list(launch_module.launch(fn, 3, False)) == [6.0] * 3
+        assert _wait_until(lambda: _ranks_left() == [])
+    with pytest.raises(launch_module.LaunchTimeout):
+        launch_module.launch(lambda: time.sleep(60), 2, timeout=1.5)
+    assert _wait_until(lambda: _ranks_left() == [])
+    assert len(os.listdir("/proc/self/fd")) == fds

@@ -2,12 +2,19 @@
 
 Why it exists: starting a rank with `torch.multiprocessing.spawn` costs a fresh interpreter that imports torch
 (~2 s per rank here), and `spawn` cannot run a function defined in a notebook cell. This server pays the torch
-import once; each launch then only forks `world_size` copies of it (a few milliseconds each), and the function
-arrives by value (cloudpickle), so notebook functions work.
+import once; each launch then only forks `world_size` copies of it (~10 ms each here), and the function arrives by
+value (cloudpickle), so notebook functions work. When the job asks for it ("spares": 1; by default in a Jupyter
+kernel), the server forks the next launch's ranks once a launch is over, while the notebook goes on: spares, which
+import parlab and wait for a job (runtime/workers.py). Every launch still gets new processes.
 
 It runs as a plain script (`python rankserver.py FD`), not as `parlab.runtime.rankserver`: the server must not import
-the parlab package, so that every forked rank imports parlab fresh from disk and never runs stale code. What a rank
-does once forked lives in `parlab.runtime.rank._rank_main`, for the same reason.
+the parlab package, so that every forked rank imports parlab fresh from disk and never runs stale code (a spare
+serves only if the parlab files are those it imported). What a rank does once forked lives in
+`parlab.runtime.rank._rank_main`, for the same reason.
+
+A launch ends without a barrier: a rank that has returned waits until every rank has, then the server kills them all
+(killing a process group stops what the rank code started too). The report goes out once the ranks are reaped; with
+spares, as soon as they are killed (they are reaped right after it, before the next job is read).
 
 Protocol (over the socket inherited as file descriptor FD; each message is one dict pickled by plain pickle; the
 parent sends and receives from its own threads, so a Ctrl-C in the parent never cuts a message in half):
@@ -18,7 +25,7 @@ parent sends and receives from its own threads, so a Ctrl-C in the parent never 
     server -> parent   {"job_id", "progress": ...}      a rank started, or reported progress (parlab.progress)
     server -> parent   {"job_id", "calls": [...], "at"} each rank's published call state, read at time.monotonic()
                                                         "at"; sent when it changed, and every CALLS_RESEND s
-    server -> parent   {"job_id", "report": {...}}      every rank's outcome, sent once the ranks are all gone;
+    server -> parent   {"job_id", "report": {...}}      every rank's outcome, sent once the ranks are stopped;
                                                         the answer to a cancel too ({"report": None} when that job
                                                         was not running)
 What a rank returned travels inside the report as bytes that the rank pickled with cloudpickle: the server never
@@ -27,9 +34,7 @@ unpickles it (it has imported neither parlab nor the user's modules) and forgets
 
 import ctypes
 import glob
-import importlib
-import io
-import mmap
+import importlib.util
 import os
 import pickle
 import shutil
@@ -37,7 +42,6 @@ import signal
 import sys
 import tempfile
 import time
-import traceback
 from multiprocessing.connection import Connection, wait
 
 # Run as a script, Python puts this folder first on sys.path, where runtime's own modules (errors, rank, ...) would
@@ -49,19 +53,29 @@ import cloudpickle  # noqa: F401  (preloaded: the ranks unpickle the shipped fun
 import torch
 import torch._dynamo  # noqa: F401  (preloaded: the first torch.optim optimizer imports it, ~3 s per rank)
 
-PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
+try:  # preloaded: every rank seeds NumPy's generator, and importing numpy.random costs a rank ~10 ms
+    import numpy.random  # noqa: F401
+except ImportError:
+    pass
+torch.manual_seed(0)  # its first call initialises lazily (~3-10 ms in each rank otherwise); each rank reseeds
+
 PR_SET_CHILD_SUBREAPER = 36  # prctl: orphaned descendants become this process's children
 RENDEZVOUS_PREFIX = "parlab-rendezvous-"  # + "<server pid>-<job id>", in the temp folder
 CALLS_EVERY = 0.25  # seconds between two looks at the ranks' published calls
 CALLS_RESEND = 1.0  # seconds after which they are sent again even if unchanged (the parent sees they still hold)
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent (the server) dies, so no rank is ever orphaned."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the server still kills its ranks on every exit path
-        pass
+def _load_workers():
+    """runtime/workers.py, loaded from its path under a name outside the parlab package (see the docstring)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers.py")
+    spec = importlib.util.spec_from_file_location("_parlab_rankserver_workers", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+workers = _load_workers()
 
 
 def _become_subreaper() -> None:
@@ -73,11 +87,12 @@ def _become_subreaper() -> None:
         pass
 
 
-def _stop_adopted(rounds: int = 20) -> None:
-    """Kill and reap every child of this server: once a job's ranks are reaped, any child left is an orphan the
-    server adopted (as subreaper) from rank code. Killing one can orphan its own children: repeat until none."""
+def _stop_adopted(keep: set, rounds: int = 20) -> None:
+    """Kill and reap every child of this server but the spares (`keep`): once a job's ranks are reaped, any other
+    child is an orphan the server adopted (as subreaper) from rank code. Killing one can orphan its own children:
+    repeat until none."""
     for _ in range(rounds):
-        adopted = _children(os.getpid())
+        adopted = [pid for pid in _children(os.getpid()) if pid not in keep]
         if not adopted:
             return
         for pid in adopted:
@@ -103,49 +118,6 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _run_rank(job: dict, rank: int, out: Connection, slot: memoryview, err_fd: int) -> None:
-    """Body of one forked rank: set up the process, then hand over to parlab.runtime.rank._rank_main. Never returns:
-    whatever fails in here ends this process, which must never fall back into the server's own loop.
-
-    err_fd: a file for what the process itself writes to its stderr (file descriptor 2: gloo's C++ messages, a
-    fatal error), which the server reads after the rank has exited: a rank that aborts is explained by it."""
-    captured = io.StringIO()  # the rank's prints go back to the parent, which shows them in rank order
-    try:
-        os.dup2(err_fd, 2)
-        os.close(err_fd)
-        _die_with_parent()
-        os.setpgid(0, 0)  # its own process group: whatever the rank code starts is stopped with it (killpg)
-        # The parent's environment as it is at this launch (not as it was when the server started), plus the rank's.
-        os.environ.clear()
-        os.environ.update(job["env"])
-        os.environ.update(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(job["world_size"]),
-            LOCAL_WORLD_SIZE=str(job["world_size"]),
-            GLOO_SOCKET_IFNAME="lo",  # gloo's own sockets on loopback too, not on the machine's network
-            NCCL_SOCKET_IFNAME="lo",
-            PARLAB_LAUNCHED="1",
-        )
-        sys.path[:] = job["sys_path"]
-        os.chdir(job["cwd"])
-        torch.set_num_threads(job["threads"])
-        sys.stdout = sys.stderr = captured
-        # (importlib: the package attribute parlab.launch is the launch function, not the module)
-        rank_main = importlib.import_module("parlab.runtime.rank")._rank_main
-    except BaseException:  # the set-up failed, or parlab itself does not import (a file being edited): say why
-        try:
-            message = {"rank": rank, "ok": False, "traceback": traceback.format_exc(), "stdout": captured.getvalue()}
-            out.send_bytes(pickle.dumps(message))
-        finally:
-            os._exit(1)
-    try:
-        rank_main(job, rank, out, slot, captured)  # sends the rank's message itself
-    except BaseException:
-        os._exit(1)  # _rank_main reports every error of the rank code: this is a bug in parlab, or a kill
-    os._exit(0)
-
-
 def _remove(path: str) -> None:
     try:
         os.remove(path)
@@ -168,72 +140,57 @@ def _remove_stale_rendezvous_files() -> None:
             pass
 
 
-def _kill(pids: dict) -> None:
-    """SIGKILL each rank's process group: the rank and every process its code started."""
-    for pid in pids.values():
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def _read_slots(board: mmap.mmap, world_size: int, slot_bytes: int) -> list:
-    """Each rank's published call state (JSON bytes; None while a rank is writing it). Layout of a slot:
-    8-byte sequence number (odd while the rank writes), 4-byte length, the JSON text."""
+def _read_slots(boards: list) -> list:
+    """Each rank's published call state (JSON bytes; None while a rank is writing it). Layout of a slot (one shared
+    memory map per rank): 8-byte sequence number (odd while the rank writes), 4-byte length, the JSON text."""
     states = []
-    for rank in range(world_size):
-        base, state = rank * slot_bytes, None
+    for board in boards:
+        state = None
         for _ in range(3):
-            before = int.from_bytes(board[base : base + 8], "little")
-            length = int.from_bytes(board[base + 8 : base + 12], "little")
-            data = board[base + 12 : base + 12 + min(length, slot_bytes - 12)]
-            if before % 2 == 0 and int.from_bytes(board[base : base + 8], "little") == before:
+            before = int.from_bytes(board[0:8], "little")
+            length = int.from_bytes(board[8:12], "little")
+            data = board[12 : 12 + min(length, len(board) - 12)]
+            if before % 2 == 0 and int.from_bytes(board[0:8], "little") == before:
                 state = data
                 break
         states.append(state)
     return states
 
 
-def _run_job(job: dict, parent: Connection) -> tuple[dict, dict | None]:
-    """Fork the ranks, wait for each one's message and exit, stop them all at the first failure or cancel.
+def _run_job(job: dict, parent: Connection, spares) -> tuple[dict, dict | None, dict]:
+    """Start the ranks (spares first, forks for the others), wait until each one has sent its result or is gone,
+    stop them all at the first failure or cancel, and once they have all returned.
 
-    Returns the report and the next request if one arrived meanwhile (a new job)."""
+    Returns the report, the next request if one arrived meanwhile (a new job), and the workers to reap once the
+    report is sent: those of a job that used spares and went well (else the ranks are reaped before the report)."""
     # Rendezvous through a file that only this job knows: no TCP port to pick, so two launches at the same
     # time (two notebooks, parallel tests) can never meet each other's ranks. Gloo itself binds to loopback.
     job["rendezvous"] = os.path.join(tempfile.gettempdir(), f"{RENDEZVOUS_PREFIX}{os.getpid()}-{job['id']}")
-    world_size, slot_bytes = job["world_size"], job["slot_bytes"]
-    # Shared memory where each rank publishes the traced call it is in (parlab.comm), for the hang diagnosis.
-    board = mmap.mmap(-1, world_size * slot_bytes)
-    pids, pipes, errs = {}, {}, {}
-    messages, exited, first_failure, cancelled, next_request = {}, set(), None, False, None
+    world_size, spec = job["world_size"], _spec(job)
+    ranks: dict = {}  # rank -> Worker
+    messages, exited, first_failure, cancelled, next_request, went_well = {}, set(), None, False, None, False
     try:
+        use_spares = job.get("spares", 0) > 0 and spares.ready and len(job["fn"]) < workers.PIPE_BYTES
+        job_bytes = pickle.dumps(job) if use_spares else b""
+        for rank, spare in enumerate(spares.take(spec, world_size if use_spares else 0, len(job_bytes))):
+            if spare.start(rank, job_bytes):
+                ranks[rank] = spare
+            else:  # it died meanwhile: a fork takes its rank
+                spares.retire(spare)
         for rank in range(world_size):
-            reader, writer = os.pipe()
-            errs[rank] = tempfile.TemporaryFile()  # already unlinked: nothing is left behind, even after a kill
-            pid = os.fork()
-            if pid == 0:  # the rank
-                os.close(reader)
-                for other in pipes.values():
-                    other.close()
-                parent.close()
-                slot = memoryview(board)[rank * slot_bytes : (rank + 1) * slot_bytes]
-                _run_rank(job, rank, Connection(writer, readable=False), slot, errs[rank].fileno())
-            try:
-                os.setpgid(pid, pid)  # also here, so that a kill right after the fork reaches the whole group
-            except (PermissionError, ProcessLookupError):
-                pass
-            os.close(writer)
-            pids[rank], pipes[rank] = pid, Connection(reader, writable=False)
+            if rank not in ranks:
+                close = [parent.fileno(), *spares.fds(), *(fd for worker in ranks.values() for fd in worker.fds())]
+                ranks[rank] = workers.Worker(spec, None, close, job=(rank, job))
+        rank_of = {worker.out: rank for rank, worker in ranks.items()}
+        boards = [ranks[rank].board for rank in range(world_size)]
 
         last_calls, last_look, last_sent = None, 0.0, 0.0
-        while len(exited) < len(pids):
-            ready = wait([parent, *[pipes[r] for r in pids if r not in exited]], timeout=CALLS_EVERY)
+        while len(exited | messages.keys()) < world_size:  # a rank is done once it sent its result, or is gone
+            waiting = [worker.out for rank, worker in ranks.items() if rank not in exited and rank not in messages]
+            ready = wait([parent, *waiting], timeout=CALLS_EVERY)
             if time.monotonic() - last_look >= CALLS_EVERY:
                 last_look = time.monotonic()
-                calls = _read_slots(board, world_size, slot_bytes)
+                calls = _read_slots(boards)
                 if calls != last_calls or last_look - last_sent >= CALLS_RESEND:
                     parent.send_bytes(pickle.dumps({"job_id": job["id"], "calls": calls, "at": last_look}))
                     last_calls, last_sent = calls, last_look
@@ -241,17 +198,18 @@ def _run_job(job: dict, parent: Connection) -> tuple[dict, dict | None]:
                 request = pickle.loads(parent.recv_bytes())  # EOFError if the parent died: main() exits
                 if "job" in request:  # the parent gave up on this job (interrupted) and wants the next one
                     next_request, cancelled = request, True
-                    _kill(pids)
+                    _kill(ranks)
                 elif request.get("cancel") == job["id"]:
                     cancelled = True
-                    _kill(pids)
+                    _kill(ranks)
                 elif "cancel" in request:  # for a job that has already ended
                     parent.send_bytes(pickle.dumps({"job_id": request["cancel"], "report": None}))
-            for rank, pipe in pipes.items():
-                if pipe not in ready or rank in exited:
+            for conn in ready:
+                if conn is parent:
                     continue
+                rank = rank_of[conn]
                 try:
-                    message = pickle.loads(pipe.recv_bytes())
+                    message = pickle.loads(conn.recv_bytes())
                     if "progress" in message:  # not the rank's result: pass it on to the parent as it comes
                         parent.send_bytes(pickle.dumps({**message, "job_id": job["id"]}))
                         continue
@@ -263,39 +221,55 @@ def _run_job(job: dict, parent: Connection) -> tuple[dict, dict | None]:
                 if failed and first_failure is None and not cancelled:
                     # A rank that raised may only be the victim of a peer that died without a word (its socket
                     # closed: "Connection reset by peer"); that peer's exit is seen a moment later. Name it.
-                    silent = _silent_death(pipes, messages, exited) if rank in messages else None
+                    silent = _silent_death(ranks, messages, exited) if rank in messages else None
                     first_failure = rank if silent is None else silent
-                    _kill(pids)  # stop the other ranks at once: they would only hang on the dead peer
+                    _kill(ranks)  # stop the other ranks at once: they would only hang on the dead peer
+        went_well = first_failure is None and not cancelled and all(m["ok"] for m in messages.values())
     finally:
-        # Every exit path: stop what the ranks started (their process groups still exist while they are zombies),
-        # reap them, and remove the rendezvous file (ranks that were killed could not remove it themselves).
-        _kill(pids)
-        for pipe in pipes.values():
-            pipe.close()
-        exit_codes = {}
-        for rank, pid in pids.items():
-            _, status = os.waitpid(pid, 0)
-            exit_codes[rank] = os.waitstatus_to_exitcode(status)
-        _stop_adopted()  # what the rank code started in sessions of its own, out of reach of killpg
+        # Every exit path: stop the ranks (those that returned wait for this: they leave together) and what they
+        # started (their process groups exist until they are reaped), and remove the rendezvous file (killed
+        # ranks cannot). A job of spares that went well is reaped after its report: its ranks are already killed.
+        _kill(ranks)
         _remove(job["rendezvous"])
-        board.close()
-        stderr_tails = {rank: _tail_and_pass_on(err) for rank, err in errs.items()}
+        later = went_well and job.get("spares", 0) > 0
+        exit_codes, stderr_tails = ({}, {}) if later else _reap(ranks, spares)
     report = {
         "messages": messages,
         "first_failure": first_failure,
         "cancelled": cancelled,
         "exit_codes": exit_codes,
-        "stderr_tails": {rank: tail for rank, tail in stderr_tails.items() if tail},
+        "stderr_tails": stderr_tails,
+        "spares": sum(worker.fingerprint is not None for worker in ranks.values()),  # ranks served by spares
     }
-    return report, next_request
+    return report, next_request, ranks if later else {}
 
 
-def _silent_death(pipes: dict, messages: dict, exited: set, within: float = 0.25) -> int | None:
+def _spec(job: dict) -> dict:
+    """What a worker is set up for before it knows its rank."""
+    return {key: job[key] for key in ("env", "sys_path", "cwd", "slot_bytes")}
+
+
+def _kill(ranks: dict) -> None:
+    for worker in ranks.values():
+        worker.kill()
+
+
+def _reap(ranks: dict, spares) -> tuple[dict, dict]:
+    """Wait for the killed ranks' exits, stop what their code started elsewhere, pass their stderr on.
+    Returns each rank's exit code and the last lines each one wrote to its stderr."""
+    exit_codes = {rank: worker.reap() for rank, worker in ranks.items()}
+    spares.reap_retired()
+    _stop_adopted(keep=spares.pids())  # what the rank code started in sessions of its own, out of reach of killpg
+    tails = {rank: _tail_and_pass_on(worker.err) for rank, worker in ranks.items()}
+    return exit_codes, {rank: tail for rank, tail in tails.items() if tail}
+
+
+def _silent_death(ranks: dict, messages: dict, exited: set, within: float = 0.25) -> int | None:
     """After a rank reported an error: a rank whose process ended without any message within `within` seconds
     (os._exit, a crash, a kill), or None. Messages read meanwhile are kept as the main loop would keep them."""
     deadline = time.monotonic() + within
     while (left := deadline - time.monotonic()) > 0:
-        waiting = {pipes[r]: r for r in pipes if r not in exited}
+        waiting = {ranks[r].out: r for r in ranks if r not in exited and r not in messages}
         ready = wait(list(waiting), timeout=left)
         if not ready:
             return None
@@ -336,6 +310,7 @@ def main(fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the kernel is handled by the parent, not here
     _become_subreaper()
     _remove_stale_rendezvous_files()
+    spares = workers.Spares()
     try:
         parent.send_bytes(
             pickle.dumps({"ready": os.getpid(), "tmp": tempfile.gettempdir()})
@@ -347,13 +322,21 @@ def main(fd: int) -> None:
                 parent.send_bytes(pickle.dumps({"job_id": request["cancel"], "report": None}))
                 request = None
                 continue
-            job_id, started = request["job"]["id"], time.perf_counter()
-            report, request = _run_job(request["job"], parent)
+            job, started = request["job"], time.perf_counter()
+            report, request, unreaped = _run_job(job, parent, spares)
             report["server_seconds"] = time.perf_counter() - started
-            parent.send_bytes(pickle.dumps({"job_id": job_id, "report": report}))
+            parent.send_bytes(pickle.dumps({"job_id": job["id"], "report": report}))
             del report  # keep nothing of a finished job: its results can be large
+            # Off the launch's critical path, while the parent goes on: reap, then prepare the next job's ranks.
+            if unreaped:
+                _reap(unreaped, spares)
+            spares.reap_retired()
+            if request is None:
+                wanted = job.get("spares", 0) and job["world_size"]
+                spares.top_up(_spec(job), wanted, lambda: [parent.fileno()], busy=lambda: parent.poll(0))
+            del job
     except (EOFError, OSError, KeyboardInterrupt):
-        pass  # the parent went away: _run_job has killed the ranks on its way out
+        pass  # the parent went away: _run_job has killed the ranks on its way out; the spares die with the server
 
 
 if __name__ == "__main__":
