@@ -409,8 +409,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"graded {path}: {grade.points}/{grade.max_points} ({grade.seconds:.0f} s)", file=sys.stderr, flush=True)
         return grade
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        grades = list(pool.map(one, [str(path) for path, _ in found]))
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            grades = list(pool.map(one, [str(path) for path, _ in found]))
+    finally:
+        grader.close()
     points, max_points = sum(g.points for g in grades), sum(g.max_points for g in grades)
     report = {
         "notebooks": [g.to_dict() for g in grades],

@@ -25,6 +25,7 @@ group from torchrun's environment (see `python -m parlab run --help`). parlab ne
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import math
 import os
@@ -312,6 +313,14 @@ def init_from_env(backend: str | None = None) -> None:
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     dist.init_process_group(backend, init_method="env://")
+    # One process group for the life of the process: several schemes can run one after another in it (torchrun's
+    # store does not take a second group of the same name), and it is torn down once, on the way out.
+    atexit.register(_destroy_at_exit)
+
+
+def _destroy_at_exit() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def device() -> torch.device:

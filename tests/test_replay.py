@@ -73,16 +73,15 @@ def test_ring_replay_follows_the_k_v_blocks_of_a_real_run():
     trace = results.trace
     steps = ring_steps(trace, 4, "contiguous")  # what lesson 04 draws: held[s][r]
     fwd_recvs = {r: [e for e in trace.select(kind="recv", rank=r) if e.label.startswith("kv fwd")] for r in range(4)}
-    for s in range(1, 4):
-        moment = max(fwd_recvs[r][s - 1].end for r in range(4)) - trace.t0  # every rank has its s-th block
-        before_next = [e.start for r in range(4) for e in fwd_recvs[r][s : s + 1]]
-        if before_next and moment >= min(before_next) - trace.t0:
-            continue  # some rank is already on its next recv: not one clean step for every rank
-        compared = 0
-        for r, line in enumerate(state_at(trace, moment)):
-            if "(fwd)" in line:  # a rank with fewer causal tiles may already be in its backward
-                assert line.startswith(f"rank {r}: holds K/V of rank {steps['held'][s][r]} (fwd)"), (s, line)
+    compared = 0
+    for r in range(4):  # each rank at its own pace (on a loaded machine the ranks drift apart)
+        for s in range(1, 4):
+            got = fwd_recvs[r][s - 1].end - trace.t0  # rank r has just received its s-th block ...
+            nxt = fwd_recvs[r][s].start - trace.t0 if s < len(fwd_recvs[r]) else got + 1e-6  # ... not yet the next
+            line = state_at(trace, (got + nxt) / 2)[r]
+            if "(fwd)" in line:  # (after its last block a rank with fewer causal tiles may be in its backward)
+                assert line.startswith(f"rank {r}: holds K/V of rank {steps['held'][s][r]} (fwd)"), (r, s, line)
                 compared += 1
-        assert compared >= 2
+    assert compared >= 8  # of the 12 (rank, step) moments
     end = replay(trace, frames=5).frames[-1].layout.annotations[0].text
     assert end.count("score tiles done") == 4

@@ -6,6 +6,7 @@ process): marked slow."""
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from parlab.models import GPTConfig, make_batches, train_single_device
 
 pytestmark = pytest.mark.slow
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+PYTHON_ERROR = re.compile(r"exitcode\s*:\s*1\b")  # torchrun's report of a worker that raised (a Python error)
 ENV = {**os.environ, "PARLAB_WARM": "0", "OMP_NUM_THREADS": "1"}
 
 
@@ -29,14 +31,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(agents: list[list[str]], timeout: float = 60) -> list[tuple[int, str, str]]:
+def torchrun(agents: list[list[str]], timeout: float = 60, before=lambda: None) -> list[tuple[int, str, str]]:
     """Run torchrun agents (each a list of arguments; "PORT" stands for a fresh rendezvous port) together; returns
     each one's (exit status, stdout, stderr). Each agent runs in a session of its own, killed with its workers if
     it outlives `timeout`. Once in a few loaded runs, a torchrun agent whose workers had finished waited in its own
-    exit barrier or rendezvous until its 300 s timeout (torch 2.13, c10d rendezvous on 127.0.0.1): torchrun's
-    machinery, not the rank code, so a hung launch is tried once more, on a new port, before the test fails (a launch
-    takes 10-16 s here: 60 s is four times that)."""
+    exit barrier or rendezvous until its 300 s timeout (torch 2.13, c10d rendezvous on 127.0.0.1), or a worker
+    was lost by torch's machinery (see _machinery_failed): a launch that hung or lost a worker that way is tried
+    once more, on a new port, before the test fails (a launch takes 10-16 s here: 60 s is four times that).
+    `before()` runs before each attempt (a clean folder for a job that leaves files)."""
     for attempt in range(2):
+        before()
         port = str(free_port())
         procs = [
             subprocess.Popen(
@@ -51,7 +55,10 @@ def torchrun(agents: list[list[str]], timeout: float = 60) -> list[tuple[int, st
         ]
         try:
             outs = [p.communicate(timeout=timeout) for p in procs]
-            return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
+            done = [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
+            aborted = any(status != 0 and _machinery_failed(err) for status, _, err in done)
+            if not aborted or attempt == 1:
+                return done
         except subprocess.TimeoutExpired:
             if attempt == 1:
                 raise
@@ -65,12 +72,28 @@ def torchrun(agents: list[list[str]], timeout: float = 60) -> list[tuple[int, st
     raise AssertionError("unreachable")
 
 
+def _machinery_failed(stderr: str) -> bool:
+    """A failed launch that torch's elastic machinery lost, not the rank code: a worker aborted from C++ (SIGABRT)
+    without any worker raising, or, after a restart, a rank that could not reach the rendezvous store or its peers
+    (gloo's connectFullMesh refused or timed out: addresses of the group torchrun had just stopped)."""
+    aborted = "(SIGABRT)" in stderr and not PYTHON_ERROR.search(stderr)
+    return aborted or "connectFullMesh failed" in stderr or "RendezvousConnectionError" in stderr
+
+
+def _empty(folder):
+    def empty() -> None:
+        for path in folder.iterdir():
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+    return empty
+
+
 def test_torchrun_restarts_a_failed_rank_and_parlab_resumes_from_its_checkpoint(tmp_path):
     args = ["--nnodes", "1:2", "--nproc-per-node", "2", "--max-restarts", "3", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", "127.0.0.1:PORT", "--rdzv-conf", "last_call_timeout=1"]  # fmt: skip
     job = ["-m", "parlab.runs.checkpoint", "--root", str(tmp_path), "--scheme", "zero", "--stage", "3",
            "--kill-rank", "1", "--at-step", "4", "--steps", "6"]  # fmt: skip
-    ((status, _, stderr),) = torchrun([args + job])
+    ((status, _, stderr),) = torchrun([args + job], before=_empty(tmp_path))  # (a retry starts from nothing)
     assert status == 0, stderr[-3000:]
     assert stderr.count("exitcode: 43") == 1  # rank 1 died on purpose once (parlab.faults.KILLED_EXIT_CODE)
     result = torch.load(tmp_path / "result.pt")
@@ -87,21 +110,45 @@ def _masked(lines: list[str]) -> list[str]:
     return [re.sub(r"\d\.\de[-+]\d+", "E", line) for line in lines]
 
 
-@pytest.mark.parametrize("scheme", ["collectives", "dp", "tp"])
-def test_two_torchrun_agents_on_localhost_print_the_verdicts_of_one_machine(scheme, capsys):
-    """Two agents (two "nodes") of 2 processes each: `python -m parlab run SCHEME` under torchrun, world size 4."""
+# What the two "nodes" run: four commands one after another, in one process group (as one machine runs them).
+COMMANDS = [
+    ["run", "collectives"],
+    ["run", "dp"],
+    ["run", "tp"],
+    ["run", "hybrid", "--dp", "1", "--pp", "2", "--tp", "2"],
+]
+JOB = f"""
+import os, sys
+from parlab import cli
+for args in {COMMANDS!r}:
+    if os.environ["RANK"] == "0":
+        print("## parlab " + " ".join(args), flush=True)
+    if cli.main(args) != 0:
+        sys.exit(1)
+"""
+
+
+def test_two_torchrun_agents_on_localhost_print_the_verdicts_of_one_machine(tmp_path, capsys):
+    """Two agents (two "nodes") of 2 processes each, world size 4: `python -m parlab run SCHEME` for collectives,
+    dp, tp and hybrid (dp 1 x pp 2 x tp 2: the pipeline's hop crosses the nodes) under torchrun."""
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
     agents = [
         ["--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2", "--rdzv-backend", "c10d",
          "--rdzv-endpoint", "127.0.0.1:PORT",
          # Both agents are on 127.0.0.1, so both would guess they host the rendezvous store; say which one does,
          # or node 0 could outlive a node 1 that hosted it and wait for it (seen once).
-         "--rdzv-conf", f"is_host={1 if node == 0 else 0}", "-m", "parlab", "run", scheme]
+         "--rdzv-conf", f"is_host={1 if node == 0 else 0}", str(job)]
         for node in (0, 1)
     ]  # fmt: skip
-    (status0, out0, err0), (status1, out1, err1) = torchrun(agents)
+    (status0, out0, err0), (status1, out1, err1) = torchrun(agents, timeout=90)
     assert [status0, status1] == [0, 0], err0[-2000:] + err1[-2000:]
     two_nodes = [line for line in out0.splitlines() if line.strip()]  # global rank 0 lives on node 0
     assert out1.strip() == ""  # ranks 2, 3 (node 1) leave the report to rank 0
-    assert cli.main(["run", scheme, "--world", "4"]) == 0  # the same command on one machine (parlab.launch)
-    one_machine = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    one_machine = []
+    for args in COMMANDS:  # the same commands on one machine (parlab.launch)
+        one_machine.append("## parlab " + " ".join(args))
+        assert cli.main([*args, "--world", "4"]) == 0
+        one_machine += [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert sum(line.endswith(": PASS") for line in one_machine) >= 20
     assert _masked(two_nodes) == _masked(one_machine)

@@ -7,6 +7,7 @@ import copy
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,20 @@ from parlab.grade import (
     score_lines,
 )
 
+# What the processes of a submission import (the worker, its kernel, the rank server and ranks, the labs), compiled
+# once into the run's bytecode cache (Grader.shared_pycache) before any student code runs.
+WARM_PYCACHE = """
+import importlib, pkgutil
+import cloudpickle, ipykernel.kernelapp, jupyter_client, nbclient, nbformat, torch, torch._dynamo
+import parlab
+for module in pkgutil.walk_packages(parlab.__path__, "parlab."):
+    if not module.name.endswith("__main__"):  # (that one runs the command line)
+        try:
+            importlib.import_module(module.name)
+        except BaseException:  # a module that needs more than an import: compiled at its first use instead
+            pass
+"""
+
 
 class Grader:
     """Grades submissions one after the other (or a few at once), each isolated from the grader and the others."""
@@ -41,6 +56,37 @@ class Grader:
         self.running: set[int] = set()  # the worker pids being graded now (kill_tree spares the others)
         self.lock = threading.Lock()
         self.failed = False  # the grader itself failed on some submission
+        self._pycache: Path | None = None
+        self._pycache_lock = threading.Lock()
+
+    def shared_pycache(self) -> Path | None:
+        """The bytecode cache every sandboxed submission reads, read-only (None without a sandbox).
+
+        A submission's Python never reads or writes the .pyc files beside the package (PYTHONPYCACHEPREFIX points
+        elsewhere): one that planted a .pyc there could change what the next submission runs. A cache of its own per
+        submission would be safe but empty, and then every process it starts compiles torch and parlab from source
+        (~2.5 s of CPU per interpreter: the kernel, its rank server). So the grader fills one cache itself, before
+        any student code runs, and the sandbox shows it read-only: no submission can change it. Without a sandbox
+        a submission could write into it, so there each keeps its own (empty) cache."""
+        if self.sandbox.kind == "none":
+            return None
+        with self._pycache_lock:
+            if self._pycache is None:
+                cache = Path(tempfile.mkdtemp(prefix="parlab-grade-pycache-"))
+                env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+                env.update({"PYTHONPYCACHEPREFIX": str(cache), "PYTHONPATH": str(PACKAGE.parent), "PARLAB_WARM": "0"})
+                env["PYTHONWARNINGS"] = "ignore"
+                subprocess.run(
+                    [sys.executable, "-c", WARM_PYCACHE], env=env, cwd=cache, capture_output=True, timeout=600
+                )  # (whatever it could not compile is compiled, in memory, where it is used)
+                self._pycache = cache
+            return self._pycache
+
+    def close(self) -> None:
+        """Remove the run's bytecode cache."""
+        if self._pycache is not None:
+            shutil.rmtree(self._pycache, ignore_errors=True)
+            self._pycache = None
 
     def _running_now(self) -> set[int]:
         with self.lock:
@@ -116,6 +162,7 @@ class Grader:
             limit = 60 + sum(
                 (self.timeout if answer_name(c) or check_marker(c) else setup_timeout) + GRACE for c in code_cells
             )
+            pycache = self.shared_pycache()
             token = secrets.token_hex(8)
             env = {k: v for k, v in os.environ.items() if not k.startswith(("PARLAB_GRADE", "JPY_", "PYTEST_"))}
             env.update(
@@ -128,13 +175,17 @@ class Grader:
                     "JUPYTER_DATA_DIR": str(scratch / "home" / "data"),
                     "MPLCONFIGDIR": str(scratch / "home" / "mpl"),
                     "TMPDIR": str(scratch / "tmp"),
-                    "PYTHONPYCACHEPREFIX": str(scratch / "pycache"),  # never read or write the package's .pyc
+                    # never the package's own .pyc (see shared_pycache); the run's shared cache, read-only, where a
+                    # sandbox keeps it so
+                    "PYTHONPYCACHEPREFIX": str(pycache or scratch / "pycache"),
+                    "PYTHONDONTWRITEBYTECODE": "1",
                     "PYTHONPATH": str(PACKAGE.parent),  # the kernel imports this parlab, the one being guarded
                     "PYTHONWARNINGS": "ignore",
                 }
             )
             worker = [sys.executable, str(PACKAGE / "grading" / "worker.py"), str(scratch)]
             visible = [PACKAGE.parent, Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).parent]
+            visible += [pycache] if pycache else []
             command = self.sandbox.wrap(worker, scratch, visible)
             with open(scratch / "worker.log", "ab") as log, self.lock:  # started and registered at once
                 process = subprocess.Popen(

@@ -171,8 +171,7 @@ def _run_under_torchrun(scheme: Scheme, opts: RunOptions) -> Results | None:
     value = run_rank(scheme.rank_fn, opts)
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object((value, comm.trace_events()), gathered, dst=0)
-    rank = dist.get_rank()
-    dist.destroy_process_group()
+    rank = dist.get_rank()  # (the process group stays for the next scheme this process runs: see init_from_env)
     if rank != 0:
         return None
     values = [v for v, _ in gathered]
