@@ -270,7 +270,7 @@ def graded(tmp_path_factory):
     folder = next(iter(cases.values()))["path"].parent
     gradebook = copy / "class" / "grades.csv"
     done, report, seconds = _grade(
-        copy, [folder], "--timeout", str(TIMEOUT), "--jobs", "2", "--gradebook", str(gradebook)
+        copy, [folder], "--timeout", str(TIMEOUT), "--jobs", "3", "--gradebook", str(gradebook)
     )  # the whole folder, as an instructor grades a class
     print(done.stdout)
     for g in report["notebooks"]:  # where the time went (a check near the timeout on a loaded machine shows here)
