@@ -319,7 +319,9 @@ def init_from_env(backend: str | None = None) -> None:
 
 
 def _destroy_at_exit() -> None:
-    if dist.is_initialized():
+    """On a clean exit only: after an error a peer may be gone, and tearing the group down could wait for it (the
+    agent would then wait for this process before it restarts the group); the operating system closes its sockets."""
+    if dist.is_initialized() and getattr(sys, "last_value", None) is None:
         dist.destroy_process_group()
 
 

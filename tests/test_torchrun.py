@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -42,13 +43,14 @@ def torchrun(agents: list[list[str]], timeout: float = 60, before=lambda: None) 
     for attempt in range(2):
         before()
         port = str(free_port())
+        token = f"{os.getpid()}-{time.monotonic_ns()}"  # in every process of this launch: see _kill_launch
         procs = [
             subprocess.Popen(
                 TORCHRUN + [port if a == "PORT" else a.replace("PORT", port) for a in args],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-                env=ENV,
+                env={**ENV, "PARLAB_TEST_TORCHRUN": token},
                 start_new_session=True,
             )  # fmt: skip
             for args in agents
@@ -61,15 +63,32 @@ def torchrun(agents: list[list[str]], timeout: float = 60, before=lambda: None) 
                 return done
         except subprocess.TimeoutExpired:
             if attempt == 1:
-                raise
-        finally:  # nothing outlives the attempt: the agents' sessions hold their workers too
-            for p in procs:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait()
+                _kill_launch(procs, token)
+                tails = [p.communicate()[1][-1500:] for p in procs]
+                raise AssertionError(f"torchrun hung twice; the agents' last words: {tails}") from None
+        finally:  # nothing outlives the attempt
+            _kill_launch(procs, token)
     raise AssertionError("unreachable")
+
+
+def _kill_launch(procs: list[subprocess.Popen], token: str) -> None:
+    """SIGKILL the agents' sessions and every process that carries the launch's token (torchrun starts its workers
+    in sessions of their own, which outlive a killed agent)."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    marker = f"PARLAB_TEST_TORCHRUN={token}".encode()
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and marker in open(f"/proc/{entry}/environ", "rb").read().split(b"\0"):
+                os.kill(int(entry), signal.SIGKILL)
+        except OSError:  # gone meanwhile, or not ours to read
+            pass
+    for p in procs:
+        if p.returncode is None:
+            p.wait()
 
 
 def _machinery_failed(stderr: str) -> bool:
