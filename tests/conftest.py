@@ -18,6 +18,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "parlab"
 
 
 def pytest_sessionstart(session) -> None:
+    if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: the controller has compiled it already
+        return
     compileall.compile_dir(PACKAGE, quiet=1, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH, workers=1)
 
 
