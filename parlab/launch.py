@@ -288,9 +288,7 @@ def _results_from(report, stopped, calls, world_size, timeout, seconds, echo, se
         for rank, text in enumerate(stdout):
             for line in text.splitlines():
                 print(f"[rank {rank}] {line}")
-    results = Results(values, Trace(events, world_size), stdout, seconds, seed)
-    results.spares = report.get("spares", 0)  # how many ranks were spares prepared ahead (see _spares_wanted)
-    return results
+    return Results(values, Trace(events, world_size), stdout, seconds, seed, report.get("spares", 0))
 
 
 # gloo's words when the ranks of one collective disagree on its size ("Received data size doesn't match expected

@@ -74,8 +74,12 @@ class Grader:
             if self._pycache is None:
                 cache = Path(tempfile.mkdtemp(prefix="parlab-grade-pycache-"))
                 env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-                env.update({"PYTHONPYCACHEPREFIX": str(cache), "PYTHONPATH": str(PACKAGE.parent), "PARLAB_WARM": "0"})
-                env["PYTHONWARNINGS"] = "ignore"
+                env.update(
+                    PYTHONPYCACHEPREFIX=str(cache),
+                    PYTHONPATH=str(PACKAGE.parent),
+                    PARLAB_WARM="0",
+                    PYTHONWARNINGS="ignore",
+                )
                 subprocess.run(
                     [sys.executable, "-c", WARM_PYCACHE], env=env, cwd=cache, capture_output=True, timeout=600
                 )  # (whatever it could not compile is compiled, in memory, where it is used)
@@ -175,10 +179,9 @@ class Grader:
                     "JUPYTER_DATA_DIR": str(scratch / "home" / "data"),
                     "MPLCONFIGDIR": str(scratch / "home" / "mpl"),
                     "TMPDIR": str(scratch / "tmp"),
-                    # never the package's own .pyc (see shared_pycache); the run's shared cache, read-only, where a
-                    # sandbox keeps it so
+                    # never the package's own .pyc (see shared_pycache): the run's shared cache, read-only in the
+                    # sandbox; without one, a cache of the submission's own
                     "PYTHONPYCACHEPREFIX": str(pycache or scratch / "pycache"),
-                    "PYTHONDONTWRITEBYTECODE": "1",
                     "PYTHONPATH": str(PACKAGE.parent),  # the kernel imports this parlab, the one being guarded
                     "PYTHONWARNINGS": "ignore",
                 }

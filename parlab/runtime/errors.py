@@ -74,8 +74,11 @@ class CollectiveMismatch(LaunchTimeout):
 class Results(list):
     """What each rank returned, in rank order, plus the merged `trace` and each rank's printed `stdout`.
 
-    `seed`: the launch's seed (rank r's generators were seeded with seed + r; None when not launched)."""
+    `seed`: the launch's seed (rank r's generators were seeded with seed + r; None when not launched).
+    `spares`: how many ranks were spares the rank server prepared ahead (parlab.launch's _spares_wanted)."""
 
-    def __init__(self, values: list, trace: Trace, stdout: list[str], seconds: float, seed: int | None = None):
+    def __init__(
+        self, values: list, trace: Trace, stdout: list[str], seconds: float, seed: int | None = None, spares: int = 0
+    ):
         super().__init__(values)
-        self.trace, self.stdout, self.seconds, self.seed = trace, stdout, seconds, seed
+        self.trace, self.stdout, self.seconds, self.seed, self.spares = trace, stdout, seconds, seed, spares
