@@ -76,6 +76,10 @@ sys.modules[__name__].__class__ = _Package
 # Rank code that names `parlab` travels by value (cloudpickle); the package itself travels by name, as any module.
 copyreg.pickle(_Package, lambda package: (importlib.import_module, (package.__name__,)))
 
+# jsonschema (which plotly's first figure imports, through nbformat) builds an IRI parser at import that no lesson uses:
+# about 1.5 s of CPU in every kernel. It is imported at its first use instead (parlab/runtime/lazy_imports.py).
+importlib.import_module("parlab.runtime.lazy_imports").defer_rfc3987_syntax()
+
 # In a Jupyter kernel (or with PARLAB_WARM=1) importing parlab starts the rank server at once (parlab.launch does it
 # at its import), so that the lesson's first launch is warm; nowhere else does `import parlab` import torch.
 if os.environ.get("PARLAB_WARM", "").strip() == "1" or (

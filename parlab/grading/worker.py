@@ -6,7 +6,8 @@ every grade itself (parlab/grade.py).
 
 SCRATCH/spec.json says what to run: {"timeout": s, "setup_timeout": s, "grace": s, "cells": {index: [kind, name]}}
 (kind: "answer", "check" or "setup"); the notebook is SCRATCH/assembled.ipynb. It runs as a plain script that
-imports nothing of parlab (nor torch): it starts in a moment, and its time is the submission's.
+imports nothing of parlab but a standard-library helper (nor torch): it starts in a moment, and its time is the
+submission's.
 
 Each code cell gets its timeout (answer and check cells `timeout`, the lab's own setup cells `setup_timeout`);
 past it the kernel gets SIGINT (as from Jupyter's interrupt button), and `grace` seconds later its whole process
@@ -57,6 +58,12 @@ def _error_text(outputs) -> str:
 
 
 def main(scratch: str) -> int:
+    try:  # (nbformat's jsonschema would build an IRI parser nothing here uses: ~1.5 s of CPU per submission)
+        from parlab.runtime.lazy_imports import defer_rfc3987_syntax
+
+        defer_rfc3987_syntax()
+    except ImportError:
+        pass
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
