@@ -310,10 +310,30 @@ def init_from_env(backend: str | None = None) -> None:
         backend = default_backend(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend, init_method="env://")
+    store = _store_of_this_attempt(world_size)
+    if store is None:
+        dist.init_process_group(backend, init_method="env://")
+    else:
+        dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=world_size)
     # One process group for the life of the process: several schemes can run one after another in it (torchrun's
     # store does not take a second group of the same name), and it is torn down once, on the way out.
     atexit.register(_destroy_at_exit)
+
+
+def _store_of_this_attempt(world_size: int) -> dist.Store | None:
+    """The store this attempt's process group meets in, when torchrun's agent shares its own (c10d rendezvous).
+
+    The agent's store outlives a restart of the group, and so do the keys a group writes to it: each gloo rank's
+    address, under the same names every attempt. A restarted rank could read the address of a peer torchrun had
+    just stopped and fail to connect, or hang (pytorch#135712; here one elastic restart in three). So each attempt
+    writes under a prefix of its own: the agent's restart count. (That count is kept by each agent: on several
+    nodes it agrees when every node's workers failed, as they do when a peer dies mid-collective; where it does
+    not, the ranks wait apart until the store's timeout, and torchrun restarts them again.) None where the agent
+    does not share its store: init_method="env://" then makes a fresh one each attempt."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False)
+    return dist.PrefixStore(f"parlab/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent_store)
 
 
 def _destroy_at_exit() -> None:

@@ -94,7 +94,8 @@ def _kill_launch(procs: list[subprocess.Popen], token: str) -> None:
 def _machinery_failed(stderr: str) -> bool:
     """A failed launch that torch's elastic machinery lost, not the rank code: a worker aborted from C++ (SIGABRT)
     without any worker raising, or, after a restart, a rank that could not reach the rendezvous store or its peers
-    (gloo's connectFullMesh refused or timed out: addresses of the group torchrun had just stopped)."""
+    (gloo's connectFullMesh refused or timed out). Stale addresses of the attempt before, once one restart in three
+    here, no longer reach a restarted group (parlab.launch._store_of_this_attempt; tests/test_elastic_store.py)."""
     aborted = "(SIGABRT)" in stderr and not PYTHON_ERROR.search(stderr)
     return aborted or "connectFullMesh failed" in stderr or "RendezvousConnectionError" in stderr
 
