@@ -200,12 +200,11 @@ def test_binder_install_steps_in_a_fresh_environment(tmp_path):
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"  # postBuild's "python" is the fresh venv's
     env["PIP_NO_COMPILE"] = "1"  # skip byte-compiling torch: half the install time, nothing to do with Binder
 
-    # Step 1, as Binder runs it, except torch: the PyTorch index is out of CI's reach, the same version's CPU wheel
-    # on this machine stands in for it (pip takes it for torch==VERSION).
+    # Step 1, as Binder runs it (one pip command), except torch: the PyTorch index is out of CI's reach, the same
+    # version's CPU wheel on this machine stands in for it (pip takes it for torch==VERSION).
     rest = tmp_path / "requirements-without-torch.txt"
     rest.write_text("\n".join(str(r) for name, r in requirements.items() if name != "torch") + "\n")
-    _run([str(python), "-m", "pip", "install", "-q", f"torch=={torch_version}"], tmp_path, env, 600)
-    _run([str(python), "-m", "pip", "install", "-q", "-r", str(rest)], tmp_path, env, 600)
+    _run([str(python), "-m", "pip", "install", "-q", f"torch=={torch_version}", "-r", str(rest)], tmp_path, env, 900)
 
     # Step 2: postBuild, unchanged, from a copy of the repository (Binder runs it from the repository root).
     repo = tmp_path / "repo"
