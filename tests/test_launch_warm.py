@@ -140,8 +140,12 @@ def spares(monkeypatch):
 
 
 def _wait_until(condition, seconds: float = 5.0) -> bool:
+    """Whether `condition` held at some moment within `seconds`. Not asked once more after it held: a spare the
+    server forks meanwhile carries the server's name until it names itself, which a second look could catch."""
     deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        if condition():
+            return True
         time.sleep(0.05)
     return condition()
 
@@ -156,17 +160,20 @@ def _served_by_spares(fn, world_size: int, *args):
     raise AssertionError("no launch was served by spares")
 
 
-def _ranks_left() -> list[int]:
-    """The rank server's children that are not idle spares (ranks killed at the end of a launch exit at once)."""
+def _ranks_left() -> list[str]:
+    """The rank server's children that are not idle spares (ranks killed at the end of a launch exit at once),
+    each as "PID NAME STATE"."""
     server = launch_module.rank_server_pid()
 
-    def name(pid):
+    def described(pid):
         try:
-            return open(f"/proc/{pid}/comm").read().strip()
+            stat = open(f"/proc/{pid}/stat").read()
+            return f"{pid} {open(f'/proc/{pid}/comm').read().strip()} {stat.rsplit(')', 1)[1].split()[0]}"
         except OSError:
             return "gone"
 
-    return [pid for pid in children_of(server) if name(pid) not in ("parlab-spare", "gone")]
+    left = [described(pid) for pid in children_of(server)]
+    return [d for d in left if d != "gone" and d.split()[1] != "parlab-spare"]
 
 
 def test_spares_never_carry_state_from_one_launch_to_the_next(spares, tmp_path):
@@ -261,8 +268,8 @@ def test_spares_keep_the_launch_guarantees(spares):
             assert info.value.rank == 1 and time.perf_counter() - started < 10
         else:
             assert list(launch_module.launch(fn, 3, False)) == [6.0] * 3
-        assert _wait_until(lambda: _ranks_left() == [])
+        assert _wait_until(lambda: _ranks_left() == []), _ranks_left()
     with pytest.raises(launch_module.LaunchTimeout):
         launch_module.launch(lambda: time.sleep(60), 2, timeout=1.5)
-    assert _wait_until(lambda: _ranks_left() == [])
+    assert _wait_until(lambda: _ranks_left() == []), _ranks_left()
     assert len(os.listdir("/proc/self/fd")) == fds
