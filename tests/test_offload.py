@@ -128,14 +128,18 @@ def test_copies_move_what_theory_says_and_overlap(three_targets):
 
 
 def test_reads_ahead_overlap_adam_on_a_paced_run():
-    """With an emulated link (a read of n bytes takes 1 ms + n / 50 MB/s), the state of unit k+1 is being read while
-    unit k is stepped; the gradient copies run while backward goes on."""
-    results, report = run_offload(2, "disk", steps=2, reference=False, pace="default")
+    """With an emulated link (a read of n bytes takes 10 ms + n / 50 MB/s), the state of unit k+1 is being read
+    while unit k is stepped; the gradient copies run while backward goes on.
+
+    (10 ms, not the default 1 ms: on a busy machine the main thread can wake more than 1 ms after unit k's read
+    ended, when unit k+1's had ended too: 5 of 12 reads seen in flight with three test workers on two cores; with
+    10 ms, 10 of 12 in each of 5 runs beside three busy loops.)"""
+    results, report = run_offload(2, "disk", steps=2, reference=False, pace="alpha=10ms")
     assert report["passed"]
     counts = lesson.overlaps(results.trace, rank=0)
     ahead, n_reads = counts["state reads in flight during the previous unit's Adam"]
     during, n_offloads = counts["gradient copies started during backward"]
-    assert n_reads == 12 and ahead >= 6  # 5 of the 6 units per step can be read ahead
+    assert n_reads == 12 and ahead >= 8  # 5 of the 6 units per step can be read ahead
     assert n_offloads == 12 and during >= 6
 
 
