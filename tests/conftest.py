@@ -23,7 +23,7 @@ def pytest_sessionstart(session) -> None:
     compileall.compile_dir(PACKAGE, quiet=1, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH, workers=1)
 
 
-# Longest first (the classic longest-processing-time rule): with two workers (`-n 2 --dist loadfile`, the README's
+# Longest first (the classic longest-processing-time rule): with a few workers (`-n 3 --dist loadfile`, the README's
 # command) a long file that starts last keeps one worker busy alone at the end. Seconds of each file run alone
 # (serially, on the 2-core machine; only the order matters, and a file missing here goes after these, in pytest's
 # order). pytest-xdist would reorder the files by their number of tests instead (its default, which put the
