@@ -82,6 +82,12 @@ def _rendezvous_files(folder: str) -> list[str]:
     return [name for name in os.listdir(folder) if name.startswith("parlab-rendezvous-")]
 
 
+# The launch after an interrupted one first stops the abandoned job (its ranks, a 64 MB result on its way). A wedge
+# would wait out that job's 60 s timeout, or forever; done right it takes a second or two, and up to 5.2 s was seen
+# with three test workers on 2 cores (a fresh clone's CI run).
+WEDGE_SECONDS = 15
+
+
 def _interrupt_after(seconds: float) -> threading.Timer:
     """A timer that sends this process SIGINT (Ctrl-C) after `seconds`; call .start() inside the try."""
     return threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
@@ -117,7 +123,7 @@ def test_an_interrupt_at_any_point_never_wedges_the_next_launch(clean, delay):
     _absorb_interrupt(timer)
     started = time.perf_counter()
     assert parlab.launch(lambda: dist.get_rank(), 2, timeout=5) == [0, 1]
-    assert time.perf_counter() - started < 5
+    assert time.perf_counter() - started < WEDGE_SECONDS
 
 
 def test_a_second_interrupt_while_the_ranks_are_stopped(clean, monkeypatch):
@@ -143,7 +149,7 @@ def test_a_second_interrupt_while_the_ranks_are_stopped(clean, monkeypatch):
     monkeypatch.undo()
     started = time.perf_counter()
     assert parlab.launch(lambda: dist.get_rank(), 2, timeout=5) == [0, 1]  # the abandoned job is stopped first
-    assert time.perf_counter() - started < 5
+    assert time.perf_counter() - started < WEDGE_SECONDS
 
 
 def _run_script(*parts: str, timeout: float = 120, **env) -> dict:
