@@ -37,7 +37,9 @@ KEYS = ("model.{}", "optim.{}.exp_avg", "optim.{}.exp_avg_sq")
 
 STRUCTURAL = {
     "survive": "ZeRO-3 on 4 ranks, rank 2 dies in step 5 (a RankError): your code relaunches once, on 3 ranks, "
-    "resuming from the checkpoint of step 4 (not from scratch); the final parameters equal one device",
+    "resuming from the checkpoint of step 4 (not from scratch); the final parameters equal one device; and a "
+    "launch that fails before any rank starts (a ValueError: no rank died) is not retried, its error reaches the "
+    "caller",
     "shard_pieces": "every tensor's (rank, start, stop) pieces, for units whose size N does not divide, with "
     "ranks that hold only padding, against the judge's own cut and against the metadata of a real ZeRO-3 checkpoint "
     "written by 3 ranks (no unit divides by 3)",
@@ -80,9 +82,28 @@ def collect_survive(survive) -> dict:
 
     try:
         results = survive(launch_run, 4)
-        return {"calls": calls, "world": len(results), "start": results[0]["start"], "params": results[0]["params"]}
+        data = {"calls": calls, "world": len(results), "start": results[0]["start"], "params": results[0]["params"]}
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    data["other_error"] = _other_error(survive)
+    return data
+
+
+def _other_error(survive) -> dict:
+    """survive() once more, with a launch that fails before any rank starts, as parlab.launch does on a bad argument:
+    no rank died, so there is nothing to relaunch on fewer ranks; the error must reach the caller. Starts nothing."""
+    calls = []
+
+    def launch_run(world_size: int, resume: bool):
+        calls.append((int(world_size), bool(resume)))
+        raise ValueError("the check's own error: a bad argument, found before any rank started")
+
+    try:
+        survive(launch_run, 4)
+        raised = "nothing"
+    except Exception as exc:
+        raised = type(exc).__name__
+    return {"calls": calls, "raised": raised}
 
 
 def judge_survive(data) -> list[str]:
@@ -93,6 +114,12 @@ def judge_survive(data) -> list[str]:
     resumed = data["start"] == 4
     lines.append(f"resumed from step {data['start']} (the last checkpoint: 4): {'PASS' if resumed else 'FAIL'}")
     lines.append(compare("final parameters after the restart", data["params"], single_device(), show=False).line)
+    other = data["other_error"]
+    calls = [tuple(c) for c in other["calls"]]
+    ok = calls == [(4, False)] and other["raised"] == "ValueError"
+    verdict = "PASS" if ok else "FAIL"
+    lines.append(f"a launch that fails before any rank starts (ValueError, no rank died): launches {calls}, "
+                 f"the caller got {other['raised']} (expected: [(4, False)], ValueError): {verdict}")  # fmt: skip
     return lines
 
 
