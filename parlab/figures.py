@@ -151,10 +151,16 @@ def export(
                 # The size the notebook drew it at (kaleido's own default, 700 x 500, squeezes subplots together);
                 # PNGs at twice the pixels, sharp on a projector.
                 layouts = [(figure.spec.get("layout") or {}) for _, figure in stems for _ in static]
-                sizes = {"width": [lay.get("width") or WIDTH for lay in layouts],
-                         "height": [lay.get("height") or HEIGHT for lay in layouts]}  # fmt: skip
-                pio.write_images(specs, targets, scale=2, validate=False, **sizes)
-                written += targets
+                sizes = [(lay.get("width") or WIDTH, lay.get("height") or HEIGHT) for lay in layouts]
+                missing = _write_static(pio, specs, targets, sizes)
+                if missing:  # once more, those not written (a render failed once with 3 test workers on 2 cores)
+                    again = [i for i, target in enumerate(targets) if target in missing]
+                    missing = _write_static(pio, [specs[i] for i in again], [targets[i] for i in again],
+                                            [sizes[i] for i in again])  # fmt: skip
+                written += [t for t in targets if t not in missing]
+                if missing:
+                    why = (f"static export failed: kaleido wrote no file for {len(missing)} of {len(targets)} "
+                           f"(first: {missing[0].name}; plotly does not pass kaleido's errors on)")  # fmt: skip
             except Exception as exc:  # a renderer that is installed but cannot start (no display, sandbox, ...)
                 why = f"static export failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if why is not None:
@@ -164,6 +170,18 @@ def export(
     if not figures:
         notes.append(f"{path.name} has no stored plotly figures (run it, or pass --execute)")
     return written, notes
+
+
+def _write_static(pio, specs: list, targets: list[Path], sizes: list[tuple[int, int]]) -> list[Path]:
+    """Render each spec to its target (PNG or SVG by the name) with kaleido; returns the targets not written.
+
+    plotly's write_images asks kaleido to go on past a failed render and drops the errors kaleido returns (plotly 6),
+    so a figure that failed is seen only as a file that is not there."""
+    for target in targets:
+        target.unlink(missing_ok=True)  # (a file left by an earlier export would hide a failure)
+    widths, heights = [w for w, _ in sizes], [h for _, h in sizes]
+    pio.write_images(list(specs), list(targets), scale=2, validate=False, width=widths, height=heights)
+    return [t for t in targets if not (t.exists() and t.stat().st_size > 0)]
 
 
 def _index(out: Path, notebook: Path, stems: list[tuple[str, Figure]], static: list[str]) -> Path:

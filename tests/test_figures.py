@@ -67,6 +67,35 @@ def test_static_export_writes_png_and_svg_or_says_why_not(tmp_path):
     assert svg.lstrip().startswith("<svg") and "Bytes per rank" in svg
 
 
+@pytest.mark.parametrize("renders_failing", [1, 2])
+def test_a_render_kaleido_drops_is_tried_again_then_said(tmp_path, monkeypatch, renders_failing):
+    """plotly's write_images drops kaleido's errors: a figure that failed is only a file that is not there. The
+    export tries such files once more, and says so when they are still missing (it never claims a file it has not
+    written). Stands in for kaleido: the first `renders_failing` calls write nothing, later ones write the bytes."""
+    import plotly.io as pio
+
+    calls = []
+
+    def write_images(specs, targets, **options):
+        calls.append([Path(t).name for t in targets])
+        if len(calls) > renders_failing:
+            for target in targets:
+                Path(target).write_bytes(b"image")
+
+    monkeypatch.setattr(pio, "write_images", write_images)
+    monkeypatch.setattr(figures, "static_renderer", lambda: None)
+    _one_figure_notebook(tmp_path)
+    written, notes = figures.export("42", tmp_path / "out", ("png", "svg"), folder=tmp_path)
+    static = sorted(p.name for p in written if p.suffix in (".png", ".svg"))
+    expected = ["42_fig01_bytes-per-rank.png", "42_fig01_bytes-per-rank.svg"]
+    assert calls == [expected, expected]  # once, then once more for the two missing files
+    if renders_failing == 1:
+        assert static == expected and notes == []
+    else:
+        assert static == [] and not list((tmp_path / "out").glob("*.png"))
+        assert len(notes) == 1 and "kaleido wrote no file for 2 of 2" in notes[0], notes
+
+
 def test_an_unknown_lesson_is_one_error_line(tmp_path, capsys):
     assert main(["figures", "--lesson", "99", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
