@@ -152,11 +152,10 @@ def export(
                 # PNGs at twice the pixels, sharp on a projector.
                 layouts = [(figure.spec.get("layout") or {}) for _, figure in stems for _ in static]
                 sizes = [(lay.get("width") or WIDTH, lay.get("height") or HEIGHT) for lay in layouts]
-                missing = _write_static(pio, specs, targets, sizes)
+                renders = list(zip(specs, targets, sizes, strict=True))
+                missing = _write_static(renders)
                 if missing:  # once more, those not written (a render failed once with 3 test workers on 2 cores)
-                    again = [i for i, target in enumerate(targets) if target in missing]
-                    missing = _write_static(pio, [specs[i] for i in again], [targets[i] for i in again],
-                                            [sizes[i] for i in again])  # fmt: skip
+                    missing = _write_static([render for render in renders if render[1] in missing])
                 written += [t for t in targets if t not in missing]
                 if missing:
                     why = (f"static export failed: kaleido wrote no file for {len(missing)} of {len(targets)} "
@@ -172,15 +171,18 @@ def export(
     return written, notes
 
 
-def _write_static(pio, specs: list, targets: list[Path], sizes: list[tuple[int, int]]) -> list[Path]:
-    """Render each spec to its target (PNG or SVG by the name) with kaleido; returns the targets not written.
+def _write_static(renders: list[tuple[dict, Path, tuple[int, int]]]) -> list[Path]:
+    """Render each (spec, target, (width, height)) with kaleido, PNG or SVG by the target's name, at scale 2;
+    returns the targets not written.
 
     plotly's write_images asks kaleido to go on past a failed render and drops the errors kaleido returns (plotly 6),
     so a figure that failed is seen only as a file that is not there."""
+    import plotly.io as pio
+
+    specs, targets, sizes = (list(column) for column in zip(*renders, strict=True))
     for target in targets:
         target.unlink(missing_ok=True)  # (a file left by an earlier export would hide a failure)
-    widths, heights = [w for w, _ in sizes], [h for _, h in sizes]
-    pio.write_images(list(specs), list(targets), scale=2, validate=False, width=widths, height=heights)
+    pio.write_images(specs, targets, scale=2, validate=False, width=[w for w, _ in sizes], height=[h for _, h in sizes])
     return [t for t in targets if not (t.exists() and t.stat().st_size > 0)]
 
 

@@ -2,6 +2,7 @@
 
 import inspect
 import os
+import time
 
 
 def children_of(pid: int) -> list[int]:
@@ -32,6 +33,30 @@ def ranks_of(server_pid: int) -> list[int]:
             continue
         ranks.append(pid)
     return ranks
+
+
+def described(pids: list[int]) -> list[str]:
+    """Each process as "PID NAME STATE" (from /proc/PID/stat), for an assertion's message; gone ones left out."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        out.append(f"{pid} {stat[stat.index('(') + 1 : stat.rindex(')')]} {stat.rsplit(')', 1)[1].split()[0]}")
+    return out
+
+
+def wait_until(condition, seconds: float = 10.0) -> bool:
+    """Whether `condition` held at some moment within `seconds`. Not asked once more after it held: a spare the
+    server forks meanwhile carries the server's name until it names itself, which a second look could catch."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
 
 
 # The same, as source for the scripts the tests run in a process of their own: children() of that process.

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from processes import CHILDREN, children_of, ranks_of
+from processes import CHILDREN, children_of, ranks_of, wait_until
 
 import parlab
 from parlab import comm
@@ -38,15 +38,6 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def _wait_until(condition, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +63,7 @@ def clean(private_tmp):
     fds = len(os.listdir("/proc/self/fd"))
     yield private_tmp
     server = rank_server_pid()
-    assert server is None or _wait_until(lambda: ranks_of(server) == []), "a rank outlived its launch"
+    assert server is None or wait_until(lambda: ranks_of(server) == []), "a rank outlived its launch"
     assert set(children_of(os.getpid())) <= {server}, "a process other than the rank server was left"
     assert len(os.listdir("/proc/self/fd")) <= fds, "file descriptors leaked"
     assert _rendezvous_files(private_tmp) == [], "rendezvous files were left"
@@ -536,9 +527,9 @@ def test_processes_started_by_rank_code_stop_with_the_rank(clean, tmp_path):
     with pytest.raises(LaunchTimeout):
         parlab.launch(fn, 2, str(tmp_path), timeout=4)
     pids = [int((tmp_path / f"{rank}.pid").read_text()) for rank in range(2)]
-    assert _wait_until(lambda: not any(_alive(pid) for pid in pids)), "a process started by a rank survived"
+    assert wait_until(lambda: not any(_alive(pid) for pid in pids)), "a process started by a rank survived"
 
-    assert _wait_until(lambda: not _alive(parlab.launch(fn, 1, str(tmp_path))[0]))  # after a normal return too
+    assert wait_until(lambda: not _alive(parlab.launch(fn, 1, str(tmp_path))[0]))  # after a normal return too
 
 
 def test_a_forked_child_never_touches_the_parents_server(clean):

@@ -12,7 +12,7 @@ import textwrap
 import time
 
 import pytest
-from processes import CHILDREN, children_of
+from processes import CHILDREN, children_of, described, ranks_of, wait_until
 
 import parlab.launch  # noqa: F401  (sys.modules["parlab.launch"]: the package attribute is the function)
 
@@ -136,18 +136,7 @@ def spares(monkeypatch):
     monkeypatch.setenv("PARLAB_SPARES", "0")
     launch_module.launch(lambda: 0, 1)
     server = launch_module.rank_server_pid()
-    assert _wait_until(lambda: children_of(server) == []), "a spare or a rank outlived the test"
-
-
-def _wait_until(condition, seconds: float = 5.0) -> bool:
-    """Whether `condition` held at some moment within `seconds`. Not asked once more after it held: a spare the
-    server forks meanwhile carries the server's name until it names itself, which a second look could catch."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
+    assert wait_until(lambda: children_of(server) == [], 5.0), "a spare or a rank outlived the test"
 
 
 def _served_by_spares(fn, world_size: int, *args):
@@ -160,20 +149,9 @@ def _served_by_spares(fn, world_size: int, *args):
     raise AssertionError("no launch was served by spares")
 
 
-def _ranks_left() -> list[str]:
-    """The rank server's children that are not idle spares (ranks killed at the end of a launch exit at once),
-    each as "PID NAME STATE"."""
-    server = launch_module.rank_server_pid()
-
-    def described(pid):
-        try:
-            stat = open(f"/proc/{pid}/stat").read()
-            return f"{pid} {open(f'/proc/{pid}/comm').read().strip()} {stat.rsplit(')', 1)[1].split()[0]}"
-        except OSError:
-            return "gone"
-
-    left = [described(pid) for pid in children_of(server)]
-    return [d for d in left if d != "gone" and d.split()[1] != "parlab-spare"]
+def _ranks_left() -> list[int]:
+    """The rank server's children that are not idle spares (ranks killed at the end of a launch exit at once)."""
+    return ranks_of(launch_module.rank_server_pid())
 
 
 def test_spares_never_carry_state_from_one_launch_to_the_next(spares, tmp_path):
@@ -268,8 +246,8 @@ def test_spares_keep_the_launch_guarantees(spares):
             assert info.value.rank == 1 and time.perf_counter() - started < 10
         else:
             assert list(launch_module.launch(fn, 3, False)) == [6.0] * 3
-        assert _wait_until(lambda: _ranks_left() == []), _ranks_left()
+        assert wait_until(lambda: _ranks_left() == [], 5.0), described(_ranks_left())
     with pytest.raises(launch_module.LaunchTimeout):
         launch_module.launch(lambda: time.sleep(60), 2, timeout=1.5)
-    assert _wait_until(lambda: _ranks_left() == []), _ranks_left()
+    assert wait_until(lambda: _ranks_left() == [], 5.0), described(_ranks_left())
     assert len(os.listdir("/proc/self/fd")) == fds
