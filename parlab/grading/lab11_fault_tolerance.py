@@ -115,10 +115,10 @@ def judge_survive(data) -> list[str]:
     lines.append(f"resumed from step {data['start']} (the last checkpoint: 4): {'PASS' if resumed else 'FAIL'}")
     lines.append(compare("final parameters after the restart", data["params"], single_device(), show=False).line)
     other = data["other_error"]
-    calls = [tuple(c) for c in other["calls"]]
-    ok = calls == [(4, False)] and other["raised"] == "ValueError"
+    other_calls = [tuple(c) for c in other["calls"]]
+    ok = other_calls == [(4, False)] and other["raised"] == "ValueError"
     verdict = "PASS" if ok else "FAIL"
-    lines.append(f"a launch that fails before any rank starts (ValueError, no rank died): launches {calls}, "
+    lines.append(f"a launch that fails before any rank starts (ValueError, no rank died): launches {other_calls}, "
                  f"the caller got {other['raised']} (expected: [(4, False)], ValueError): {verdict}")  # fmt: skip
     return lines
 
