@@ -108,18 +108,30 @@ _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "B/s": 1.0, "KB/s": 1e3, "MB/s": 1e6
 
 def parse(text: str, forward_flops: float | None = None, world_size: int = 1) -> Pace | None:
     """'' -> None (not paced); 'default' -> Pace(); 'unit=20ms,alpha=1ms,bandwidth=50MB/s' -> that model;
-    'h100' or 'a100' -> Pace.from_profile, with the FLOPs of one forward action of the run's model."""
+    'h100' or 'a100' -> Pace.from_profile, with the FLOPs of one forward action of the run's model;
+    'h100,unit=200ms' -> the same proportions, slowed down so that F lasts 200 ms."""
     text = text.strip()
     if not text:
         return None
     if text == "default":
         return Pace()
-    if text in ("h100", "a100"):
+    name, _, rest = text.partition(",")
+    if name.strip() in ("h100", "a100"):
         if forward_flops is None:
             raise ValueError(f"pace {text}: only a run that trains a model can be paced by a hardware profile")
-        return Pace.from_profile(text, forward_flops, world_size)
+        # A profile fixes the proportions; only the slow-down is the student's to choose (a larger unit for a
+        # machine that does not keep up with F = 50 ms).
+        values = _items(text, rest) if rest.strip() else {}
+        if set(values) - {"unit"}:
+            raise ValueError(f"pace {text!r}: a hardware profile sets alpha and bandwidth; only unit can be given")
+        return Pace.from_profile(name.strip(), forward_flops, world_size, **values)
+    return Pace(**_items(text, text))
+
+
+def _items(text: str, items: str) -> dict[str, float]:
+    """'unit=20ms,alpha=1ms' -> {'unit': 0.02, 'alpha': 0.001} (text: the whole --pace, for the error)."""
     values = {}
-    for item in text.split(","):
+    for item in items.split(","):
         match = re.fullmatch(r"\s*(unit|alpha|bandwidth)\s*=\s*([0-9.eE+-]+)\s*([A-Za-z/]*)\s*", item)
         if not match or (match[3] and match[3] not in _UNITS):
             raise ValueError(
@@ -132,7 +144,7 @@ def parse(text: str, forward_flops: float | None = None, world_size: int = 1) ->
             values[match[1]] = float(match[2]) * _UNITS.get(match[3], 1.0)
         except ValueError:
             raise ValueError(f"pace {text!r}: {match[2]!r} is not a number") from None
-    return Pace(**values)
+    return values
 
 
 # ------------------------------------------------------------------------------------ what parlab.comm calls

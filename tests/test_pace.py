@@ -142,3 +142,15 @@ def test_a_profile_pace_keeps_the_clusters_proportions():
         pace.parse("a100")
     with pytest.raises(ValueError, match="give the run a bigger model"):
         run_pipeline("1f1b", 2, 2, steps=1, batch=4, layers=2, pace="h100")  # refused before launch
+
+
+def test_a_profile_pace_can_be_slowed_down_with_its_proportions_kept():
+    """`--pace h100,unit=200ms`: F lasts 200 ms instead of 50 (for a machine that does not keep up); every other
+    time stretches by the same factor, so the cluster's proportions stay; alpha and bandwidth stay the profile's."""
+    flops = 4e10
+    fast, slow = pace.parse("h100", flops, 4), pace.parse("h100, unit=200ms", flops, 4)
+    assert slow.unit == pytest.approx(0.2) and slow.time_scale == pytest.approx(4 * fast.time_scale)
+    assert slow.comm_seconds(1 << 20) / slow.unit == pytest.approx(fast.comm_seconds(1 << 20) / fast.unit)
+    for bad, message in [("h100,alpha=1ms", "only unit can be given"), ("h100,unit=slow", "expected 'default'")]:
+        with pytest.raises(ValueError, match=message):
+            pace.parse(bad, flops, 4)

@@ -116,15 +116,28 @@ def test_model_spec_counts_the_reference_gpt_exactly():
 @pytest.mark.slow
 def test_a_paced_h100_run_and_the_planner_agree_on_the_step_time():
     """One model of time (parlab.hardware): a run paced as H100s and the planner's estimate for the same model,
-    mesh and profile give the same step time within 10%."""
+    mesh and profile give the same step time within 10%.
+
+    The comparison needs a run whose machine kept up with the pace: a compute span whose real work took longer
+    than its model keeps its real length (extra["overrun"]: by how much), and under the suite's
+    load (three workers on two cores) that added 13% to the step once. So the run is slowed down (F = 100 ms of
+    wall time, the cluster's proportions unchanged), and a run whose overruns add up to more than 5% of its step is
+    run again, at most twice. (Measured with three torch processes hogging both cores: F = 50 ms overran by 18-31%
+    of the step, F = 100 ms by 0-3%.)"""
     from parlab.runs.hybrid import run_hybrid
 
     run = dict(dp=1, pp=2, tp=1, hidden=256, heads=4, seq=128, layers=4, batch=8, microbatches=4, dtype="float32")
-    opts = HybridOptions.make(**run, pace="h100")
-    results, report = run_hybrid(**run, pace="h100", steps=2)
-    assert report["passed"], report["verdicts"]
-    step = results.trace.of_step(1).events
-    paced = (max(e.start + e.duration for e in step) - min(e.start for e in step)) / opts.pace_model().time_scale
+    opts = HybridOptions.make(**run, pace="h100,unit=100ms")
+    for _attempt in range(3):
+        results, report = run_hybrid(**run, pace=opts.pace, steps=2)
+        assert report["passed"], report["verdicts"]
+        step = results.trace.of_step(1).events  # the second step: the first one's spans include warming up
+        wall = max(e.start + e.duration for e in step) - min(e.start for e in step)
+        overran = sum(e.extra.get("overrun", 0.0) for e in step)  # seconds of real work beyond the model
+        if overran <= 0.05 * wall:
+            break
+    assert overran <= 0.05 * wall, f"this machine did not keep up with the pace: {report['verdicts'][-1]}"
+    paced = wall / opts.pace_model().time_scale
     cluster = Cluster.from_profile("h100", devices=opts.world_size)
     planned = estimate(model_spec(opts), cluster, Plan(1, 1, 2), opts.batch, micro_batch=2).seconds
     assert paced == pytest.approx(planned, rel=0.10), (paced, planned)

@@ -158,7 +158,10 @@ def checked_report(scheme: Scheme, opts: RunOptions, results: Results) -> dict:
         report["paced_overruns"] = overran
         note = f"paced run ({model.describe()}): times are modelled, data and bytes are real"
         if overran:
-            note += f"; {overran} compute spans took longer than modelled (pace too fast for this machine)"
+            note += (
+                f"; {overran} compute spans took longer than modelled (pace too fast for this machine: "
+                "a larger unit slows it down, e.g. --pace unit=100ms or --pace h100,unit=200ms)"
+            )
         report["verdicts"] = [*report["verdicts"], note]
     return report
 

@@ -88,7 +88,8 @@ class RunOptions:
     pace: str = option(
         "",
         "emulate a device and a link (parlab.pace): alone, the default model; or e.g. "
-        "unit=20ms,alpha=1ms,bandwidth=50MB/s (unit: one forward pass); or a GPU: h100, a100 (parlab.hardware)",
+        "unit=20ms,alpha=1ms,bandwidth=50MB/s (unit: one forward pass); or a GPU: h100, a100 (parlab.hardware; "
+        "h100,unit=200ms: the same proportions, slower)",
         const="default",
     )
 
@@ -108,7 +109,9 @@ class RunOptions:
         """The emulated device and link of this run (None: not paced)."""
         from parlab.hardware import PROFILES
 
-        flops = self.forward_flops() if self.pace.strip() in PROFILES else None  # only a GPU profile needs them
+        flops = (
+            self.forward_flops() if self.pace.partition(",")[0].strip() in PROFILES else None
+        )  # only a GPU profile needs them
         return parse_pace(self.pace, flops, self.world_size)
 
     def forward_flops(self) -> float | None:
