@@ -8,9 +8,10 @@ Checked here:
 - every module imported by the lessons (notebooks/, labs/) and by parlab itself is the standard library, parlab, or
   provided by a package that the binder requirements install (directly or as a dependency, as resolved here);
 - the install steps themselves, in a fresh virtual environment without this one's packages: the binder
-  requirements (torch from this machine's CPU wheel of the same version, since CI cannot reach the PyTorch index),
-  then binder/postBuild unchanged, run from a copy of the repository as Binder runs it; then every module above
-  imports there, the widgets and plotly JupyterLab extensions are installed, and 2 ranks run an all-reduce.
+  requirements (torch: this environment's CPU build of the same version, linked in, since CI cannot reach the
+  PyTorch index), then binder/postBuild unchanged, run from a copy of the repository as Binder runs it; then every
+  module above imports there, the widgets and plotly JupyterLab extensions are installed, and 2 ranks run an
+  all-reduce.
 
 Not checked (needs Binder itself): that repo2docker builds the image, that its base image honours runtime.txt,
 that the PyTorch CPU index serves this exact version for that Python, and that the lessons fit in a Binder
@@ -200,8 +201,22 @@ def test_binder_install_steps_in_a_fresh_environment(tmp_path):
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"  # postBuild's "python" is the fresh venv's
     env["PIP_NO_COMPILE"] = "1"  # skip byte-compiling torch: half the install time, nothing to do with Binder
 
-    # Step 1, as Binder runs it (one pip command), except torch: the PyTorch index is out of CI's reach, the same
-    # version's CPU wheel on this machine stands in for it (pip takes it for torch==VERSION).
+    # Step 1, as Binder runs it (one pip command), except torch: the PyTorch index is out of CI's reach, so this
+    # environment's torch (the same version's CPU build) stands in for it, linked in rather than installed again
+    # (unpacking its wheel cost ~13 s of CPU): a .pth file puts a folder of links to its packages and its
+    # dist-info on the fresh venv's path, pip finds torch==VERSION there already and installs the rest, torch's
+    # own dependencies included.
+    linked = tmp_path / "torch-of-this-environment"
+    linked.mkdir()
+    installed = metadata.distribution("torch")
+    site_packages = Path(installed.locate_file(""))
+    for name in [*installed.read_text("top_level.txt").split(), f"torch-{installed.version}.dist-info"]:
+        os.symlink(site_packages / name, linked / name)
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    Path(site, "torch-of-this-environment.pth").write_text(f"{linked}\n")
     rest = tmp_path / "requirements-without-torch.txt"
     rest.write_text("\n".join(str(r) for name, r in requirements.items() if name != "torch") + "\n")
     _run([str(python), "-m", "pip", "install", "-q", f"torch=={torch_version}", "-r", str(rest)], tmp_path, env, 900)
