@@ -96,10 +96,9 @@ class Grader:
                     PARLAB_WARM="0",
                     PYTHONWARNINGS="ignore",
                 )
-                subprocess.run(
-                    [sys.executable, "-c", WARM_PYCACHE, str(cache)],
-                    env=env, cwd=cache, capture_output=True, timeout=600,
-                )  # fmt: skip  (whatever it could not put there is compiled, in memory, where it is used)
+                command = [sys.executable, "-c", WARM_PYCACHE, str(cache)]
+                subprocess.run(command, env=env, cwd=cache, capture_output=True, timeout=600)
+                # (whatever it could not put there is compiled, in memory, where it is used)
                 self._pycache = cache
             return self._pycache
 
