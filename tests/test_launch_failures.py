@@ -235,6 +235,21 @@ def test_a_value_that_cannot_be_sent_names_the_rank_and_the_part(clean):
     assert "cannot be sent back" in str(info.value)
 
 
+def _victim_reports_first():
+    """Rank 0 reports what a rank sees when its peer's process went away; rank 1, a moment later, the error that
+    caused it (as in a run where rank 1 raised, its sockets closed as it left, and rank 0's report won the race)."""
+    if dist.get_rank() == 0:
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:16256")
+    time.sleep(0.05)
+    raise ValueError("the error of rank 1's own")
+
+
+def test_the_rank_blamed_is_the_one_with_its_own_error_not_the_one_that_lost_its_peer(clean):
+    with pytest.raises(RankError, match="the error of rank 1's own") as info:
+        parlab.launch(_victim_reports_first, 2)
+    assert info.value.rank == 1
+
+
 def test_the_offending_part_is_found_inside_dataclasses_and_lists(clean):
     @dataclasses.dataclass
     class Report:

@@ -222,7 +222,7 @@ def _run_job(job: dict, parent: Connection, spares) -> tuple[dict, dict | None, 
                     # A rank that raised may only be the victim of a peer that died without a word (its socket
                     # closed: "Connection reset by peer"); that peer's exit is seen a moment later. Name it.
                     silent = _silent_death(ranks, messages, exited) if rank in messages else None
-                    first_failure = rank if silent is None else silent
+                    first_failure = _culprit(silent, rank, messages)
                     _kill(ranks)  # stop the other ranks at once: they would only hang on the dead peer
         went_well = first_failure is None and not cancelled and all(m["ok"] for m in messages.values())
     finally:
@@ -284,6 +284,28 @@ def _silent_death(ranks: dict, messages: dict, exited: set, within: float = 0.25
                 if rank not in messages:
                     return rank
     return None
+
+
+# How a rank's error reads when all it saw was a peer's process going away (gloo's words).
+LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def _culprit(silent: int | None, rank: int, messages: dict) -> int:
+    """The rank to blame, once `rank` reported an error and the others had a moment to report theirs (see
+    _silent_death): one that died without a word, else the first reporter, unless all it saw was a lost peer and
+    another rank raised an error of its own meanwhile (both errors can arrive in the same moment, the victim's
+    first): then that rank, the lowest of them."""
+    if silent is not None:
+        return silent
+
+    def lost_peer(message: dict) -> bool:
+        lines = message.get("traceback", "").strip().splitlines()
+        return bool(lines) and any(words in lines[-1] for words in LOST_PEER)
+
+    if rank not in messages or not lost_peer(messages[rank]):
+        return rank
+    own = [r for r, m in sorted(messages.items()) if not m["ok"] and not lost_peer(m)]
+    return own[0] if own else rank
 
 
 def _tail_and_pass_on(err, tail_bytes: int = 4096) -> str:
