@@ -4,6 +4,7 @@ parlab/grade.py's docstring for the whole procedure, and `python -m parlab grade
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import secrets
@@ -75,17 +76,19 @@ class Grader:
         self.lock = threading.Lock()
         self.failed = False  # the grader itself failed on some submission
         self._pycache: Path | None = None
+        self._pycache_digests: dict[str, str] = {}  # file of the shared cache -> sha256, as the warm-up wrote it
         self._pycache_lock = threading.Lock()
 
     def shared_pycache(self) -> Path:
-        """The bytecode cache every sandboxed submission reads, read-only (None without a sandbox).
+        """The bytecode cache every submission reads: read-only in the sandbox, a checked copy without one.
 
         A submission's Python never reads or writes the .pyc files beside the package (PYTHONPYCACHEPREFIX points
         elsewhere): one that planted a .pyc there could change what the next submission runs. A cache of its own per
         submission would be safe but empty, and then every process it starts compiles torch and parlab from source
         (~2.5 s of CPU per interpreter: the kernel, its rank server). So the grader fills one cache itself, before
         any student code runs, and the sandbox shows it read-only: no submission can change it. Without a sandbox
-        a submission could write into it, so there each gets a copy of its own (see _own_pycache)."""
+        a submission could write into it, so there each gets a copy of its own, of the files as they were written
+        (see _own_pycache)."""
         with self._pycache_lock:
             if self._pycache is None:
                 cache = Path(tempfile.mkdtemp(prefix="parlab-grade-pycache-"))
@@ -99,18 +102,34 @@ class Grader:
                 command = [sys.executable, "-c", WARM_PYCACHE, str(cache)]
                 subprocess.run(command, env=env, cwd=cache, capture_output=True, timeout=600)
                 # (whatever it could not put there is compiled, in memory, where it is used)
+                if self.sandbox.kind == "none":  # what each copy is checked against (see _own_pycache)
+                    self._pycache_digests = {
+                        str(path.relative_to(cache)): hashlib.sha256(path.read_bytes()).hexdigest()
+                        for path in cache.rglob("*.pyc")
+                    }
                 self._pycache = cache
             return self._pycache
 
     def _own_pycache(self, scratch: Path) -> Path:
         """The bytecode cache of one submission: the shared one itself in a sandbox (read-only there), a copy of it in
-        the submission's scratch folder without one (~0.2 s for ~70 MB; an empty cache instead cost ~15 s of CPU per
+        the submission's scratch folder without one (~70 MB; an empty cache instead cost ~15 s of CPU per
         submission, its kernel and rank server compiling torch from source)."""
         shared = self.shared_pycache()
         if self.sandbox.kind != "none":
             return shared
-        shutil.copytree(shared, scratch / "pycache", dirs_exist_ok=True)
-        return scratch / "pycache"
+        # Without a sandbox an earlier submission could have written into the shared cache: only the files the
+        # warm-up wrote are copied, and only while their bytes are still those it wrote (any other is compiled
+        # from source where it is used), so nothing one submission planted there reaches another.
+        own = scratch / "pycache"
+        for name, digest in self._pycache_digests.items():
+            try:
+                data = (shared / name).read_bytes()
+            except OSError:
+                continue
+            if hashlib.sha256(data).hexdigest() == digest:
+                (own / name).parent.mkdir(parents=True, exist_ok=True)
+                (own / name).write_bytes(data)
+        return own
 
     def close(self) -> None:
         """Remove the run's bytecode cache."""
