@@ -67,11 +67,12 @@ def test_static_export_writes_png_and_svg_or_says_why_not(tmp_path):
     assert svg.lstrip().startswith("<svg") and "Bytes per rank" in svg
 
 
-@pytest.mark.parametrize("renders_failing", [1, 2])
+@pytest.mark.parametrize("renders_failing", [1, 5])
 def test_a_render_kaleido_drops_is_tried_again_then_said(tmp_path, monkeypatch, renders_failing):
     """plotly's write_images drops kaleido's errors: a figure that failed is only a file that is not there. The
-    export tries such files once more, and says so when they are still missing (it never claims a file it has not
-    written). Stands in for kaleido: the first `renders_failing` calls write nothing, later ones write the bytes."""
+    export tries each such file alone, twice more, and says so when they are still missing (it never claims a file
+    it has not written). Stands in for kaleido: the first `renders_failing` calls write nothing, later ones write
+    the bytes (5: none of the five calls does)."""
     import plotly.io as pio
 
     calls = []
@@ -88,7 +89,11 @@ def test_a_render_kaleido_drops_is_tried_again_then_said(tmp_path, monkeypatch, 
     written, notes = figures.export("42", tmp_path / "out", ("png", "svg"), folder=tmp_path)
     static = sorted(p.name for p in written if p.suffix in (".png", ".svg"))
     expected = ["42_fig01_bytes-per-rank.png", "42_fig01_bytes-per-rank.svg"]
-    assert calls == [expected, expected]  # once, then once more for the two missing files
+    png, svg = ([name] for name in expected)
+    if renders_failing == 1:  # all at once, then each missing file alone
+        assert calls == [expected, png, svg]
+    else:  # all at once, then each alone, twice
+        assert calls == [expected, png, svg, png, svg]
     if renders_failing == 1:
         assert static == expected and notes == []
     else:
