@@ -109,9 +109,8 @@ class RunOptions:
         """The emulated device and link of this run (None: not paced)."""
         from parlab.hardware import PROFILES
 
-        flops = (
-            self.forward_flops() if self.pace.partition(",")[0].strip() in PROFILES else None
-        )  # only a GPU profile needs them
+        profile = self.pace.partition(",")[0].strip()  # "h100" of "h100,unit=200ms"
+        flops = self.forward_flops() if profile in PROFILES else None  # only a GPU profile needs them
         return parse_pace(self.pace, flops, self.world_size)
 
     def forward_flops(self) -> float | None:
