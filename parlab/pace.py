@@ -115,8 +115,10 @@ def parse(text: str, forward_flops: float | None = None, world_size: int = 1) ->
         return None
     if text == "default":
         return Pace()
+    from parlab.hardware import PROFILES  # (no torch: a light import)
+
     name, _, rest = text.partition(",")
-    if name.strip() in ("h100", "a100"):
+    if name.strip() in PROFILES:
         if forward_flops is None:
             raise ValueError(f"pace {text}: only a run that trains a model can be paced by a hardware profile")
         # A profile fixes the proportions; only the slow-down is the student's to choose (a larger unit for a
