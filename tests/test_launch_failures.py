@@ -16,6 +16,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,25 +162,34 @@ def _run_script(*parts: str, timeout: float = 120, **env) -> dict:
 def test_an_interrupted_first_launch_leaves_no_server_behind():
     out = _run_script(
         """
-        import json, os, signal, threading, time
+        import json, os, signal
         import parlab
         from parlab.launch import rank_server_pid
         """,
         CHILDREN,
         """
-        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()  # the server is still starting
+        from parlab.runtime import server as server_module
+
+        wait_ready, seen = server_module._RankServer.wait_ready, {}
+
+        def interrupted_while_it_starts(server):  # Ctrl-C as the launch begins to wait for its new server
+            seen["starting"] = not server.ready.is_set()  # (it imports torch: not ready for a second or so)
+            os.kill(os.getpid(), signal.SIGINT)  # raised within the next few bytecodes
+            return wait_ready(server)
+
+        server_module._RankServer.wait_ready = interrupted_while_it_starts
         try:
             parlab.launch(lambda: 1, 2)
             interrupted = False
         except KeyboardInterrupt:
             interrupted = True
-        left = {"server": rank_server_pid(), "children": children()}
-        started = time.perf_counter()
+        server_module._RankServer.wait_ready = wait_ready
+        left = {"server": rank_server_pid(), "children": children(), **seen}
         again = parlab.launch(lambda: 2, 2, timeout=5)  # starts one new server (not counted in the timeout)
         print(json.dumps({"interrupted": interrupted, **left, "again": list(again), "children_after": children()}))
         """,
     )
-    assert out["interrupted"]
+    assert out["interrupted"] and out["starting"]
     assert out["server"] is None and out["children"] == []
     assert out["again"] == [2, 2] and len(out["children_after"]) == 1  # exactly one server, the new one
 
@@ -235,18 +245,24 @@ def test_a_value_that_cannot_be_sent_names_the_rank_and_the_part(clean):
     assert "cannot be sent back" in str(info.value)
 
 
-def _victim_reports_first():
+def _victim_reports_first(flag: str):
     """Rank 0 reports what a rank sees when its peer's process went away; rank 1, a moment later, the error that
-    caused it (as in a run where rank 1 raised, its sockets closed as it left, and rank 0's report won the race)."""
+    caused it (as in a run where rank 1 raised, its sockets closed as it left, and rank 0's report won the race).
+
+    Rank 0 raises only once rank 1 has finished setting up its process group (`flag` exists): rank 0 leaves as soon
+    as it has reported, and a peer still connecting would then fail with a real lost connection of its own."""
     if dist.get_rank() == 0:
+        while not os.path.exists(flag):
+            time.sleep(0.005)
         raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:16256")
+    Path(flag).touch()
     time.sleep(0.05)
     raise ValueError("the error of rank 1's own")
 
 
-def test_the_rank_blamed_is_the_one_with_its_own_error_not_the_one_that_lost_its_peer(clean):
+def test_the_rank_blamed_is_the_one_with_its_own_error_not_the_one_that_lost_its_peer(clean, tmp_path):
     with pytest.raises(RankError, match="the error of rank 1's own") as info:
-        parlab.launch(_victim_reports_first, 2)
+        parlab.launch(_victim_reports_first, 2, str(tmp_path / "rank-1-connected"))
     assert info.value.rank == 1
 
 
