@@ -36,10 +36,10 @@ DEVICE_MTBF_HOURS, DEVICES, PAUSE_S, WRITE_S, RESTART_S = 50_000, 4096, 6, 120, 
 KEYS = ("model.{}", "optim.{}.exp_avg", "optim.{}.exp_avg_sq")
 
 STRUCTURAL = {
-    "survive": "ZeRO-3 on 4 ranks, rank 2 dies in step 5 (a RankError): your code relaunches once, on 3 ranks, "
-    "resuming from the checkpoint of step 4 (not from scratch); the final parameters equal one device; and a "
-    "launch that fails before any rank starts (a ValueError: no rank died) is not retried, its error reaches the "
-    "caller",
+    "survive": "ZeRO-3 on 4 ranks, rank 2 dies in step 5, then in the relaunch on 3 ranks rank 1 dies in step 6 "
+    "(each a RankError): your code relaunches on 3, then on 2 ranks, each time resuming from the checkpoint of step "
+    "4 (not from scratch); the final parameters equal one device; and a launch that fails before any rank starts "
+    "(a ValueError: no rank died) is not retried, its error reaches the caller",
     "shard_pieces": "every tensor's (rank, start, stop) pieces, for units whose size N does not divide, with "
     "ranks that hold only padding, against the judge's own cut and against the metadata of a real ZeRO-3 checkpoint "
     "written by 3 ranks (no unit divides by 3)",
@@ -68,21 +68,30 @@ def _shape(x) -> list[int] | str:
 # ---- survive: catch the failure, relaunch on the survivors
 
 
+# Who dies in which launch: (rank, 1-based step), by launch number. The relaunch on 3 ranks resumes from step 4 and
+# loses a rank in step 6, before any newer checkpoint: the launch after it resumes from step 4 again.
+DEATHS = {1: (2, 5), 2: (1, 6)}
+
+
 def collect_survive(survive) -> dict:
     root, calls = tempfile.mkdtemp(prefix="parlab-lab11-"), []
 
     def launch_run(world_size: int, resume: bool):
-        """Train ZeRO-3 on `world_size` ranks (resume: from the newest checkpoint); rank 2 of the first launch dies
-        in step 5. Returns the ranks' results (each: "params", "start": the step it resumed from)."""
+        """Train ZeRO-3 on `world_size` ranks (resume: from the newest checkpoint); one rank of the first launch
+        and one of the second die (DEATHS). Returns the ranks' results (each: "params", "start": the step it
+        resumed from)."""
         calls.append((int(world_size), bool(resume)))
-        first = len(calls) == 1
-        plan = FaultPlan(root, every=2, kill_rank=2 if first else None, at_step=5, resume=bool(resume))
+        kill_rank, at_step = DEATHS.get(len(calls), (None, 0))
+        plan = FaultPlan(root, every=2, kill_rank=kill_rank, at_step=at_step, resume=bool(resume))
         return parlab.launch(resumable_rank, world_size, "zero", CFG, BATCHES, plan, optimizer="adam", lr=LR,
                              stage=3, **LAUNCH)  # fmt: skip
 
     try:
-        results = survive(launch_run, 4)
-        data = {"calls": calls, "world": len(results), "start": results[0]["start"], "params": results[0]["params"]}
+        try:
+            results = survive(launch_run, 4)
+            data = {"calls": calls, "world": len(results), "start": results[0]["start"], "params": results[0]["params"]}
+        except parlab.RankError as exc:  # a death that survive() let through to its caller
+            data = {"calls": calls, "world": 0, "start": None, "params": None, "escaped": f"rank {exc.rank} died"}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     data["other_error"] = _other_error(survive)
@@ -108,12 +117,15 @@ def _other_error(survive) -> dict:
 
 def judge_survive(data) -> list[str]:
     calls = [tuple(c) for c in data["calls"]]
-    ok = calls == [(4, False), (3, True)]
-    lines = [f"launches: {calls} (4 ranks; after the failure 3, resuming): {'PASS' if ok else 'FAIL'}"]
-    lines.append(f"the run ended on {data['world']} ranks, the survivors: {'PASS' if data['world'] == 3 else 'FAIL'}")
-    resumed = data["start"] == 4
-    lines.append(f"resumed from step {data['start']} (the last checkpoint: 4): {'PASS' if resumed else 'FAIL'}")
-    lines.append(compare("final parameters after the restart", data["params"], single_device(), show=False).line)
+    ok = calls == [(4, False), (3, True), (2, True)]
+    lines = [f"launches: {calls} (4 ranks; after each failure one fewer, resuming): {'PASS' if ok else 'FAIL'}"]
+    if data.get("escaped"):
+        lines.append(f"a RankError reached the caller ({data['escaped']}; the job was not finished): FAIL")
+    else:
+        world, start = data["world"], data["start"]
+        lines.append(f"the run ended on {world} ranks, the survivors: {'PASS' if world == 2 else 'FAIL'}")
+        lines.append(f"resumed from step {start} (the last checkpoint: 4): {'PASS' if start == 4 else 'FAIL'}")
+        lines.append(compare("final parameters after the restarts", data["params"], single_device(), show=False).line)
     other = data["other_error"]
     other_calls = [tuple(c) for c in other["calls"]]
     ok = other_calls == [(4, False)] and other["raised"] == "ValueError"
