@@ -71,6 +71,17 @@ def _shape(x) -> list[int] | str:
 # Who dies in which launch: (rank, 1-based step), by launch number. The relaunch on 3 ranks resumes from step 4 and
 # loses a rank in step 6, before any newer checkpoint: the launch after it resumes from step 4 again.
 DEATHS = {1: (2, 5), 2: (1, 6)}
+MAX_LAUNCHES = 8  # a survive() that relaunches more often than this is stopped by the check (it would never end)
+
+
+class TooManyLaunches(BaseException):
+    """The check stops a survive() that keeps relaunching (a BaseException: `except Exception` does not catch it)."""
+
+
+def _count(calls: list, world_size: int, resume: bool) -> None:
+    calls.append((int(world_size), bool(resume)))
+    if len(calls) > MAX_LAUNCHES:
+        raise TooManyLaunches(f"stopped by the check after {MAX_LAUNCHES} launches")
 
 
 def collect_survive(survive) -> dict:
@@ -80,7 +91,7 @@ def collect_survive(survive) -> dict:
         """Train ZeRO-3 on `world_size` ranks (resume: from the newest checkpoint); one rank of the first launch
         and one of the second die (DEATHS). Returns the ranks' results (each: "params", "start": the step it
         resumed from)."""
-        calls.append((int(world_size), bool(resume)))
+        _count(calls, world_size, resume)
         kill_rank, at_step = DEATHS.get(len(calls), (None, 0))
         plan = FaultPlan(root, every=2, kill_rank=kill_rank, at_step=at_step, resume=bool(resume))
         return parlab.launch(resumable_rank, world_size, "zero", CFG, BATCHES, plan, optimizer="adam", lr=LR,
@@ -92,6 +103,8 @@ def collect_survive(survive) -> dict:
             data = {"calls": calls, "world": len(results), "start": results[0]["start"], "params": results[0]["params"]}
         except parlab.RankError as exc:  # a death that survive() let through to its caller
             data = {"calls": calls, "world": 0, "start": None, "params": None, "escaped": f"rank {exc.rank} died"}
+        except TooManyLaunches as exc:
+            data = {"calls": calls, "world": 0, "start": None, "params": None, "escaped": str(exc)}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     data["other_error"] = _other_error(survive)
@@ -104,7 +117,7 @@ def _other_error(survive) -> dict:
     calls = []
 
     def launch_run(world_size: int, resume: bool):
-        calls.append((int(world_size), bool(resume)))
+        _count(calls, world_size, resume)
         raise ValueError("the check's own error: a bad argument, found before any rank started")
 
     try:
@@ -112,6 +125,8 @@ def _other_error(survive) -> dict:
         raised = "nothing"
     except Exception as exc:
         raised = type(exc).__name__
+    except TooManyLaunches as exc:
+        raised = f"nothing ({exc})"
     return {"calls": calls, "raised": raised}
 
 
@@ -120,7 +135,9 @@ def judge_survive(data) -> list[str]:
     ok = calls == [(4, False), (3, True), (2, True)]
     lines = [f"launches: {calls} (4 ranks; after each failure one fewer, resuming): {'PASS' if ok else 'FAIL'}"]
     if data.get("escaped"):
-        lines.append(f"a RankError reached the caller ({data['escaped']}; the job was not finished): FAIL")
+        escaped = data["escaped"]
+        what = escaped if escaped.startswith("stopped") else f"a RankError reached the caller ({escaped})"
+        lines.append(f"{what}; the job was not finished: FAIL")
     else:
         world, start = data["world"], data["start"]
         lines.append(f"the run ended on {world} ranks, the survivors: {'PASS' if world == 2 else 'FAIL'}")
