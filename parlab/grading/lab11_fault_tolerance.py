@@ -101,10 +101,9 @@ def collect_survive(survive) -> dict:
         try:
             results = survive(launch_run, 4)
             data = {"calls": calls, "world": len(results), "start": results[0]["start"], "params": results[0]["params"]}
-        except parlab.RankError as exc:  # a death that survive() let through to its caller
-            data = {"calls": calls, "world": 0, "start": None, "params": None, "escaped": f"rank {exc.rank} died"}
-        except TooManyLaunches as exc:
-            data = {"calls": calls, "world": 0, "start": None, "params": None, "escaped": str(exc)}
+        except (parlab.RankError, TooManyLaunches) as exc:  # a death let through to the caller, or no end
+            why = f"a RankError reached the caller (rank {exc.rank} died)" if isinstance(exc, parlab.RankError) else exc
+            data = {"calls": calls, "world": 0, "start": None, "params": None, "unfinished": str(why)}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     data["other_error"] = _other_error(survive)
@@ -134,10 +133,8 @@ def judge_survive(data) -> list[str]:
     calls = [tuple(c) for c in data["calls"]]
     ok = calls == [(4, False), (3, True), (2, True)]
     lines = [f"launches: {calls} (4 ranks; after each failure one fewer, resuming): {'PASS' if ok else 'FAIL'}"]
-    if data.get("escaped"):
-        escaped = data["escaped"]
-        what = escaped if escaped.startswith("stopped") else f"a RankError reached the caller ({escaped})"
-        lines.append(f"{what}; the job was not finished: FAIL")
+    if data.get("unfinished"):
+        lines.append(f"{data['unfinished']}; the job was not finished: FAIL")
     else:
         world, start = data["world"], data["start"]
         lines.append(f"the run ended on {world} ranks, the survivors: {'PASS' if world == 2 else 'FAIL'}")
