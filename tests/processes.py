@@ -1,7 +1,10 @@
 """Helpers the launch tests share: which processes a process has started (read from /proc)."""
 
+import contextlib
 import inspect
 import os
+import sys
+import tempfile
 import time
 
 
@@ -57,6 +60,26 @@ def wait_until(condition, seconds: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return condition()
+
+
+@contextlib.contextmanager
+def temp_folder_of_our_own(folder: str):
+    """Within: `folder` is the temp dir of this process (TMPDIR and tempfile), of the rank server the next launch
+    starts (and so of its ranks: rendezvous files, offload folders) and of the command lines started meanwhile.
+    Other pytest-xdist workers use the shared temp dir at the same time: what a test counts there is not its own."""
+    launch_module = sys.modules["parlab.launch"]  # (parlab.launch, the attribute, is the function)
+    old_env, old_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+    launch_module.shutdown()  # the next launch starts a server that reads the new TMPDIR
+    os.environ["TMPDIR"], tempfile.tempdir = folder, folder
+    try:
+        yield folder
+    finally:
+        launch_module.shutdown()
+        tempfile.tempdir = old_tempdir
+        if old_env is None:
+            del os.environ["TMPDIR"]
+        else:
+            os.environ["TMPDIR"] = old_env
 
 
 # The same, as source for the scripts the tests run in a process of their own: children() of that process.

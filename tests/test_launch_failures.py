@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from processes import CHILDREN, children_of, ranks_of, wait_until
+from processes import CHILDREN, children_of, ranks_of, temp_folder_of_our_own, wait_until
 
 import parlab
 from parlab import comm
@@ -44,17 +44,9 @@ def _alive(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def private_tmp(tmp_path_factory):
     """A rank server whose temp folder (rendezvous files) is private to this module."""
-    folder = str(tmp_path_factory.mktemp("rendezvous"))
-    old = os.environ.get("TMPDIR")
-    launch_module.shutdown()
-    os.environ["TMPDIR"] = folder  # read by the server when it starts
-    launch_module.warm_up(wait=True)
-    yield folder
-    launch_module.shutdown()
-    if old is None:
-        del os.environ["TMPDIR"]
-    else:
-        os.environ["TMPDIR"] = old
+    with temp_folder_of_our_own(str(tmp_path_factory.mktemp("rendezvous"))) as folder:
+        launch_module.warm_up(wait=True)
+        yield folder
 
 
 @pytest.fixture

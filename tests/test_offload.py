@@ -3,7 +3,6 @@ same run without offload and like one device; each place holds what the formulas
 theory says and overlap backward / the optimizer step; the disk folder is removed after success, a rank's failure,
 a timeout that kills the ranks, and a Ctrl-C; a budget too small is refused before launch, naming the amounts."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from processes import temp_folder_of_our_own
 
 from parlab import launch, plots
 from parlab.launch import LaunchTimeout, RankError
@@ -29,8 +29,6 @@ from parlab.runs.offload import parse_bytes, run_offload
 from parlab.scratch import FOLDER_PREFIX, offload_folder, sweep_orphans
 from parlab.zero import plan_units
 
-launch_module = sys.modules["parlab.launch"]  # (parlab.launch, the attribute, is the function)
-
 TINY = GPTConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=2)  # 7,744 parameters, 6 units
 LR = 1e-3
 
@@ -40,17 +38,8 @@ def private_tmp(tmp_path_factory):
     """A temp folder of this module's own, for this process, its rank server (and so its ranks) and the command
     lines it starts: the folders these tests count are theirs alone. (Other test files run offload at the same time
     in other pytest-xdist workers; their folders under the shared temp dir came and went in this module's counts.)"""
-    folder = str(tmp_path_factory.mktemp("offload-tmp"))
-    old_env, old_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
-    launch_module.shutdown()  # the next launch starts a server that reads the new TMPDIR
-    os.environ["TMPDIR"], tempfile.tempdir = folder, folder
-    yield folder
-    launch_module.shutdown()
-    tempfile.tempdir = old_tempdir
-    if old_env is None:
-        del os.environ["TMPDIR"]
-    else:
-        os.environ["TMPDIR"] = old_env
+    with temp_folder_of_our_own(str(tmp_path_factory.mktemp("offload-tmp"))) as folder:
+        yield folder
 
 
 def _folders() -> set[Path]:
