@@ -20,8 +20,8 @@ import time
 import torch.distributed as dist
 
 import parlab
-from parlab import data_parallel as dp
-from parlab.models import GPTConfig, build_model, lm_loss, make_batches, make_optimizer
+from parlab.core.models import GPTConfig, build_model, lm_loss, make_batches, make_optimizer
+from parlab.schemes import data_parallel as dp
 
 MODELS = {
     "reference GPT, 2 blocks (37 tensors)": {"layers": 2, "hidden": 32},

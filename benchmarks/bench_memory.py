@@ -143,8 +143,10 @@ def measured_rank(rank_fn, opts: dict):
 def measure_scheme(name: str) -> dict:
     """Run scheme `name` at world size 4 as its lesson does (ranks, then the report with its single-device
     reference in the parent), measuring as described at the top. Runs in a fresh process (see main)."""
-    from parlab.launch import Results, launch, rank_server_pid
-    from parlab.runs import get_scheme
+    from parlab.runs.registry import get_scheme
+    from parlab.runtime.errors import Results
+    from parlab.runtime.launcher import launch
+    from parlab.runtime.server import rank_server_pid
 
     scheme = get_scheme(name)
     opts = scheme.make_options(world_size=WORLD)
@@ -242,7 +244,7 @@ def main() -> None:
         print("RESULT " + json.dumps(one))
         return
 
-    from parlab.runs import all_schemes
+    from parlab.runs.registry import all_schemes
 
     names = args.schemes if args.schemes else list(all_schemes())
     if not args.no_notebooks:

@@ -1,4 +1,4 @@
-"""Measured timelines with and without an emulated device and link (parlab.pace), side by side in one run.
+"""Measured timelines with and without an emulated device and link (parlab.core.pace), side by side in one run.
 
     python benchmarks/bench_pace.py                 # p = 4, m = 8 pipelines and DP at world 4
     python benchmarks/bench_pace.py --repeats 3     # the median of 3 runs of each
@@ -17,9 +17,9 @@ import argparse
 import os
 import statistics
 
+from parlab.core.trace import Trace
 from parlab.runs.data_parallel import run_dp
 from parlab.runs.pipeline import run_pipeline
-from parlab.trace import Trace
 
 PIPELINE_PACE = "unit=50ms,alpha=0.1ms,bandwidth=1GB/s"
 DP_PACE = "default"

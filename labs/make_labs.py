@@ -7,10 +7,10 @@
 
 The solution is the one source. In its `# ANSWER: name` cells, each block between `# BEGIN SOLUTION: hint` and
 `# END SOLUTION` becomes `raise NotImplementedError("hint")`, and no output is stored: a student sees verdicts only
-from their own run, and a check cell whose verdicts FAIL raises, so `pytest --nbval` catches it (parlab/grade.py).
-After editing a solution or its checks module (parlab/grading/labNN_name.py), run this with --execute: the
-solutions' stored outputs are the expected verdicts, the ones the grader compares its own with. Adding a lab:
-labs/README.md.
+from their own run, and a check cell whose verdicts FAIL raises, so `pytest --nbval` catches it
+(parlab/grading/command.py). After editing a solution or its checks module (parlab/grading/labs/labNN_name.py), run
+this with --execute: the solutions' stored outputs are the expected verdicts, the ones the grader compares its own
+with. Adding a lab: labs/README.md.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import nbformat
 
-from parlab.grade import student_version
+from parlab.grading.markers import student_version
 
 LABS = Path(__file__).resolve().parent
 
@@ -36,7 +36,7 @@ def execute(solution_path: Path) -> None:
     """Re-execute a solution in place in a fresh kernel of this environment (no timestamps are stored)."""
     from nbclient import NotebookClient
 
-    from parlab.grade import kernel_manager
+    from parlab.grading.worker import kernel_manager
 
     nb = nbformat.read(solution_path, as_version=4)
     client = NotebookClient(nb, timeout=600, km=kernel_manager(), record_timing=False)

@@ -1,91 +1,87 @@
 """parlab: see how large models are trained on many devices.
 
-Each parallelism scheme lives in its own readable module (`parlab.collectives`, `parlab.data_parallel`,
-`parlab.tensor_parallel`, `parlab.pipeline` with `parlab.schedules`, ...): the algorithm, its rank loop and its
-theory, every building block taking the process group it works in. How each is run and checked is in
-`parlab.runs` (the CLI's registry), each lesson's figures in `parlab.lessons`. The shared machinery is here:
+The package, folder by folder (the README's "Map of the package" says why each is where it is):
 
-    parlab.launch(fn, world_size, ...)   run rank code on real processes (parlab.launch)
-    parlab.live(fn or "scheme", ...)     the same, its timeline drawn while the ranks run (parlab.live)
-    parlab.comm                          traced collectives and compute spans
-    parlab.compare(...)                  one verdict line against the single-device reference (parlab.check)
-    parlab.models                        the reference GPT, its data and its single-device training
-    parlab.memory, parlab.mesh           bytes held, counted from tensors; the device mesh (torch's DeviceMesh)
-    parlab.plots                         timelines, shard diagrams and the package's palette (imports plotly)
+    parlab/schemes/    the parallelism schemes: each family's algorithm, rank loop and theory (a student reads these)
+    parlab/core/       what every scheme stands on: traced collectives, the reference models, checks, traces,
+                       memory, the device mesh, hardware profiles and the emulated pace
+    parlab/runtime/    running rank code on real processes: the launcher, the rank server, hang diagnosis
+    parlab/views/      what the ranks did, drawn: timelines, shard diagrams, live timelines, replay, widgets
+    parlab/twins/      each scheme's PyTorch twin (DDP, FSDP2, DTensor, pipelining, context_parallel)
+    parlab/runs/       how each scheme is run and checked: the registry behind `python -m parlab run`
+    parlab/grading/    `python -m parlab grade` and each lab's checks (grading/labs/)
+    parlab/lessons/    each lesson's demos and figures, the slides and the figure export
+
+What a notebook or a script reaches from here (each loads on first use: `import parlab` imports no torch):
+
+    parlab.launch(fn, world_size, ...)   run rank code on real processes (parlab/runtime/launcher.py)
+    parlab.live(fn or "scheme", ...)     the same, its timeline drawn while the ranks run (parlab/views/live.py)
+    parlab.device()                      the device of this rank's tensors (its GPU under NCCL, else the CPU)
+    parlab.compare(...)                  one verdict line against the single-device reference (parlab/core/check.py)
+    parlab.comm                          traced collectives and compute spans (parlab/core/comm.py)
 """
 
-import copyreg
 import importlib
 import os
 import sys
-import types
 
 # What `parlab.X` names, and where it lives. Imported on first use, so that `python -m parlab list` or `plan` does not
 # pay for importing torch (the CLI imports only what a command needs).
 _EXPORTS = {
-    "comm": ("parlab.comm", None),
-    "CountCheck": ("parlab.check", "CountCheck"),
-    "Verdict": ("parlab.check", "Verdict"),
-    "check_equal": ("parlab.check", "check_equal"),
-    "compare": ("parlab.check", "compare"),
-    "CollectiveMismatch": ("parlab.launch", "CollectiveMismatch"),
-    "LaunchTimeout": ("parlab.launch", "LaunchTimeout"),
-    "RankError": ("parlab.launch", "RankError"),
-    "Results": ("parlab.launch", "Results"),
-    "device": ("parlab.launch", "device"),
-    "init_from_env": ("parlab.launch", "init_from_env"),
-    "progress": ("parlab.launch", "progress"),
-    "warm_up": ("parlab.launch", "warm_up"),
-    "Event": ("parlab.trace", "Event"),
-    "Trace": ("parlab.trace", "Trace"),
+    "comm": ("parlab.core.comm", None),
+    "CountCheck": ("parlab.core.check", "CountCheck"),
+    "Verdict": ("parlab.core.check", "Verdict"),
+    "check_equal": ("parlab.core.check", "check_equal"),
+    "compare": ("parlab.core.check", "compare"),
+    "CollectiveMismatch": ("parlab.runtime.errors", "CollectiveMismatch"),
+    "LaunchTimeout": ("parlab.runtime.errors", "LaunchTimeout"),
+    "RankError": ("parlab.runtime.errors", "RankError"),
+    "Results": ("parlab.runtime.errors", "Results"),
+    "launch": ("parlab.runtime.launcher", "launch"),
+    "device": ("parlab.core.comm", "device"),
+    "init_from_env": ("parlab.runtime.launcher", "init_from_env"),
+    "warm_up": ("parlab.runtime.server", "warm_up"),
+    "progress": ("parlab.core.comm", "progress"),
+    "Event": ("parlab.core.trace", "Event"),
+    "Trace": ("parlab.core.trace", "Trace"),
 }
 
 
-class _Package(types.ModuleType):
-    """The parlab package: `parlab.launch` is the launch function (not the module of the same name, which is
-    `sys.modules["parlab.launch"]`), and the other names load on first use."""
-
-    @property
-    def launch(self):
-        return importlib.import_module("parlab.launch").launch
-
-    @launch.setter
-    def launch(self, module):  # the import system binds the submodule here; parlab.launch stays the function
-        pass
-
-    @property
-    def live(self):  # like launch: parlab.live(...) is the function, its module is sys.modules["parlab.live"]
-        return importlib.import_module("parlab.live").live
-
-    @live.setter
-    def live(self, module):
-        pass
-
-    def __getattr__(self, name: str):
-        if name not in _EXPORTS:
-            raise AttributeError(f"module 'parlab' has no attribute {name!r}")
-        module, attribute = _EXPORTS[name]
-        value = importlib.import_module(module)
-        return value if attribute is None else getattr(value, attribute)
-
-    def __dir__(self):
-        return sorted({*super().__dir__(), *_EXPORTS, "launch", "live"})
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'parlab' has no attribute {name!r}")
+    module, attribute = _EXPORTS[name]
+    value = importlib.import_module(module)
+    return value if attribute is None else getattr(value, attribute)
 
 
-sys.modules[__name__].__class__ = _Package
-# Rank code that names `parlab` travels by value (cloudpickle); the package itself travels by name, as any module.
-copyreg.pickle(_Package, lambda package: (importlib.import_module, (package.__name__,)))
+def __dir__():
+    return sorted({*globals(), *_EXPORTS})
+
+
+def live(what, world_size: int = 4, *args, title: str | None = None, **kwargs):
+    """Run rank code (like parlab.launch(fn, world_size, ...); returns its Results) or a scheme by name (like
+    parlab.runs.registry.launch_scheme(name, world_size=..., **options); returns (results, report)), with its
+    timeline drawn while the ranks run (parlab/views/live.py)."""
+    if isinstance(what, str):
+        from parlab.runs.registry import launch_scheme
+
+        return launch_scheme(what, live=True, world_size=world_size, **kwargs)
+    from parlab.views.live import launch_live
+
+    return launch_live(what, world_size, *args, title=title, **kwargs)
+
 
 # jsonschema (which plotly's first figure imports, through nbformat) builds an IRI parser at import that no lesson uses:
 # about 1.5 s of CPU in every kernel. It is imported at its first use instead (parlab/runtime/lazy_imports.py).
 importlib.import_module("parlab.runtime.lazy_imports").defer_rfc3987_syntax()
 
-# In a Jupyter kernel (or with PARLAB_WARM=1) importing parlab starts the rank server at once (parlab.launch does it
-# at its import), so that the lesson's first launch is warm; nowhere else does `import parlab` import torch.
+# In a Jupyter kernel (or with PARLAB_WARM=1) importing parlab starts the rank server at once (the launcher does it at
+# its import), so that the lesson's first launch is warm; nowhere else does `import parlab` import torch.
 if os.environ.get("PARLAB_WARM", "").strip() == "1" or (
     "ipykernel" in sys.modules and os.environ.get("PARLAB_WARM", "").strip() != "0"
 ):
-    importlib.import_module("parlab.launch")
+    importlib.import_module("parlab.runtime.launcher")
 
 __version__ = "0.1.0"
 

@@ -21,7 +21,7 @@ import math
 import os
 import sys
 
-from parlab.catalog import CATALOG
+from parlab.runs.catalog import CATALOG
 
 # Each command imports what it needs when it runs: `list`, `plan`, `figures` and `--help` never import torch.
 
@@ -54,10 +54,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     tour.add_argument("--no-twin", dest="twin", action="store_false", help="skip the PyTorch twins (parlab/twins)")
     grade_parser = commands.add_parser("grade", help="re-execute lab notebooks and score their checks")
     if command in (None, "grade"):
-        from parlab import grade
+        from parlab.grading import command as grade
 
         grade.build_parser(grade_parser)
-    from parlab import figures  # no torch or plotly at import: `figures` stays fast
+    from parlab.lessons import figures  # no torch or plotly at import: `figures` stays fast
 
     figures.add_arguments(commands.add_parser("figures", help="write a lesson's figures as HTML (and PNG/SVG) files"))
     plan = commands.add_parser("plan", help="estimate memory and communication of every way to parallelise a model")
@@ -66,7 +66,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     schemes = run.add_subparsers(dest="scheme", required=True, metavar="SCHEME", parser_class=_Parser)
     if command not in (None, "run"):
         return parser
-    from parlab.runs import all_schemes
+    from parlab.runs.registry import all_schemes
 
     for name, scheme in all_schemes().items():
         sub = schemes.add_parser(name, help=scheme.help, description=scheme.help)
@@ -102,7 +102,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def plan(args: argparse.Namespace) -> int:
-    from parlab.planner import Cluster, ModelSpec, describe, plans
+    from parlab.schemes.hybrid.planner import Cluster, ModelSpec, describe, plans
 
     names = ("layers", "hidden", "heads", "seq", "vocab", "devices", "devices_per_node", "batch", "top")
     sizes = {k: getattr(args, k) for k in names}
@@ -135,8 +135,8 @@ def tour(world_size: int, twin: bool = True) -> int:
     the reason. Every option is checked before the first scheme runs."""
     if world_size < 1:
         return _error(f"--world {world_size}: the number of ranks must be >= 1")
-    from parlab.runs import all_schemes, run_scheme, summary_line
-    from parlab.twins import twin_line
+    from parlab.runs.registry import all_schemes, run_scheme, summary_line
+    from parlab.twins.registry import twin_line
 
     runnable, skipped = [], []
     for name, scheme in all_schemes().items():
@@ -183,18 +183,18 @@ def _main(argv: list[str] | None) -> int:
             print(f"{name:14s} {help_line}")
         return 0
     if args.command == "grade":
-        from parlab import grade
+        from parlab.grading import command as grade
 
         return grade.run(args)
     if args.command == "tour":
         return tour(args.world, args.twin)
     if args.command == "figures":
-        from parlab import figures
+        from parlab.lessons import figures
 
         return figures.main(args)
     if args.command == "plan":
         return plan(args)
-    from parlab.runs import run_scheme
+    from parlab.runs.registry import run_scheme
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "scheme", "json", "twin")}
     try:
@@ -209,7 +209,7 @@ def _main(argv: list[str] | None) -> int:
         for line in report["verdicts"]:
             print(line)
         if "twin" in report:
-            from parlab.twins import twin_line
+            from parlab.twins.registry import twin_line
 
             print(twin_line(report))
     twin_failed = report.get("twin", {}).get("passed") is False  # a twin that ran and disagrees fails the run

@@ -3,7 +3,6 @@
 import contextlib
 import inspect
 import os
-import sys
 import tempfile
 import time
 
@@ -25,7 +24,7 @@ def children_of(pid: int) -> list[int]:
 
 def ranks_of(server_pid: int) -> list[int]:
     """The rank server's children less its spares (processes it prepared for the next launch, named parlab-spare,
-    which exist between launches when spares are on: PARLAB_SPARES, parlab/launch.py)."""
+    which exist between launches when spares are on: PARLAB_SPARES, parlab/runtime/launcher.py)."""
     ranks = []
     for pid in children_of(server_pid):
         try:
@@ -67,14 +66,15 @@ def temp_folder_of_our_own(folder: str):
     """Within: `folder` is the temp dir of this process (TMPDIR and tempfile), of the rank server the next launch
     starts (and so of its ranks: rendezvous files, offload folders) and of the command lines started meanwhile.
     Other pytest-xdist workers use the shared temp dir at the same time: what a test counts there is not its own."""
-    launch_module = sys.modules["parlab.launch"]  # (parlab.launch, the attribute, is the function)
+    from parlab.runtime import server
+
     old_env, old_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
-    launch_module.shutdown()  # the next launch starts a server that reads the new TMPDIR
+    server.shutdown()  # the next launch starts a server that reads the new TMPDIR
     os.environ["TMPDIR"], tempfile.tempdir = folder, folder
     try:
         yield folder
     finally:
-        launch_module.shutdown()
+        server.shutdown()
         tempfile.tempdir = old_tempdir
         if old_env is None:
             del os.environ["TMPDIR"]

@@ -457,7 +457,7 @@ LIVE_CELLS = [
     "def steps(n):\n    x = torch.ones(4)\n    for i in range(n):\n"
     "        with comm.span(f'F{i}', kind='forward'):\n            time.sleep(0.25)\n"
     "        comm.all_reduce(x, label=f'step {i}')\n\n\nresults = parlab.live(steps, 2, 16)",
-    "from parlab.lessons.replay import replay\n\nreplay(results.trace, frames=12)",
+    "from parlab.views.replay import replay\n\nreplay(results.trace, frames=12)",
 ]
 
 # Whatever could cover the notebook: a dialog, a notification toast, or another element at the notebook's centre.

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from parlab import check_equal, compare
-from parlab.check import CheckFailed
-from parlab.models import GPTConfig, build_model, make_batches, synthetic_corpus, train_single_device
+from parlab.core.check import CheckFailed
+from parlab.core.models import GPTConfig, build_model, make_batches, synthetic_corpus, train_single_device
 
 
 def test_verdict_passes_within_the_dtype_tolerance_and_says_so():

@@ -1,6 +1,6 @@
-"""Sharded checkpoints (parlab.checkpoint): each rank saves only what it holds; the state loads back on another world
-size or mesh (ZeRO-3 on 4 -> ZeRO-3 on 2 and plain DP on 1; TP 2 x DP 2 -> TP 4) exactly, training continued after a
-reload equals training never interrupted (float64, 1e-10), and the reshard agrees with PyTorch's own
+"""Sharded checkpoints (parlab.schemes.faults.checkpoint): each rank saves only what it holds; the state loads back on
+another world size or mesh (ZeRO-3 on 4 -> ZeRO-3 on 2 and plain DP on 1; TP 2 x DP 2 -> TP 4) exactly, training
+continued after a reload equals training never interrupted (float64, 1e-10), and the reshard agrees with PyTorch's own
 torch.distributed.checkpoint (dcp.save / dcp.load of FSDP2 state dicts) on the same run."""
 
 import json
@@ -8,14 +8,14 @@ import json
 import pytest
 import torch
 
-from parlab import checkpoint as ckpt
-from parlab import comm
-from parlab.check import max_abs_error
-from parlab.faults import FaultPlan, resumable_rank
-from parlab.launch import launch
-from parlab.models import GPTConfig, build_model, lm_loss, make_batches, make_optimizer, train_single_device
+from parlab.core import comm
+from parlab.core.check import max_abs_error
+from parlab.core.models import GPTConfig, build_model, lm_loss, make_batches, make_optimizer, train_single_device
 from parlab.runs import checkpoint as runs_ckpt
-from parlab.tensor_parallel import TensorParallelGPT
+from parlab.runtime.launcher import launch
+from parlab.schemes.faults import checkpoint as ckpt
+from parlab.schemes.faults.failures import FaultPlan, resumable_rank
+from parlab.schemes.tensor_parallel import TensorParallelGPT
 
 CFG = GPTConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=2, dtype="float64")
 LR = 1e-3
@@ -167,8 +167,8 @@ def _save_dp(model, root):
 
 def pp_save_rank(batches, root: str) -> None:
     """Rank code: a 2-stage 1F1B pipeline (one block each, Adam) trains SAVED_AT steps; each rank saves its stage."""
-    from parlab.pipeline import build_stages, train_pipeline
-    from parlab.schedules import make_schedule
+    from parlab.schemes.pipeline.executor import build_stages, train_pipeline
+    from parlab.schemes.pipeline.schedules import make_schedule
 
     schedule = make_schedule("1f1b", 2, 2)
     stages = build_stages(build_model(CFG), schedule, comm.group_rank())

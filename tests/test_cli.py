@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from parlab import runs
 from parlab.cli import main
-from parlab.runs import all_schemes
+from parlab.runs import registry as runs
+from parlab.runs.registry import all_schemes
 
 
 def _cli(*args):
@@ -22,7 +22,7 @@ def test_list_names_every_registered_scheme():
 
 
 def test_the_catalog_list_reads_is_the_registry():
-    from parlab.catalog import CATALOG
+    from parlab.runs.catalog import CATALOG
 
     assert CATALOG == [(name, scheme.help) for name, scheme in all_schemes().items()]
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from cli_in_process import run_cli
 
-from parlab.collectives import ring_theory_bytes
 from parlab.lessons.collectives import COLLECTIVES, initial_chunks, show_collective
 from parlab.runs.collectives import run_ring
+from parlab.schemes.collectives import ring_theory_bytes
 
 
 @pytest.mark.parametrize("world_size, numel", [(4, 1024), (3, 10), (2, 7), (1, 5)])

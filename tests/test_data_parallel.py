@@ -1,4 +1,4 @@
-"""Data parallelism (parlab.data_parallel): the same training as one device and as torch DDP, with the buckets
+"""Data parallelism (parlab.schemes.data_parallel): the same training as one device and as torch DDP, with the buckets
 really exercised, the bytes counted, and bad options refused before any process starts."""
 
 import json
@@ -7,11 +7,11 @@ import pytest
 import torch
 from cli_in_process import run_cli
 
-from parlab import data_parallel as dp
-from parlab import runs
+from parlab.core.models import GPTConfig, build_model, make_batches
 from parlab.lessons.data_parallel import overlapped_all_reduces
-from parlab.models import GPTConfig, build_model, make_batches
+from parlab.runs import registry as runs
 from parlab.runs.data_parallel import run_dp
+from parlab.schemes import data_parallel as dp
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_all_reduce_payload_per_step_equals_grad_bytes(bucketed_float64):
     grad_bytes = sum(p.numel() * p.element_size() for p in results[0]["params"].values())
     assert report["grad_bytes"] == grad_bytes
     assert report["comm"]["all_reduce_per_step"] == [grad_bytes] * 2
-    assert report["comm"]["all_reduce"] == [grad_bytes * report["steps"]] * 2  # measured by parlab.comm
+    assert report["comm"]["all_reduce"] == [grad_bytes * report["steps"]] * 2  # measured by parlab.core.comm
     assert report["comm"]["theory_ring_wire_bytes_per_step"] == 2 * 1 * grad_bytes / 2
 
 
@@ -143,7 +143,7 @@ def test_bad_options_fail_before_launch(monkeypatch, opts, message):
     def no_launch(*args, **kwargs):
         raise AssertionError("a process was started")
 
-    monkeypatch.setattr(runs, "launch", no_launch)  # run_dp launches through parlab.runs.launch_scheme
+    monkeypatch.setattr(runs, "launch", no_launch)  # run_dp launches through parlab.runs.registry.launch_scheme
     with pytest.raises(ValueError, match=message):
         run_dp(4, "dp", **opts)
 

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from parlab import runs
 from parlab.cli import main
-from parlab.pace import parse as parse_pace
-from parlab.runs import all_schemes
+from parlab.core.pace import parse as parse_pace
+from parlab.runs import registry as runs
+from parlab.runs.registry import all_schemes
 
 
 @pytest.fixture
@@ -137,7 +137,7 @@ def test_a_rank_whose_set_up_fails_reports_it_and_never_runs_the_servers_code(mo
 
     import parlab
 
-    launch_module = importlib.import_module("parlab.launch")  # the module (parlab.launch is the function)
+    launch_module = importlib.import_module("parlab.runtime.launcher")
     # Let a bad value through the parent's checks, as a future bug might: the ranks fail while they set up.
     monkeypatch.setattr(launch_module, "check_launch_args", lambda *args: "gloo")
     with pytest.raises(parlab.RankError) as failed:
@@ -166,7 +166,7 @@ def test_the_planner_answers_any_size_within_seconds(argv, capsys):
 
 
 def test_the_planner_still_finds_every_plan_a_brute_force_search_finds():
-    from parlab.planner import Cluster, ModelSpec, plans
+    from parlab.schemes.hybrid.planner import Cluster, ModelSpec, plans
 
     model, cluster = ModelSpec(12, 768, 12, 1024, 50257, tied=True), Cluster(48, 80e9, 8)
     found = {(e.plan.dp, e.plan.tp, e.plan.pp) for e in plans(model, cluster, 96)}
@@ -207,7 +207,7 @@ def test_a_disk_folder_that_cannot_be_made_is_refused_before_launch(folder, mess
 
 
 def test_checking_a_new_folder_leaves_nothing_behind(tmp_path):
-    from parlab.scratch import check_folder
+    from parlab.core.scratch import check_folder
 
     check_folder(tmp_path / "a" / "b")
     assert list(tmp_path.iterdir()) == []
@@ -216,8 +216,8 @@ def test_checking_a_new_folder_leaves_nothing_behind(tmp_path):
 def test_offload_folders_of_dead_or_zombie_owners_are_swept_by_any_run(tmp_path, monkeypatch):
     import tempfile
 
-    from parlab.runs import all_schemes
-    from parlab.scratch import FOLDER_PREFIX
+    from parlab.core.scratch import FOLDER_PREFIX
+    from parlab.runs.registry import all_schemes
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = subprocess.Popen(["true"])
@@ -240,7 +240,7 @@ def _sizes_disagree(traced: bool):
     import torch
     import torch.distributed as dist
 
-    from parlab import comm
+    from parlab.core import comm
 
     x = torch.ones(4 if dist.get_rank() == 0 else 8)
     (comm.all_reduce if traced else dist.all_reduce)(x)
@@ -263,7 +263,7 @@ def _send_past_the_last_rank():
     import torch
     import torch.distributed as dist
 
-    from parlab import comm
+    from parlab.core import comm
 
     if dist.get_rank() == 0:
         comm.wait_all([comm.isend(torch.ones(3), dist.get_world_size())])  # rank 2 of a world of 2: no such rank
@@ -324,7 +324,7 @@ def _both_send_first():
     import torch
     import torch.distributed as dist
 
-    from parlab import comm
+    from parlab.core import comm
 
     peer = 1 - dist.get_rank()
     big = torch.ones(1 << 20)  # large enough that a blocking send waits for its receiver

@@ -1,4 +1,5 @@
-"""A restarted torchrun group meets in a namespace of its own in the agent's store (parlab.launch.init_from_env).
+"""A restarted torchrun group meets in a namespace of its own in the agent's store
+(parlab.runtime.launcher.init_from_env).
 
 torchrun's agent shares its TCPStore with its workers and keeps it across restarts; the keys a process group
 writes there (each gloo rank's address) are the same every attempt. Here the test process plays the agent (it
@@ -18,7 +19,7 @@ import torch.distributed as dist
 RANK_CODE = r"""
 import os, sys, time, traceback
 import torch, torch.distributed as dist
-from parlab.launch import init_from_env
+from parlab.runtime.launcher import init_from_env
 rank = int(os.environ["RANK"])
 
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from cli_in_process import run_cli
 
-from parlab.launch import launch
-from parlab.moe import MoEConfig, capacity, route
-from parlab.runs import run_scheme
+from parlab.core.moe import MoEConfig, capacity, route
 from parlab.runs.expert_parallel import MoEOptions, moe_rank, moe_report, run_moe
+from parlab.runs.registry import run_scheme
+from parlab.runtime.launcher import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"steps": 1, "layers": 2, "batch": 8}
@@ -37,8 +37,8 @@ def test_training_matches_one_device(world, dp, k, drop):
 
 def test_a_different_grouping_differs():
     """The check can fail: one device routing the batch as ONE capacity group drops other tokens than 4 ranks do."""
-    from parlab.check import compare
-    from parlab.models import make_batches, train_single_device
+    from parlab.core.check import compare
+    from parlab.core.models import make_batches, train_single_device
 
     results, report = run_moe(4, top_k=2, capacity_factor=1.0, **SMALL)
     opts = MoEOptions.make(world_size=4, top_k=2, capacity_factor=1.0, **SMALL)
@@ -83,7 +83,7 @@ def _counted_rank(opts):
     """Rank code: the moe rank, with every process-group all_to_all_single call recorded (input bytes)."""
     from torch._C._distributed_c10d import ProcessGroup
 
-    from parlab.grading.probe import wrapped
+    from parlab.core.probe import wrapped
 
     sent = []
     name = "all_to_all_single" if hasattr(ProcessGroup, "all_to_all_single") else "alltoall_base"

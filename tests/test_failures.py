@@ -1,7 +1,7 @@
-"""A failure injected and survived (parlab.faults, parlab.runs.checkpoint): a rank dies mid-step (os._exit); DP and
-ZeRO stop, restart from the last sharded checkpoint on the 3 survivors and end where the uninterrupted run ends;
-the asynchronous parameter server carries on without the dead worker; bad options are refused before launch;
-no checkpoint folder is left behind unless asked."""
+"""A failure injected and survived (parlab.schemes.faults.failures, parlab.runs.checkpoint): a rank dies mid-step
+(os._exit); DP and ZeRO stop, restart from the last sharded checkpoint on the 3 survivors and end where the
+uninterrupted run ends; the asynchronous parameter server carries on without the dead worker; bad options are refused
+before launch; no checkpoint folder is left behind unless asked."""
 
 import json
 import os
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from parlab import cli
-from parlab.runs import get_scheme, launch_scheme
+from parlab.runs.registry import get_scheme, launch_scheme
 
 
 @pytest.mark.parametrize(

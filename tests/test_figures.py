@@ -7,14 +7,14 @@ import nbformat
 import plotly.graph_objects as go
 import pytest
 
-from parlab import figures
 from parlab.cli import main
+from parlab.lessons import figures
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _stored_plotly_titles(path: Path) -> list[str]:
-    """Counted independently of parlab.figures: the plotly outputs of the cells, then those in widget state."""
+    """Counted independently of parlab.lessons.figures: the plotly outputs of the cells, then those in widget state."""
     nb = json.loads(path.read_text())
     titles = [
         o["data"][figures.PLOTLY_MIME]["layout"]["title"]["text"]

@@ -8,21 +8,21 @@ import sys
 
 import pytest
 
-from parlab import grade
+from parlab.grading import official
 from parlab.grading.grader import Grader
 from parlab.grading.isolation import Sandbox
 
 
 @pytest.fixture(scope="module")
 def unsandboxed():
-    grader = Grader(grade.load_labs(), timeout=20, sandbox=Sandbox("none"), guard=None)
+    grader = Grader(official.load_labs(), timeout=20, sandbox=Sandbox("none"), guard=None)
     yield grader, grader.shared_pycache()
     grader.close()
 
 
 def test_the_cache_holds_what_a_kernel_imports(unsandboxed):
     _, shared = unsandboxed
-    for module in ("torch", "torch._dynamo", "ipykernel.kernelapp", "parlab.launch"):
+    for module in ("torch", "torch._dynamo", "ipykernel.kernelapp", "parlab.runtime.launcher"):
         source = importlib.util.find_spec(module).origin
         sys.pycache_prefix = str(shared)
         try:

@@ -24,7 +24,7 @@ import nbformat
 import pytest
 from test_wrong_answers import wrong_answers as _wrong_answers
 
-from parlab import grade
+from parlab.grading import markers, official
 from parlab.grading.isolation import Sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +33,7 @@ WRONG = Path(__file__).resolve().parent / "wrong_solutions"
 TIMEOUT = 20
 
 SOLUTIONS = sorted((LABS / "solutions").glob("lab*.ipynb"))
-MAX_POINTS = {name: lab.max_points for name, lab in grade.load_labs().items()}
+MAX_POINTS = {name: lab.max_points for name, lab in official.load_labs().items()}
 # The wrong answers graded end to end here (a fresh kernel each: ~12 s of CPU); tests/test_wrong_answers.py runs
 # every wrong answer and every handout through the same checks in one process.
 GRADED_WRONG = ("lab02_tensor_parallel", "lab_bug_hunt")
@@ -57,7 +57,7 @@ def _notebook(path: Path):
 def _with_answers(nb, answers: dict[str, str]):
     nb = nbformat.from_dict(json.loads(json.dumps(nb)))
     for cell in nb.cells:
-        name = grade.answer_name(cell)
+        name = markers.answer_name(cell)
         if name in answers:
             cell.source = f"# ANSWER: {name}\n{answers[name]}"
     return nb
@@ -65,16 +65,16 @@ def _with_answers(nb, answers: dict[str, str]):
 
 REDEFINED_CHECKS = """
 import parlab
-import parlab.check
-from parlab import grading
-from parlab.grading import lab03_pipeline_1f1b as lab_checks
+import parlab.core.check
+from parlab.grading import labs as grading
+from parlab.grading.labs import lab03_pipeline_1f1b as lab_checks
 
 
 def _always_pass(what, *args, **kwargs):
     print(f"{what}: PASS")
 
 
-parlab.compare = parlab.check.compare = parlab.check_equal = parlab.check.check_equal = _always_pass
+parlab.compare = parlab.core.check.compare = parlab.check_equal = parlab.core.check.check_equal = _always_pass
 lab_checks.compare = lab_checks.check_equal = _always_pass
 lab_checks.run = lambda check, *answers: print(f"{check}: PASS")
 grading.run_check = lambda *args, **kwargs: None
@@ -190,7 +190,7 @@ def write_submissions(folder: Path) -> dict[str, dict]:
         if solution.stem in GRADED_WRONG:  # every wrong answer and handout: tests/test_wrong_answers.py
             answers, failing = _wrong_answers(WRONG / f"{solution.stem}.py")
             wrong = _with_answers(solution_nb[solution.stem], answers)
-            add(f"{grade.lab_key(solution.stem)}_wrong", wrong, kind="wrong", fail=failing)
+            add(f"{official.lab_key(solution.stem)}_wrong", wrong, kind="wrong", fail=failing)
     # Lab 03's handout for the cheats that answer nothing: its checks need no ranks, so they cost little.
     add(
         "redefined_checks",
@@ -201,24 +201,24 @@ def write_submissions(folder: Path) -> dict[str, dict]:
         nb = _notebook(LABS / "lab03_pipeline_1f1b.ipynb")  # the handout, answered with nothing ...
         solved = _notebook(LABS / "solutions" / "lab03_pipeline_1f1b.ipynb")
         for cell, solution_cell in zip(nb.cells, solved.cells, strict=True):
-            if grade.check_marker(cell):  # ... but with every verdict a stored PASS: its own answer key
+            if markers.check_marker(cell):  # ... but with every verdict a stored PASS: its own answer key
                 cell.outputs = solution_cell.outputs
         own = folder / stem
         nb.metadata["parlab"]["lab"] = str(own) if where == "absolute" else os.path.relpath(own, LABS / "solutions")
         for cell in nb.cells:
-            if grade.check_marker(cell):
+            if markers.check_marker(cell):
                 cell.source = re.sub(r"\(\d+ points?\)", "(500 points)", cell.source, count=1)
         add(stem, nb, kind="cheat")
     add("lab00_tamper", _with_answers(handout["lab00_ring_allreduce"], {"reduce_scatter": TAMPER}), kind="cheat")
     add("lab00_untouched", handout["lab00_ring_allreduce"], kind="cheat")
     kill = _with_answers(solution_nb["lab01_data_parallel"], {})
     for cell in kill.cells:
-        if grade.answer_name(cell) == "average":
+        if markers.answer_name(cell) == "average":
             cell.source += "\n" + KILL_PARENT
     add("lab01_kills_parent", kill, kind="partial", points=2)  # the shard check ran before the kill
     sleeper = _with_answers(solution_nb["lab02_tensor_parallel"], {})
     for cell in sleeper.cells:
-        if grade.answer_name(cell) == "row_parallel":
+        if markers.answer_name(cell) == "row_parallel":
             cell.source = _sleep_forever_after(cell.source)
     add("lab02_interrupted", sleeper, kind="full")
     library = {"reduce_scatter": LIBRARY_ALL_REDUCE, "all_gather": LIBRARY_ALL_GATHER}
@@ -433,7 +433,7 @@ def test_a_class_gradebook_has_a_row_per_notebook_and_a_feedback_file_per_studen
     folder = next(iter(graded["cases"].values()))["path"].parent
     notebooks = graded["report"]["notebooks"]
     students = [
-        gradebook.student_of(Path(g["notebook"]), folder, g["lab"], grade.lab_key(g["lab"]), {}) for g in notebooks
+        gradebook.student_of(Path(g["notebook"]), folder, g["lab"], official.lab_key(g["lab"]), {}) for g in notebooks
     ]
     recomputed = gradebook.rows(notebooks, students, [folder] * len(notebooks))
     assert [{**r, "seconds": ""} for r in rows] == [

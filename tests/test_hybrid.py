@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from cli_in_process import run_cli
 
-from parlab.runs import run_scheme
 from parlab.runs.hybrid import HybridOptions, run_hybrid
+from parlab.runs.registry import run_scheme
 
 # Each 4-rank combination exercises a different composition; together they cover every axis and option.
 COMBINATIONS = [
@@ -75,7 +75,7 @@ def test_dp_x_cp_x_tp_on_8_ranks_and_the_mesh_layout():
     ],
 )
 def test_every_invalid_combination_is_refused_before_launch_with_its_reason(options, message, monkeypatch):
-    monkeypatch.setattr("parlab.runs.launch", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr("parlab.runs.registry.launch", lambda *a, **k: pytest.fail("launched"))
     with pytest.raises(ValueError, match=message):
         run_scheme("hybrid", **options)
 

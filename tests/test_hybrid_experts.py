@@ -8,10 +8,11 @@ import pytest
 import torch
 from cli_in_process import run_cli
 
-from parlab.hybrid_experts import flat_rank_lists, reference_seq_groups
-from parlab.moe import MoE, MoEConfig
-from parlab.runs import run_scheme
+from parlab.core.mesh import axis_groups
+from parlab.core.moe import MoE, MoEConfig
 from parlab.runs.hybrid import HybridOptions, run_hybrid
+from parlab.runs.registry import run_scheme
+from parlab.schemes.hybrid.experts import reference_seq_groups
 
 MOE = {"experts": 4, "top_k": 2}
 
@@ -71,7 +72,7 @@ def test_experts_and_usp_in_the_mesh_match_one_device_and_each_axis_its_theory(o
 
 def test_the_ep_and_edp_groups_cut_dp_x_cp_ep_fastest():
     axes = {"dp": 2, "pp": 1, "cp": 2, "tp": 2}
-    dp_cp = flat_rank_lists(axes, ("dp", "cp"))
+    dp_cp = axis_groups(axes, "dp", "cp")
     assert dp_cp == [[0, 2, 4, 6], [1, 3, 5, 7]]  # one group per tp rank, dp x cp in mesh order
     opts = HybridOptions.make(dp=2, cp=2, tp=2, ep=2, **MOE)
     assert opts.world_size == 8 and opts.sizes["ep"] == 2  # ep borrows ranks: the world is still dp pp cp tp
@@ -110,7 +111,7 @@ def test_the_reference_routes_in_the_cp_ranks_sequence_groups():
     ],
 )
 def test_every_invalid_expert_or_usp_combination_is_refused_before_launch(options, message, monkeypatch):
-    monkeypatch.setattr("parlab.runs.launch", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr("parlab.runs.registry.launch", lambda *a, **k: pytest.fail("launched"))
     with pytest.raises(ValueError, match=message):
         run_scheme("hybrid", **options)
 

@@ -16,8 +16,10 @@ import torch
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 import parlab
-from parlab import comm, grade, grading
-from parlab.grading import isolation, probe
+from parlab.core import comm, probe
+from parlab.grading import command, isolation, markers, official, scores
+from parlab.grading import labs as grading
+from parlab.grading.labs import check_function
 
 ROOT = Path(__file__).resolve().parents[1]
 LABS = ROOT / "labs"
@@ -59,13 +61,13 @@ def test_student_version_stores_no_outputs_and_hides_the_solution():
         assert student.metadata["parlab"]["lab"] == solution_path.stem
         checks = 0
         for ours, theirs in zip(student.cells, solution.cells, strict=True):
-            if grade.answer_name(theirs):
+            if markers.answer_name(theirs):
                 assert "BEGIN SOLUTION" not in ours.source and "END SOLUTION" not in ours.source
                 handed_out = "# HANDOUT" in theirs.source  # the bug hunt hands out broken code instead
                 assert handed_out or "NotImplementedError" in ours.source
-            if grade.check_marker(theirs):
+            if markers.check_marker(theirs):
                 checks += 1
-                expected = grade.verdict_lines(theirs.outputs)
+                expected = markers.verdict_lines(theirs.outputs)
                 assert expected and all(line.endswith(": PASS") for line in expected), theirs.source[:60]
                 assert ours.source == theirs.source
         assert all(not c.outputs for c in student.cells if c.cell_type == "code"), "a handout shows no verdicts"
@@ -74,7 +76,7 @@ def test_student_version_stores_no_outputs_and_hides_the_solution():
 
 def test_strip_solution_replaces_blocks_with_the_hint():
     source = 'def f(x):\n    y = 1\n    # BEGIN SOLUTION: add "one"\n    y += x\n    # END SOLUTION\n    return y'
-    stripped = grade.strip_solution(source)
+    stripped = markers.strip_solution(source)
     assert stripped == (
         'def f(x):\n    y = 1\n    # YOUR CODE HERE\n    raise NotImplementedError("add \\"one\\"")\n    return y'
     )
@@ -83,8 +85,8 @@ def test_strip_solution_replaces_blocks_with_the_hint():
     with pytest.raises(NotImplementedError, match='add "one"'):
         namespace["f"](1)
     long_hint = "a hint " * 30
-    stripped = grade.strip_solution(f"def f():\n    # BEGIN SOLUTION: {long_hint}\n    pass\n    # END SOLUTION")
-    assert max(len(line) for line in stripped.split("\n")) <= grade.HINT_WIDTH
+    stripped = markers.strip_solution(f"def f():\n    # BEGIN SOLUTION: {long_hint}\n    pass\n    # END SOLUTION")
+    assert max(len(line) for line in stripped.split("\n")) <= markers.HINT_WIDTH
     namespace = {}
     exec(stripped, namespace)
     with pytest.raises(NotImplementedError) as raised:
@@ -92,26 +94,26 @@ def test_strip_solution_replaces_blocks_with_the_hint():
     assert str(raised.value) == long_hint.strip()
     for bad in ["# BEGIN SOLUTION\nx", "x\n# END SOLUTION", "# BEGIN SOLUTION\n# BEGIN SOLUTION\n# END SOLUTION"]:
         with pytest.raises(ValueError, match="SOLUTION"):
-            grade.strip_solution(bad)
+            markers.strip_solution(bad)
 
 
 def test_masks_are_those_of_the_sanitize_file():
     config = configparser.ConfigParser()
     config.read(ROOT / "tests" / "sanitize.cfg")
     pairs = [(config[s]["regex"], config[s]["replace"]) for s in config.sections()]
-    assert [(p.pattern, r) for p, r in grade.MASKS] == pairs
+    assert [(p.pattern, r) for p, r in markers.MASKS] == pairs
 
 
 def test_score_lines_rules():
     ok = [new_output("stream", name="stdout", text="a: max |err| 1.1e-16 <= tol 1e-10 (float64): PASS\n")]
-    expected = grade.verdict_lines(ok)
+    expected = markers.verdict_lines(ok)
     assert expected == ["a: max |err| ERR <= tol 1e-10 (float64): PASS"]
     line = "a: max |err| 2.2e-16 <= tol 1e-10 (float64): PASS"
-    assert grade.score_lines("c", 3, [line], expected).points == 3
-    assert "differ" in grade.score_lines("c", 3, ["b: measured 1 = theory 1: PASS"], expected).detail
-    assert grade.score_lines("c", 3, ["a: ... : FAIL"], expected).detail == "a: ... : FAIL"
-    assert grade.score_lines("c", 3, [], expected).detail == "no verdict"
-    assert not grade.score_lines("c", 3, [line, line], expected).passed  # more lines than the solution's
+    assert scores.score_lines("c", 3, [line], expected).points == 3
+    assert "differ" in scores.score_lines("c", 3, ["b: measured 1 = theory 1: PASS"], expected).detail
+    assert scores.score_lines("c", 3, ["a: ... : FAIL"], expected).detail == "a: ... : FAIL"
+    assert scores.score_lines("c", 3, [], expected).detail == "no verdict"
+    assert not scores.score_lines("c", 3, [line, line], expected).passed  # more lines than the solution's
 
 
 # ------------------------------------------------------------------------------- the checks modules (fast)
@@ -119,15 +121,17 @@ def test_score_lines_rules():
 
 def test_every_lab_is_on_the_fixed_list_with_a_module_that_collects_and_judges_each_check():
     assert [s.stem for s in SOLUTIONS] == list(grading.LABS)
-    for name, lab in grade.load_labs().items():
+    for name, lab in official.load_labs().items():
         module = grading.checks_module(name)
         for check, _points in lab.checks:
-            assert callable(getattr(module, f"collect_{check}")) and callable(getattr(module, f"judge_{check}"))
+            assert callable(check_function(module, "collect", check)) and callable(
+                check_function(module, "judge", check)
+            )
             assert module.STRUCTURAL[check], f"{name}: say what {check} verifies beyond the numbers"
             assert lab.expected[check] and all(line.endswith(": PASS") for line in lab.expected[check])
         assert set(module.STRUCTURAL) == {check for check, _ in lab.checks}
         for cell in lab.solution.cells:  # a check cell is one call into the module, nothing the kernel decides
-            if grade.check_marker(cell):
+            if markers.check_marker(cell):
                 code = [line for line in cell.source.splitlines()[1:] if line.strip() and not line.startswith("#")]
                 assert len(code) == 1 and code[0].startswith("checks.run("), cell.source
     with pytest.raises(KeyError):
@@ -156,7 +160,7 @@ def test_the_probe_sees_library_collectives_and_every_message():
     def rank(x):
         with probe.recording() as calls:
             y = x.clone()
-            torch.distributed.all_reduce(y)  # not through parlab.comm: seen all the same
+            torch.distributed.all_reduce(y)  # not through parlab.core.comm: seen all the same
             r, P = torch.distributed.get_rank(), torch.distributed.get_world_size()
             incoming = torch.empty(2)
             comm.wait_all([comm.isend(torch.full((2,), float(r)), (r + 1) % P), comm.irecv(incoming, (r - 1) % P)])
@@ -185,26 +189,26 @@ def test_informative_line_picks_the_cause():
 
 
 def test_a_submission_is_identified_by_name_from_the_list_never_by_a_path(tmp_path):
-    labs = grade.load_labs()
+    labs = official.load_labs()
     nb = nbformat.read(LABS / "lab01_data_parallel.ipynb", as_version=4)
-    assert grade.identify(nb, labs) == ("lab01_data_parallel", [])
+    assert official.identify(nb, labs) == ("lab01_data_parallel", [])
     for forged in [str(tmp_path / "mine"), "../../../tmp/mine", "lab01_data_parallel.ipynb", 7]:
         nb.metadata["parlab"]["lab"] = forged
-        lab, notes = grade.identify(nb, labs)
+        lab, notes = official.identify(nb, labs)
         assert lab == "lab01_data_parallel" and "unknown lab" in notes[0]  # found by its answer cells
     del nb.metadata["parlab"]
-    assert grade.identify(nb, labs)[0] == "lab01_data_parallel"
-    assert grade.lab_of_file_name(Path("lab00_alice.ipynb"), labs) == "lab00_ring_allreduce"
-    assert grade.lab_of_file_name(Path("alice.ipynb"), labs) is None
-    assert grade.identify(new_notebook(), labs)[0] is None
+    assert official.identify(nb, labs)[0] == "lab01_data_parallel"
+    assert official.lab_of_file_name(Path("lab00_alice.ipynb"), labs) == "lab00_ring_allreduce"
+    assert official.lab_of_file_name(Path("alice.ipynb"), labs) is None
+    assert official.identify(new_notebook(), labs)[0] is None
 
 
 def test_grade_rejects_bad_input_before_running_anything(tmp_path, capsys):
-    assert grade.main([str(tmp_path / "missing.ipynb")]) == 2
+    assert command.main([str(tmp_path / "missing.ipynb")]) == 2
     assert "no such notebook" in capsys.readouterr().err
     stray = tmp_path / "x.ipynb"
     nbformat.write(new_notebook(), stray)
-    assert grade.main(["--lab", "lab42_nothing", str(stray)]) == 2
+    assert command.main(["--lab", "lab42_nothing", str(stray)]) == 2
     assert "lab42_nothing" in capsys.readouterr().err
 
 
@@ -213,7 +217,7 @@ def test_a_notebook_that_is_no_lab_is_reported_without_running_anything(tmp_path
     nbformat.write(new_notebook(cells=[new_code_cell("print(1)")]), stray)
     from parlab.grading.grader import Grader
 
-    grader = Grader(grade.load_labs(), 20, sandbox=None, guard=None)
+    grader = Grader(official.load_labs(), 20, sandbox=None, guard=None)
     result = grader.grade(stray)
     assert result.error.startswith("not a lab") and result.max_points == 0 and not grader.failed
 
@@ -291,9 +295,9 @@ def _solution_code_lines(source: str) -> list[str]:
     removed, whitespace dropped."""
     lines, inside = [], False
     for line in source.split("\n"):
-        if grade.BEGIN_RE.match(line):
+        if markers.BEGIN_RE.match(line):
             inside = True
-        elif grade.END_RE.match(line) or grade.HANDOUT_RE.match(line):
+        elif markers.END_RE.match(line) or markers.HANDOUT_RE.match(line):
             inside = False
         elif inside and line.strip() and not line.strip().startswith("#"):
             code = _without_comment(line.strip())
@@ -344,7 +348,7 @@ def test_no_line_of_an_answer_is_in_its_handout_text():
         prose, given = _handout_text_and_code(handout)
         given_lines = set(given.split("\n"))
         for cell in solution.cells:
-            if not grade.answer_name(cell):
+            if not markers.answer_name(cell):
                 continue
             for line in _solution_code_lines(cell.source):
                 if len(line) > 20 and line not in given_lines:
@@ -363,13 +367,13 @@ def test_the_leak_test_catches_a_hint_that_is_the_code():
 
 
 def test_every_lab_has_three_code_parts_hint_cells_that_fold_and_two_wrong_answers():
-    for name, lab in grade.load_labs().items():
+    for name, lab in official.load_labs().items():
         predictions = {c.source.split("\n", 1)[0] for c in lab.solution.cells if c.source.startswith("# PREDICT:")}
         assert len(lab.checks) - len(predictions) >= 3, f"{name}: at least three graded code parts"
         checks = {check for check, _ in lab.checks}
         for cell in lab.solution.cells:
-            if grade.hint_of(cell) is not None:
-                assert grade.hint_of(cell) in checks, f"{name}: a hint cell names no check: {cell.source[:60]}"
+            if markers.hint_of(cell) is not None:
+                assert markers.hint_of(cell) in checks, f"{name}: a hint cell names no check: {cell.source[:60]}"
                 assert cell.metadata.get("jupyter", {}).get("source_hidden") is True, f"{name}: hint not folded"
         wrong = sorted(WRONG.glob(f"{name}*.py"))
         assert len(wrong) >= 2, f"{name}: at least two wrong solutions in tests/wrong_solutions/"
@@ -382,9 +386,9 @@ def test_no_hints_handouts_carry_no_hint_cells(tmp_path):
     for solution_path in SOLUTIONS:
         with_hints = nbformat.read(LABS / solution_path.name, as_version=4)
         without = nbformat.read(tmp_path / solution_path.name, as_version=4)
-        hints = [c for c in with_hints.cells if grade.hint_of(c) is not None]
+        hints = [c for c in with_hints.cells if markers.hint_of(c) is not None]
         hinted += bool(hints)
-        assert not [c for c in without.cells if grade.hint_of(c) is not None]
+        assert not [c for c in without.cells if markers.hint_of(c) is not None]
         assert len(without.cells) == len(with_hints.cells) - len(hints)
     assert hinted, "no lab has a hint cell"
 
@@ -398,11 +402,11 @@ def test_a_handout_block_hands_out_the_broken_code():
         "    # return g\n"
         "    # END SOLUTION\n"
     )
-    assert grade.strip_solution(source) == (
+    assert markers.strip_solution(source) == (
         "def average(g, P):\n    # the gradient comes out P times too large\n    return g\n"
     )
     with pytest.raises(ValueError, match="commented"):
-        grade.strip_solution("# BEGIN SOLUTION\nx = 1\n# HANDOUT\nx = 2\n# END SOLUTION")
+        markers.strip_solution("# BEGIN SOLUTION\nx = 1\n# HANDOUT\nx = 2\n# END SOLUTION")
 
 
 def test_prediction_lines_score_against_the_theory_and_show_all_three():
@@ -419,8 +423,8 @@ def test_prediction_lines_score_against_the_theory_and_show_all_three():
     assert grading.prediction_lines("b", 0.0, 0.0)[1].endswith(": PASS")
     assert grading.prediction_lines("b", 1, 1, measured=2)[2].endswith(": FAIL")
     # A right prediction that is not the solution's own number scores: only verdict lines are compared.
-    expected = [line for line in grading.prediction_lines("b", 6144, 6144, 6144) if grade.VERDICT_RE.search(line)]
-    assert grade.score_lines("p", 2, grading.prediction_lines("b", 6000, 6144, 6144), expected).passed
+    expected = [line for line in grading.prediction_lines("b", 6144, 6144, 6144) if markers.VERDICT_RE.search(line)]
+    assert scores.score_lines("p", 2, grading.prediction_lines("b", 6000, 6144, 6144), expected).passed
 
 
 def test_the_gradebook_names_students_from_folders_then_file_names_then_metadata(tmp_path):
@@ -481,7 +485,7 @@ def test_the_gradebook_rows_and_feedback_from_a_report():
 
 
 def test_a_wrong_prediction_is_not_shown_the_answer():
-    from parlab.grading import prediction_lines
+    from parlab.grading.labs import prediction_lines
 
     wrong = prediction_lines("bytes", 4512, 4576, 4576, rtol=0.005)
     assert "4,576" not in " ".join(wrong) and "4576" not in " ".join(wrong), wrong

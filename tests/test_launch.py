@@ -11,8 +11,8 @@ import torch.distributed as dist
 from processes import ranks_of
 
 import parlab
-from parlab import comm
-from parlab.launch import rank_server_pid
+from parlab.core import comm
+from parlab.runtime.server import rank_server_pid
 
 
 def _rank_processes(settle: float = 2.0) -> list[int]:
@@ -180,7 +180,7 @@ def test_no_processes_or_file_descriptors_leak_over_50_launches():
 
 
 def test_progress_from_the_ranks_reaches_the_parent(monkeypatch, capsys):
-    from parlab.launch import _ProgressLine
+    from parlab.runtime.progress import _ProgressLine
 
     monkeypatch.setattr(_ProgressLine, "FORCE", True)
     monkeypatch.setattr(_ProgressLine, "DELAY", 0.0)

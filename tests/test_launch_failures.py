@@ -25,11 +25,13 @@ import torch.distributed as dist
 from processes import CHILDREN, children_of, ranks_of, temp_folder_of_our_own, wait_until
 
 import parlab
-from parlab import comm
-from parlab.launch import CollectiveMismatch, LaunchTimeout, RankError, rank_server_pid
+from parlab import runtime
+from parlab.core import comm
+from parlab.runtime import hang, progress, rank
+from parlab.runtime import server as server_module
+from parlab.runtime.errors import CollectiveMismatch, LaunchTimeout, RankError
+from parlab.runtime.server import rank_server_pid
 
-launch_module = sys.modules["parlab.launch"]  # (parlab.launch, the attribute, is the function)
-server_module = sys.modules["parlab.runtime.server"]  # the parent's handle on the rank server
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -45,14 +47,14 @@ def _alive(pid: int) -> bool:
 def private_tmp(tmp_path_factory):
     """A rank server whose temp folder (rendezvous files) is private to this module."""
     with temp_folder_of_our_own(str(tmp_path_factory.mktemp("rendezvous"))) as folder:
-        launch_module.warm_up(wait=True)
+        server_module.warm_up(wait=True)
         yield folder
 
 
 @pytest.fixture
 def clean(private_tmp):
     """Assert that the test leaves no rank process, no extra file descriptor and no rendezvous file behind."""
-    launch_module.warm_up(wait=True)
+    server_module.warm_up(wait=True)
     fds = len(os.listdir("/proc/self/fd"))
     yield private_tmp
     server = rank_server_pid()
@@ -156,7 +158,7 @@ def test_an_interrupted_first_launch_leaves_no_server_behind():
         """
         import json, os, signal
         import parlab
-        from parlab.launch import rank_server_pid
+        from parlab.runtime.server import rank_server_pid
         """,
         CHILDREN,
         """
@@ -356,7 +358,7 @@ def test_a_slow_matching_collective_is_not_a_mismatch(clean):
         {"call": {"i": 3, "kind": "all_reduce", "bytes": 4 << 30, "peer": None, "group": None, "since": 0.0}},
         {"call": {"i": 3, "kind": "all_reduce", "bytes": 4 << 30, "peer": None, "group": None, "since": 0.0}},
     ]
-    assert launch_module._stuck_ranks(states, 2) == []
+    assert hang._stuck_ranks(states, 2) == []
 
     def fn():  # and for real: a 64 MB all_reduce among 4 ranks on 2 cores
         t = torch.ones(16 * 2**20)
@@ -383,9 +385,9 @@ def test_pending_asynchronous_sends_are_not_a_mismatch(clean):
 
 
 def test_a_paced_transfer_is_not_a_mismatch(clean):
-    """Under an emulated link (parlab.pace) a rank holds after the real transfer, when it is "done" with the call:
+    """Under an emulated link (parlab.core.pace) a rank holds after the real transfer, when it is "done" with the call:
     it waits for no other rank then, and a peer waiting meanwhile is not in a mismatch."""
-    from parlab import pace
+    from parlab.core import pace
 
     def fn():
         done, publish = {}, comm.call_hook
@@ -437,8 +439,8 @@ def test_each_rank_publishes_its_calls_through_the_comm_hook(clean):
 
 
 def test_the_call_board_forgets_asynchronous_calls_once_waited():
-    slot = memoryview(bytearray(launch_module.SLOT_BYTES))
-    board = launch_module._CallBoard(slot, rank=0, world_size=2)
+    slot = memoryview(bytearray(runtime.SLOT_BYTES))
+    board = rank._CallBoard(slot, rank=0, world_size=2)
 
     def state():
         length = int.from_bytes(slot[8:12], "little")
@@ -459,8 +461,8 @@ def test_the_call_board_forgets_asynchronous_calls_once_waited():
 
 
 def test_the_progress_line_says_which_rank_waits_in_which_call(clean, monkeypatch, capsys):
-    monkeypatch.setattr(launch_module._ProgressLine, "FORCE", True)
-    monkeypatch.setattr(launch_module._ProgressLine, "DELAY", 0.0)
+    monkeypatch.setattr(progress._ProgressLine, "FORCE", True)
+    monkeypatch.setattr(progress._ProgressLine, "DELAY", 0.0)
 
     def fn():
         if dist.get_rank() == 1:
@@ -475,7 +477,7 @@ def test_deadlock_analysis_cases():
     def call(kind, nbytes=4, peer=None, group=None, i=1):
         return {"i": i, "kind": kind, "bytes": nbytes, "peer": peer, "group": group, "label": "", "since": 0.0}
 
-    stuck = launch_module._stuck_ranks
+    stuck = hang._stuck_ranks
     computing, done = {"call": None}, {"done": True}
     assert stuck([{"call": call("all_reduce")}, computing], 2) == []  # rank 1 may still come
     assert stuck([{"call": call("all_reduce")}, done], 2) == [0]  # rank 1 never will
@@ -560,7 +562,7 @@ def test_a_forked_child_never_touches_the_parents_server(clean):
     pid = os.fork()
     if pid == 0:  # the child: it has no server, and shutting "its" server down must not stop the parent's
         ok = server_module._server is None
-        launch_module.shutdown()
+        server_module.shutdown()
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
@@ -590,8 +592,8 @@ def test_a_new_server_removes_rendezvous_files_of_dead_servers(clean):
     dead.wait()
     stale = os.path.join(clean, f"parlab-rendezvous-{dead.pid}-7")
     open(stale, "w").close()
-    launch_module.shutdown()
-    launch_module.warm_up(wait=True)
+    server_module.shutdown()
+    server_module.warm_up(wait=True)
     assert not os.path.exists(stale)
 
 

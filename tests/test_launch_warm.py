@@ -1,6 +1,6 @@
 """Warm from the start (issue 17): the rank server starts in the background when parlab is imported in a Jupyter
 kernel, never blocking it; nothing starts when a script or a test imports parlab, unless asked (PARLAB_WARM=1 or
-parlab.launch.warm_up()). The figure itself (first launch <= 0.5 s, 5 s after the import) is measured by
+parlab.runtime.launcher.warm_up()). The figure itself (first launch <= 0.5 s, 5 s after the import) is measured by
 benchmarks/bench_launch.py."""
 
 import json
@@ -14,7 +14,9 @@ import time
 import pytest
 from processes import CHILDREN, children_of, described, ranks_of, wait_until
 
-import parlab.launch  # noqa: F401  (sys.modules["parlab.launch"]: the package attribute is the function)
+from parlab.runtime import launcher
+from parlab.runtime import server as server_module
+from parlab.runtime.errors import LaunchTimeout, RankError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,7 +53,7 @@ def test_parlab_warm_1_starts_the_server_at_import():
         """
         import json, time
         import parlab
-        from parlab.launch import rank_server_pid
+        from parlab.runtime.server import rank_server_pid
         server, started = rank_server_pid(), children()
         results = parlab.launch(lambda: 1, 2)
         print(json.dumps({"server": server, "children": started, "served_by": rank_server_pid()}))
@@ -67,14 +69,13 @@ def test_warm_up_returns_at_once_and_the_first_launch_is_warm():
         """
         import json, sys, time
         import parlab
-        import parlab.launch  # (the package attribute parlab.launch is the function)
-        launch_module = sys.modules["parlab.launch"]
+        import parlab.runtime.launcher
         import parlab.runtime.server as server_module
         started = time.perf_counter()
-        launch_module.warm_up()
+        server_module.warm_up()
         returned_after = time.perf_counter() - started
         ready_at_return = server_module._server.ready.is_set()
-        launch_module.warm_up(wait=True)
+        server_module.warm_up(wait=True)
         started = time.perf_counter()
         parlab.launch(lambda: 1, 4)
         print(json.dumps({"returned_after": returned_after, "ready_at_return": ready_at_return,
@@ -125,8 +126,6 @@ def test_importing_parlab_in_a_kernel_starts_the_server_without_blocking():
 # spares that have imported parlab and wait for a job. Each launch must still get new processes that run the parlab
 # code on disk, in the launch's environment, and leave nothing behind.
 
-launch_module = sys.modules["parlab.launch"]
-
 
 @pytest.fixture
 def spares(monkeypatch):
@@ -134,8 +133,8 @@ def spares(monkeypatch):
     monkeypatch.setenv("PARLAB_SPARES", "1")
     yield
     monkeypatch.setenv("PARLAB_SPARES", "0")
-    launch_module.launch(lambda: 0, 1)
-    server = launch_module.rank_server_pid()
+    launcher.launch(lambda: 0, 1)
+    server = server_module.rank_server_pid()
     assert wait_until(lambda: children_of(server) == [], 5.0), "a spare or a rank outlived the test"
 
 
@@ -143,7 +142,7 @@ def _served_by_spares(fn, world_size: int, *args):
     """Launch until every rank was a spare (the server forks them after each launch, while this process goes on)."""
     for _ in range(20):
         time.sleep(0.1)
-        results = launch_module.launch(fn, world_size, *args)
+        results = launcher.launch(fn, world_size, *args)
         if results.spares == world_size:
             return results
     raise AssertionError("no launch was served by spares")
@@ -151,7 +150,7 @@ def _served_by_spares(fn, world_size: int, *args):
 
 def _ranks_left() -> list[int]:
     """The rank server's children that are not idle spares (ranks killed at the end of a launch exit at once)."""
-    return ranks_of(launch_module.rank_server_pid())
+    return ranks_of(server_module.rank_server_pid())
 
 
 def test_spares_never_carry_state_from_one_launch_to_the_next(spares, tmp_path):
@@ -160,7 +159,7 @@ def test_spares_never_carry_state_from_one_launch_to_the_next(spares, tmp_path):
 
         import torch.distributed as dist
 
-        from parlab import comm
+        from parlab.core import comm
 
         seen = (getattr(comm, "_left_by_a_launch", None), os.environ.get("LEFT_BY_A_LAUNCH"), os.getcwd())
         groups = dist.distributed_c10d._world.group_count
@@ -185,7 +184,7 @@ def test_spares_run_in_the_environment_of_their_launch(spares, monkeypatch):
     monkeypatch.setenv("MY_SETTING", "1")
     _served_by_spares(fn, 2)
     monkeypatch.setenv("MY_SETTING", "2")  # read at import by some module? The spares prepared with "1" retire
-    results = launch_module.launch(fn, 2)
+    results = launcher.launch(fn, 2)
     assert list(results) == [
         ("2", os.environ["PYTEST_CURRENT_TEST"], "0"),
         ("2", os.environ["PYTEST_CURRENT_TEST"], "1"),
@@ -194,7 +193,7 @@ def test_spares_run_in_the_environment_of_their_launch(spares, monkeypatch):
     for attempt in range(20):  # pytest's own per-phase variable differs from the spares': they still serve
         time.sleep(0.1)
         monkeypatch.setenv("PYTEST_CURRENT_TEST", f"noise {attempt}")
-        results = launch_module.launch(fn, 2)
+        results = launcher.launch(fn, 2)
         assert list(results) == [("2", f"noise {attempt}", "0"), ("2", f"noise {attempt}", "1")]
         if results.spares == 2:
             break
@@ -202,21 +201,21 @@ def test_spares_run_in_the_environment_of_their_launch(spares, monkeypatch):
 
 
 def test_a_launch_after_a_parlab_file_changed_runs_the_new_code(spares, tmp_path, monkeypatch):
-    """A copy of the package first on sys.path; its parlab/comm.py (imported by every spare) is edited."""
+    """A copy of the package first on sys.path; its parlab/core/comm.py (imported by every spare) is edited."""
     shutil.copytree(os.path.join(ROOT, "parlab"), tmp_path / "parlab", ignore=shutil.ignore_patterns("__pycache__"))
-    probe = tmp_path / "parlab" / "comm.py"
+    probe = tmp_path / "parlab" / "core" / "comm.py"
     original = probe.read_text()
     probe.write_text(original + "\nEDIT_PROBE = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
 
     def fn():
-        from parlab import comm
+        from parlab.core import comm
 
         return comm.EDIT_PROBE, comm.__file__
 
     assert list(_served_by_spares(fn, 2)) == [(1, str(probe))] * 2
     probe.write_text(original + "\nEDIT_PROBE = 2\n")
-    results = launch_module.launch(fn, 2)
+    results = launcher.launch(fn, 2)
     assert list(results) == [(2, str(probe))] * 2 and results.spares == 0  # the stale spares were not used
     assert list(_served_by_spares(fn, 2)) == [(2, str(probe))] * 2
 
@@ -241,13 +240,13 @@ def test_spares_keep_the_launch_guarantees(spares):
     for i in range(12):
         if i % 4 == 3:
             started = time.perf_counter()
-            with pytest.raises(launch_module.RankError, match="rank one is unhappy") as info:
-                launch_module.launch(fn, 3, True)
+            with pytest.raises(RankError, match="rank one is unhappy") as info:
+                launcher.launch(fn, 3, True)
             assert info.value.rank == 1 and time.perf_counter() - started < 10
         else:
-            assert list(launch_module.launch(fn, 3, False)) == [6.0] * 3
+            assert list(launcher.launch(fn, 3, False)) == [6.0] * 3
         assert wait_until(lambda: _ranks_left() == [], 5.0), described(_ranks_left())
-    with pytest.raises(launch_module.LaunchTimeout):
-        launch_module.launch(lambda: time.sleep(60), 2, timeout=1.5)
+    with pytest.raises(LaunchTimeout):
+        launcher.launch(lambda: time.sleep(60), 2, timeout=1.5)
     assert wait_until(lambda: _ranks_left() == [], 5.0), described(_ranks_left())
     assert len(os.listdir("/proc/self/fd")) == fds

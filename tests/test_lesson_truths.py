@@ -11,17 +11,18 @@ import pytest
 import torch
 
 from parlab import launch
+from parlab.core.models import GPTConfig, build_model, make_batches
 from parlab.lessons import collectives as bytes_lesson
 from parlab.lessons import parameter_server as ps_lesson
 from parlab.lessons import sequence_parallel as sp_lesson
-from parlab.models import GPTConfig, build_model, make_batches
-from parlab.offload import offload_memory, train_offload
-from parlab.parameter_server import ps_theory
 from parlab.runs.collectives import run_ring
 from parlab.runs.parameter_server import run_ps
 from parlab.runs.zero import run_zero
-from parlab.sequence_parallel import wire_bytes as sp_wire_bytes
-from parlab.zero import plan_units
+from parlab.schemes.parameter_server import ps_theory
+from parlab.schemes.sequence.sequence_parallel import wire_bytes as sp_wire_bytes
+from parlab.schemes.zero.offload import train_offload
+from parlab.schemes.zero.stages import plan_units
+from parlab.schemes.zero.theory import offload_memory
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 

@@ -5,10 +5,12 @@ import time
 import pytest
 import torch
 
-from parlab import comm
-from parlab.launch import launch
-from parlab.live import EventStream, LiveTimeline, live
-from parlab.trace import Event
+from parlab import live
+from parlab.core import comm
+from parlab.core.trace import Event
+from parlab.runtime.events import EventStream
+from parlab.runtime.launcher import launch
+from parlab.views.live import LiveTimeline
 
 
 def test_event_stream_sends_new_events_and_resends_unfinished_ones_at_most_every_interval():

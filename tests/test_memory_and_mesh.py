@@ -5,10 +5,10 @@ import torch
 import torch.distributed as dist
 
 import parlab
-from parlab import comm
-from parlab.memory import MemoryLedger, saved_activations, state_bytes, tensor_bytes
-from parlab.mesh import DeviceMesh, axis_groups, check_mesh, mesh_coords, mesh_rank
-from parlab.models import GPTConfig, build_model, lm_loss, make_batches, make_optimizer
+from parlab.core import comm
+from parlab.core.memory import MemoryLedger, saved_activations, state_bytes, tensor_bytes
+from parlab.core.mesh import DeviceMesh, axis_groups, check_mesh, mesh_coords, mesh_rank
+from parlab.core.models import GPTConfig, build_model, lm_loss, make_batches, make_optimizer
 
 
 def test_tensor_bytes_counts_each_storage_once():

@@ -1,6 +1,6 @@
 """The building blocks compose on a device mesh: DP x TP and DP x PP on 4 ranks match one device (float64).
 
-Each block takes the process group it works in; the mesh (torch's DeviceMesh, through parlab.mesh) hands each
+Each block takes the process group it works in; the mesh (torch's DeviceMesh, through parlab.core.mesh) hands each
 its axis' group. The trace records each call's axis, so the tests also prove that data parallelism's all-reduces
 ran on the dp axis only, and tensor parallelism's (or the pipeline's sends) on theirs.
 """
@@ -10,14 +10,13 @@ from __future__ import annotations
 import torch
 
 import parlab
-from parlab.check import compare
-from parlab.data_parallel import all_reduce_gradients, shard_batch, train_data_parallel
-from parlab.mesh import DeviceMesh, axis_groups
-from parlab.models import GPTConfig, build_model, make_batches, make_optimizer, train_single_device
-from parlab.pipeline import build_stages, train_pipeline
-from parlab.runs.tensor_parallel import gather_full
-from parlab.schedules import one_f_one_b
-from parlab.tensor_parallel import TensorParallelGPT, split_dims
+from parlab.core.check import compare
+from parlab.core.mesh import DeviceMesh, axis_groups
+from parlab.core.models import GPTConfig, build_model, make_batches, make_optimizer, train_single_device
+from parlab.schemes.data_parallel import all_reduce_gradients, shard_batch, train_data_parallel
+from parlab.schemes.pipeline.executor import build_stages, train_pipeline
+from parlab.schemes.pipeline.schedules import one_f_one_b
+from parlab.schemes.tensor_parallel import TensorParallelGPT, gather_full, split_dims
 
 CFG = GPTConfig(layers=2, hidden=32, heads=4, vocab_size=64, seq_len=16)
 BATCH, STEPS, SEED = 8, 2, 0

@@ -1,13 +1,13 @@
 """Every lesson executes headless, the way `jupyter nbconvert --to notebook --execute` does, without stalling.
 
 nbclient (behind nbconvert, papermill, `jupyter execute`) could wait a whole cell timeout after an `interact` cell
-although the kernel had long replied (jupyter/nbclient#312): see parlab/widgets.py for why, and for the `interact`
+although the kernel had long replied (jupyter/nbclient#312): see parlab/views/widgets.py for why, and for the `interact`
 the lessons use instead. Here each lesson runs in a fresh kernel; its wall time must stay within 1.5x the sum of its
 cells' execution times (from the kernel's own timestamps in each cell's execution metadata) plus 10 s.
 
 Each lesson is executed once in the suite: nbval re-executes every lesson (and compares its outputs), so here only
 lesson 00 runs headless end to end (its sliders are the interact cells that once stalled), beside a notebook that
-exercises every widget kind the lessons use; every lesson is checked to take those widgets from parlab.widgets.
+exercises every widget kind the lessons use; every lesson is checked to take those widgets from parlab.views.widgets.
 
 Select these tests with `-m notebooks`, or leave them out with `-m "not notebooks"`.
 """
@@ -67,7 +67,7 @@ def execute(path: Path, timeout: int = CELL_TIMEOUT):
 
 
 # ipywidgets' interact, interactive, interact_manual taken from ipywidgets (import or attribute): in a lesson they
-# stall headless execution now and then (parlab/widgets.py); parlab.widgets has the same three.
+# stall headless execution now and then (parlab/views/widgets.py); parlab.views.widgets has the same three.
 FRONT_END_CAPTURE = re.compile(
     r"from\s+ipywidgets(\.widgets)?(\.interaction)?\s+import\s+[^\n]*\binteract|\b(ipywidgets|widgets)\.interact"
 )
@@ -84,8 +84,8 @@ def test_lessons_take_interact_from_parlab_widgets(path):
         if FRONT_END_CAPTURE.search(line)
     ]
     assert not found, (
-        f"{path.name} uses ipywidgets' interact (cell, line): {found}; use `from parlab.widgets import interact` "
-        "(same arguments): ipywidgets' can stall `jupyter nbconvert --execute` (see parlab/widgets.py)"
+        f"{path.name} uses ipywidgets' interact (cell, line): {found}; use `from parlab.views.widgets import interact` "
+        "(same arguments): ipywidgets' can stall `jupyter nbconvert --execute` (see parlab/views/widgets.py)"
     )
 
 
@@ -103,14 +103,15 @@ def test_lesson_executes_headless_without_stalling(path):
     assert wall <= 1.5 * busy + 10, (
         f"{path.name}: executing took {wall:.1f} s, its cells {busy:.1f} s in the kernel (slowest code cells "
         f"{[(f'{t:.1f} s', f'code cell {i}') for t, i in slowest]}): nbclient waited for something else, "
-        "e.g. a widget's front-end capture (use parlab.widgets.interact, see parlab/widgets.py)"
+        "e.g. a widget's front-end capture (use parlab.views.widgets.interact, see parlab/views/widgets.py)"
     )
 
 
-# ------------------------------------------------------------------ parlab.widgets: what the lessons' widgets show
+# ------------------------------------------------------------- parlab.views.widgets: what the lessons' widgets show
 
 WIDGET_CELLS = [
-    "from ipywidgets import IntSlider\nfrom IPython.display import HTML, display\nfrom parlab.widgets import interact",
+    "from ipywidgets import IntSlider\nfrom IPython.display import HTML, display\n"
+    "from parlab.views.widgets import interact",
     "def f(x):\n"
     "    print('first', x)\n"
     "    handle = display(HTML('<i>0/3</i>'), display_id=True)\n"
@@ -127,7 +128,7 @@ WIDGET_CELLS = [
     "print('done')",
     # A long run shows its output as it goes: the Output widget's state changes while the function runs.
     "import time\n"
-    "from parlab.widgets import interact_manual\n"
+    "from parlab.views.widgets import interact_manual\n"
     "def slow(n):\n"
     "    for i in range(n):\n"
     "        print(i)\n"

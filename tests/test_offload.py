@@ -1,5 +1,5 @@
-"""Offload (parlab.offload): Adam's state on the host (cpu) or in memory-mapped files (disk) trains exactly like the
-same run without offload and like one device; each place holds what the formulas say; the copies move what
+"""Offload (parlab.schemes.zero.offload): Adam's state on the host (cpu) or in memory-mapped files (disk) trains exactly
+like the same run without offload and like one device; each place holds what the formulas say; the copies move what
 theory says and overlap backward / the optimizer step; the disk folder is removed after success, a rank's failure,
 a timeout that kills the ranks, and a Ctrl-C; a budget too small is refused before launch, naming the amounts."""
 
@@ -15,19 +15,17 @@ import torch
 import torch.distributed as dist
 from processes import temp_folder_of_our_own
 
-from parlab import launch, plots
-from parlab.launch import LaunchTimeout, RankError
+from parlab import launch
+from parlab.core.models import GPTConfig, build_model, lm_loss, make_batches, train_single_device
+from parlab.core.scratch import FOLDER_PREFIX, offload_folder, sweep_orphans
 from parlab.lessons import offload as lesson
-from parlab.models import GPTConfig, build_model, lm_loss, make_batches, train_single_device
-from parlab.offload import (
-    TARGETS,
-    offload_memory,
-    train_offload,
-)
-from parlab.runs import get_scheme
 from parlab.runs.offload import parse_bytes, run_offload
-from parlab.scratch import FOLDER_PREFIX, offload_folder, sweep_orphans
-from parlab.zero import plan_units
+from parlab.runs.registry import get_scheme
+from parlab.runtime.errors import LaunchTimeout, RankError
+from parlab.schemes.zero.offload import TARGETS, train_offload
+from parlab.schemes.zero.stages import plan_units
+from parlab.schemes.zero.theory import offload_memory
+from parlab.views import plots
 
 TINY = GPTConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=2)  # 7,744 parameters, 6 units
 LR = 1e-3

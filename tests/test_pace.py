@@ -1,4 +1,4 @@
-"""The emulated device and link (parlab.pace): spans and messages held to the model, data and bytes untouched."""
+"""The emulated device and link (parlab.core.pace): spans and messages held to the model, data and bytes untouched."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import parlab
-from parlab import comm, pace
-from parlab.runs import run_scheme
+from parlab.core import comm, pace
 from parlab.runs.pipeline import run_pipeline
+from parlab.runs.registry import run_scheme
 
 
 def test_parse_reads_units_and_refuses_nonsense():
@@ -70,7 +70,7 @@ def test_a_paced_scheme_run_matches_one_device_and_says_it_was_paced():
 
 
 def test_a_bad_pace_is_refused_before_launch(monkeypatch):
-    monkeypatch.setattr("parlab.runs.launch", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr("parlab.runs.registry.launch", lambda *a, **k: pytest.fail("launched"))
     with pytest.raises(ValueError, match="pace 'slow'"):
         run_scheme("collectives", world_size=2, pace="slow")
 
@@ -114,7 +114,7 @@ def test_a_message_arrives_when_its_senders_link_model_says():
 
 
 def test_hardware_profiles_compute_and_link_times():
-    from parlab import hardware
+    from parlab.core import hardware
 
     h100, a100 = hardware.profile("h100"), hardware.profile("a100")
     assert h100.compute_seconds(989e12 * 0.4) == pytest.approx(1.0)  # peak x efficiency FLOPs take a second
@@ -126,7 +126,7 @@ def test_hardware_profiles_compute_and_link_times():
 
 
 def test_a_profile_pace_keeps_the_clusters_proportions():
-    from parlab import hardware
+    from parlab.core import hardware
 
     flops = 4e10  # one forward action
     paced_h100 = pace.Pace.from_profile("h100", flops, world_size=4)

@@ -1,5 +1,5 @@
-"""Parameter server (parlab.parameter_server): synchronous mode is one device and all-reduce DP; asynchronous mode
-applies every gradient, records staleness and replays exactly; the server carries N x a worker's bytes; stragglers
+"""Parameter server (parlab.schemes.parameter_server): synchronous mode is one device and all-reduce DP; asynchronous
+mode applies every gradient, records staleness and replays exactly; the server carries N x a worker's bytes; stragglers
 hold synchronous training up; bad setups are refused before any process starts."""
 
 import json
@@ -8,10 +8,10 @@ import pytest
 import torch
 from cli_in_process import run_cli
 
-from parlab import parameter_server as ps
-from parlab import runs
-from parlab.models import GPTConfig, build_model, make_batches, train_single_device
+from parlab.core.models import GPTConfig, build_model, make_batches, train_single_device
+from parlab.runs import registry as runs
 from parlab.runs.parameter_server import run_ps
+from parlab.schemes import parameter_server as ps
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_server_carries_n_times_a_worker_bytes(sync_straggler):
     assert report["worker_bytes"] == [(2 * K + 1) * G] * N  # K pushes, K + 1 pulls of G bytes each
     assert report["server_bytes"] == N * report["worker_bytes"][0]
     table = results.trace.bytes_per_rank()
-    assert table["send"][0] == N * (K + 1) * G and table["recv"][0] == N * K * G  # measured by parlab.comm
+    assert table["send"][0] == N * (K + 1) * G and table["recv"][0] == N * K * G  # measured by parlab.core.comm
     assert report["comm"]["all_reduce_per_step"] == [G] * N  # all-reduce DP: one G per worker per step
     assert report["comm"]["theory_ring_sent_bytes_per_step"] == 2 * (N - 1) * G / N
 

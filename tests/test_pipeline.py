@@ -8,11 +8,12 @@ from fractions import Fraction
 import pytest
 from cli_in_process import run_cli
 
-from parlab import pipeline
-from parlab import schedules as pp
 from parlab.lessons import pipeline as lesson
 from parlab.runs.pipeline import phase_lines, run_pipeline
-from parlab.schedules import Action, Schedule, ScheduleError
+from parlab.schemes.pipeline import executor as pipeline
+from parlab.schemes.pipeline import schedules as pp
+from parlab.schemes.pipeline.actions import Action, Schedule
+from parlab.schemes.pipeline.schedules import ScheduleError
 
 # --------------------------------------------------------------------------------------------- partitioning
 
@@ -29,7 +30,7 @@ def test_split_layers_even_and_explicit():
 
 
 def test_stages_hold_exactly_the_reference_parameters():
-    from parlab.models import GPTConfig, build_model
+    from parlab.core.models import GPTConfig, build_model
 
     cfg = GPTConfig(layers=4)
     model = build_model(cfg)
@@ -155,14 +156,14 @@ BASE = {"world_size": 4, "dtype": "float64", "steps": 1, "seed": 0}
     ],
 )
 def test_bad_input_is_rejected_before_launch(changes, message, monkeypatch):
-    import parlab.runs
+    import parlab.runs.registry
 
     def no_launch(*args, **kwargs):
         raise AssertionError("launched despite bad input")
 
-    monkeypatch.setattr(parlab.runs, "launch", no_launch)
+    monkeypatch.setattr(parlab.runs.registry, "launch", no_launch)
     with pytest.raises(ValueError, match=message):
-        parlab.runs.run_scheme("pp", **{**BASE, **changes})
+        parlab.runs.registry.run_scheme("pp", **{**BASE, **changes})
 
 
 # --------------------------------------------------------------------------------- real ranks vs one device
@@ -240,7 +241,7 @@ def test_bubble_table_lists_every_schedule_from_its_ideal_timeline():
 
 
 def test_the_scheme_module_does_not_import_plotly():
-    code = "import sys, parlab.pipeline; assert not [m for m in sys.modules if m.startswith('plotly')]"
+    code = "import sys, parlab.schemes.pipeline.executor; assert not [m for m in sys.modules if m.startswith('plotly')]"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

@@ -1,5 +1,6 @@
-"""V-shaped pipeline schedules (parlab/schedules_v.py): ZB-V and DualPipeV as data, against torch 2.13's orders,
-their exact bubbles and memory, the executor's hand-over at the tip of the V, numerics vs one device, bad input."""
+"""V-shaped pipeline schedules (parlab/schemes/pipeline/schedules_v.py): ZB-V and DualPipeV as data, against torch
+2.13's orders, their exact bubbles and memory, the executor's hand-over at the tip of the V, numerics vs one device, bad
+input."""
 
 from fractions import Fraction
 
@@ -7,9 +8,9 @@ import pytest
 from cli_in_process import run_cli
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from parlab import schedules as pp
-from parlab import schedules_v
 from parlab.runs.pipeline import run_pipeline
+from parlab.schemes.pipeline import schedules as pp
+from parlab.schemes.pipeline import schedules_v
 
 TORCH = {"zbv": torch_schedules.ScheduleZBVZeroBubble, "dualpipev": torch_schedules.ScheduleDualPipeV}
 TORCH_OPS = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "BI", "BACKWARD_WEIGHT": "BW"}
@@ -114,11 +115,11 @@ BASE = {"world_size": 4, "dtype": "float64", "steps": 1, "seed": 0}
     ],
 )
 def test_bad_input_is_rejected_before_launch(changes, message, monkeypatch):
-    import parlab.runs
+    import parlab.runs.registry
 
     monkeypatch.setattr(parlab.runs, "launch", lambda *a, **k: pytest.fail("launched despite bad input"))
     with pytest.raises(ValueError, match=message):
-        parlab.runs.run_scheme("pp", **{**BASE, **changes})
+        parlab.runs.registry.run_scheme("pp", **{**BASE, **changes})
 
 
 def test_cli_prints_one_error_line():

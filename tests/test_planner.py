@@ -1,12 +1,13 @@
-"""The planner (parlab/planner.py): published figures, the lessons' formulas over dp, tp, pp, cp, ep and
+"""The planner (parlab/schemes/hybrid/planner.py): published figures, the lessons' formulas over dp, tp, pp, cp, ep and
 recomputation, ZeRO's one memory formula, and small live runs of each axis measured against the estimate."""
 
 from __future__ import annotations
 
 import pytest
 
-import parlab.zero_theory
-from parlab.planner import (
+import parlab.schemes.zero.theory
+from parlab.runs.hybrid import HybridOptions, check_plan, model_spec
+from parlab.schemes.hybrid.planner import (
     Cluster,
     ModelSpec,
     Plan,
@@ -15,7 +16,6 @@ from parlab.planner import (
     model_states,
     plans,
 )
-from parlab.runs.hybrid import HybridOptions, check_plan, model_spec
 
 GPT3 = ModelSpec(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200, tied=True)
 SMALL = ModelSpec(layers=8, hidden=1024, heads=16, seq=1024, vocab=32000)
@@ -40,7 +40,7 @@ def test_planner_reproduces_published_figures():
 
 def test_the_zero_memory_formula_has_one_home(monkeypatch):
     table = {z: {"params": z, "grads": 10 + z, "optimizer": 20 + z, "total": 0} for z in range(4)}
-    monkeypatch.setattr(parlab.zero_theory, "zero_memory", lambda *a, **k: table)
+    monkeypatch.setattr(parlab.schemes.zero.theory, "zero_memory", lambda *a, **k: table)
     assert model_states(1e9, 8, zero=2)[0] == {"params": 2, "grads": 12, "optimizer": 22}
 
 
@@ -107,7 +107,7 @@ def test_planner_estimates_states_and_activations_of_a_live_run_within_5_percent
 
 
 def test_model_spec_counts_the_reference_gpt_exactly():
-    from parlab.models import build_model
+    from parlab.core.models import build_model
 
     opts = HybridOptions.make(layers=3, hidden=32, heads=4, vocab=64, seq=16)
     assert model_spec(opts).params() == sum(p.numel() for p in build_model(opts.gpt_config()).parameters())
@@ -115,7 +115,7 @@ def test_model_spec_counts_the_reference_gpt_exactly():
 
 @pytest.mark.slow
 def test_a_paced_h100_run_and_the_planner_agree_on_the_step_time():
-    """One model of time (parlab.hardware): a run paced as H100s and the planner's estimate for the same model,
+    """One model of time (parlab.core.hardware): a run paced as H100s and the planner's estimate for the same model,
     mesh and profile give the same step time within 10%.
 
     The comparison needs a run whose machine kept up with the pace: a compute span whose real work took longer
@@ -146,8 +146,8 @@ def test_a_paced_h100_run_and_the_planner_agree_on_the_step_time():
 @pytest.mark.parametrize("p, m", [(2, 4), (2, 16), (3, 8), (4, 4), (4, 8), (4, 16), (8, 8), (8, 16)])
 @pytest.mark.parametrize("hop", [0.05, 0.25, 0.5])
 def test_the_pipeline_time_agrees_with_the_exact_simulation_of_1f1b_with_hops(p, m, hop):
-    from parlab.planner import pipeline_seconds
-    from parlab.schedules import make_schedule, simulate
+    from parlab.schemes.hybrid.planner import pipeline_seconds
+    from parlab.schemes.pipeline.schedules import make_schedule, simulate
 
     exact = max(t.end for t in simulate(make_schedule("1f1b", p, m), {"F": 1, "B": 2}, hop=hop))
     compute = 3 * m  # F = 1 and B = 2 for each of m micro-batches

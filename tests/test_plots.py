@@ -4,10 +4,10 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from parlab import plots
-from parlab.collectives import ring_step_sends
+from parlab.core.trace import Event, Trace
 from parlab.lessons.collectives import draw_collective, draw_ring_step, show_collective
-from parlab.trace import Event, Trace
+from parlab.schemes.collectives import ring_step_sends
+from parlab.views import plots
 
 
 def _trace():

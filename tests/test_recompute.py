@@ -6,17 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parlab.models import RECOMPUTE, GPTConfig
-from parlab.recompute import (
-    activation_terms,
-    formula_bytes,
-    forward_flops_theory,
-    korthikanti_bytes,
-    measure_layer,
-    measure_model,
-    recompute_flops_theory,
-)
-from parlab.runs import launch_scheme, run_scheme
+from parlab.core.models import RECOMPUTE, GPTConfig
+from parlab.runs.registry import launch_scheme, run_scheme
+from parlab.schemes.recompute.measure import forward_flops_theory, measure_layer, measure_model, recompute_flops_theory
+from parlab.schemes.recompute.theory import activation_terms, formula_bytes, korthikanti_bytes
 
 CONFIGS = [
     (GPTConfig(), 2),  # the tests' model: T = 16, H = 32, nh = 4, F = 4H, float64
@@ -79,7 +72,7 @@ def test_unknown_mode_is_refused_before_launch(monkeypatch):
     def no_launch(*args, **kwargs):
         raise AssertionError("a process was started")
 
-    monkeypatch.setattr("parlab.runs.launch", no_launch)
+    monkeypatch.setattr("parlab.runs.registry.launch", no_launch)
     with pytest.raises(ValueError, match="recompute must be one of"):
         GPTConfig(recompute="some")
     for scheme in ("tp", "pp", "megatron-sp"):

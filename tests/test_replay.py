@@ -1,10 +1,10 @@
-"""parlab.lessons.replay: a recorded trace played back; each frame's bars and state are checked against the events."""
+"""parlab.views.replay: a recorded trace played back; each frame's bars and state are checked against the events."""
 
 import pytest
 
-from parlab.lessons.replay import detect, replay, state_at
+from parlab.core.trace import Event, Trace
 from parlab.lessons.sequence_parallel import ring_demo, ring_steps
-from parlab.trace import Event, Trace
+from parlab.views.replay import detect, replay, state_at
 
 
 def _pipeline():

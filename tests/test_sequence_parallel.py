@@ -13,9 +13,11 @@ import torch.nn.functional as F
 from cli_in_process import run_cli
 
 import parlab
-from parlab.check import compare
-from parlab.mesh import DeviceMesh
-from parlab.ring_attention import (
+from parlab.core.check import compare
+from parlab.core.mesh import DeviceMesh
+from parlab.runs.registry import run_scheme
+from parlab.runs.sequence_parallel import run_sp
+from parlab.schemes.sequence.ring_attention import (
     attend_tile,
     merge_partials,
     ring_attention,
@@ -24,9 +26,7 @@ from parlab.ring_attention import (
     zigzag_merge,
     zigzag_split,
 )
-from parlab.runs import run_scheme
-from parlab.runs.sequence_parallel import run_sp
-from parlab.ulysses import ulysses_attention
+from parlab.schemes.sequence.ulysses import ulysses_attention
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [
@@ -201,7 +201,7 @@ def test_bad_input_is_refused_before_launch(monkeypatch, method, changes, messag
     def no_launch(*args, **kwargs):
         raise AssertionError("a process was started")
 
-    monkeypatch.setattr("parlab.runs.launch", no_launch)
+    monkeypatch.setattr("parlab.runs.registry.launch", no_launch)
     with pytest.raises(ValueError, match=message):
         run_scheme(method, **{"world_size": 4, **changes})
 

@@ -1,11 +1,11 @@
-"""parlab.slides: every lesson's slideshow (RISE) structure, derived from the notebook and checked here."""
+"""parlab.lessons.slides: every lesson's slideshow (RISE) structure, derived from the notebook and checked here."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from parlab.slides import add_slides, is_live, main, slide_types, slides
+from parlab.lessons.slides import add_slides, is_live, main, slide_types, slides
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -61,8 +61,10 @@ def test_every_lesson_carries_its_slide_metadata(path):
     nb = json.loads(path.read_text())
     wanted = add_slides(nb)
     if not any("slideshow" in c.get("metadata", {}) for c in nb["cells"]):
-        pytest.skip(f"{path.name} has no slide metadata yet: python -m parlab.slides notebooks/*.ipynb")
-    assert wanted == nb, f"{path.name}'s slide metadata is stale: python -m parlab.slides {path.relative_to(ROOT)}"
+        pytest.skip(f"{path.name} has no slide metadata yet: python -m parlab.lessons.slides notebooks/*.ipynb")
+    assert wanted == nb, (
+        f"{path.name}'s slide metadata is stale: python -m parlab.lessons.slides {path.relative_to(ROOT)}"
+    )
 
 
 def test_the_command_writes_once_then_checks_clean(tmp_path, capsys):

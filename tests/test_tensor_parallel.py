@@ -12,12 +12,13 @@ import torch.distributed as dist
 from cli_in_process import run_cli
 
 import parlab
-from parlab import tensor_parallel as tp
-from parlab.check import compare
+from parlab.core.check import compare
+from parlab.core.models import GPTConfig, build_model, param_bytes
 from parlab.lessons import tensor_parallel as lesson
-from parlab.models import GPTConfig, build_model, param_bytes
-from parlab.runs import run_scheme
+from parlab.lessons import tensor_parallel_memory as memory_lesson
+from parlab.runs.registry import run_scheme
 from parlab.runs.tensor_parallel import run_tp
+from parlab.schemes import tensor_parallel as tp
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,7 +106,7 @@ def test_param_bytes_theory_at_one_rank_is_the_single_device_model(tied):
 
 def test_param_bytes_measured_per_world_size():
     cfg = lesson.layer_config()
-    measured = lesson.measure_param_bytes(cfg, (1, 2, 8))
+    measured = memory_lesson.measure_param_bytes(cfg, (1, 2, 8))
     assert measured[1] == [param_bytes(build_model(cfg))]
     for P, per_rank in measured.items():
         assert per_rank == [tp.param_bytes_theory(cfg, P)] * P
@@ -129,7 +130,7 @@ def test_bad_sizes_are_refused_before_launch(monkeypatch, changes, message):
     def no_launch(*args, **kwargs):
         raise AssertionError("a process was started")
 
-    monkeypatch.setattr("parlab.runs.launch", no_launch)
+    monkeypatch.setattr("parlab.runs.registry.launch", no_launch)
     with pytest.raises(ValueError, match=message):
         run_scheme("tp", **{"world_size": 4, **changes})
 
@@ -142,7 +143,7 @@ def test_lesson_demos_refuse_bad_sizes_before_launch(monkeypatch):
     with pytest.raises(ValueError, match="heads=8 is not divisible by world_size=3"):
         lesson.check_layers(3)
     with pytest.raises(ValueError, match="heads=8 is not divisible by world_size=3"):
-        lesson.measure_param_bytes(lesson.layer_config(), (2, 3))  # every size checked before the first launch
+        memory_lesson.measure_param_bytes(lesson.layer_config(), (2, 3))  # every size checked before the first launch
     with pytest.raises(ValueError, match="ffn=18 is not divisible by world_size=4"):
         lesson.megatron_figure("mlp", 4, hidden=8, ffn=18)
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from parlab import cli
-from parlab.check import max_abs_error
-from parlab.models import GPTConfig, make_batches, train_single_device
+from parlab.core.check import max_abs_error
+from parlab.core.models import GPTConfig, make_batches, train_single_device
 
 pytestmark = pytest.mark.slow
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -95,7 +95,8 @@ def _machinery_failed(stderr: str) -> bool:
     """A failed launch that torch's elastic machinery lost, not the rank code: a worker aborted from C++ (SIGABRT)
     without any worker raising, or, after a restart, a rank that could not reach the rendezvous store or its peers
     (gloo's connectFullMesh refused or timed out). Stale addresses of the attempt before, once one restart in three
-    here, no longer reach a restarted group (parlab.launch._store_of_this_attempt; tests/test_elastic_store.py)."""
+    here, no longer reach a restarted group (parlab.runtime.launcher._store_of_this_attempt;
+    tests/test_elastic_store.py)."""
     aborted = "(SIGABRT)" in stderr and not PYTHON_ERROR.search(stderr)
     return aborted or "connectFullMesh failed" in stderr or "RendezvousConnectionError" in stderr
 
@@ -115,7 +116,9 @@ def test_torchrun_restarts_a_failed_rank_and_parlab_resumes_from_its_checkpoint(
            "--kill-rank", "1", "--at-step", "4", "--steps", "6"]  # fmt: skip
     ((status, _, stderr),) = torchrun([args + job], before=_empty(tmp_path))  # (a retry starts from nothing)
     assert status == 0, stderr[-3000:]
-    assert stderr.count("exitcode: 43") == 1  # rank 1 died on purpose once (parlab.faults.KILLED_EXIT_CODE)
+    assert (
+        stderr.count("exitcode: 43") == 1
+    )  # rank 1 died on purpose once (parlab.schemes.faults.failures.KILLED_EXIT_CODE)
     result = torch.load(tmp_path / "result.pt")
     # Resumed from the checkpoint of step 2. torchrun restarted the group at least once: on a loaded machine it
     # may restart it again for its own reasons (a rendezvous round that timed out), which the run survives too.

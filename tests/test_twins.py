@@ -12,8 +12,8 @@ from contextlib import redirect_stdout
 import pytest
 import torch
 
-from parlab import twins
-from parlab.runs import all_schemes, get_scheme, launch_scheme
+from parlab.runs.registry import all_schemes, get_scheme, launch_scheme
+from parlab.twins import registry as twins
 from parlab.twins.record import op_kind
 
 EXACT = 1e-10

@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from cli_in_process import run_cli
 
 import parlab
-from parlab.check import compare
-from parlab.mesh import DeviceMesh
-from parlab.runs import run_scheme
-from parlab.usp import usp_attention, usp_bytes_per_call, usp_merge, usp_mesh_axes, usp_split
+from parlab.core.check import compare
+from parlab.core.mesh import DeviceMesh
+from parlab.runs.registry import run_scheme
+from parlab.schemes.sequence.usp import usp_attention, usp_bytes_per_call, usp_merge, usp_mesh_axes, usp_split
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = (2, 2, 16, 4)  # B, nh = 2 (not divisible by P = 4: Ulysses alone is refused), T, hs
@@ -111,7 +111,7 @@ def test_bad_input_is_refused_before_launch(monkeypatch, changes, message):
     def no_launch(*args, **kwargs):
         raise AssertionError("a process was started")
 
-    monkeypatch.setattr("parlab.runs.launch", no_launch)
+    monkeypatch.setattr("parlab.runs.registry.launch", no_launch)
     with pytest.raises(ValueError, match=message):
         run_scheme("usp", **{"world_size": 4, **changes})
 

@@ -19,12 +19,12 @@ import nbformat
 import pytest
 import torch
 
-from parlab import grade
-from parlab.grading import OUT_ENV
+from parlab.grading import markers, official, scores
+from parlab.grading.labs import OUT_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 WRONG = Path(__file__).resolve().parent / "wrong_solutions"
-LABS = grade.load_labs()
+LABS = official.load_labs()
 CASES = [(lab, path) for lab in LABS for path in sorted(WRONG.glob(f"{lab}*.py"))]
 
 
@@ -35,11 +35,11 @@ def wrong_answers(path: Path) -> tuple[dict[str, str], set[str]]:
     expect = re.search(r"^# EXPECT FAIL: (.+)$", text, re.M)
     assert expect, f"{path.name} says nothing about which checks must fail"
     parts = re.split(r"^(?=# (?:ANSWER|PREDICT): )", text, flags=re.M)[1:]
-    answers = {grade.ANSWER_RE.match(p.split("\n", 1)[0])["name"]: p.split("\n", 1)[1].strip() for p in parts}
+    answers = {markers.ANSWER_RE.match(p.split("\n", 1)[0])["name"]: p.split("\n", 1)[1].strip() for p in parts}
     return answers, {name.strip() for name in expect[1].split(",")}
 
 
-def run_in_process(nb, lab: grade.OfficialLab, as_solved_before: int = 0) -> dict[str, bool]:
+def run_in_process(nb, lab: official.OfficialLab, as_solved_before: int = 0) -> dict[str, bool]:
     """Run a lab notebook's code cells in order in one namespace; score each check as the grader does.
 
     as_solved_before: the check cells before this cell index are the solution's checks on the solution's answers
@@ -52,7 +52,7 @@ def run_in_process(nb, lab: grade.OfficialLab, as_solved_before: int = 0) -> dic
         for index, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue
-            marker = grade.check_marker(cell)
+            marker = markers.check_marker(cell)
             if marker and index < as_solved_before:
                 passed[marker[0]] = True
                 continue
@@ -66,7 +66,7 @@ def run_in_process(nb, lab: grade.OfficialLab, as_solved_before: int = 0) -> dic
             if marker:
                 name, points = marker
                 lines = out.getvalue().splitlines()
-                ok = error is None and grade.score_lines(name, points, lines, lab.expected[name]).passed
+                ok = error is None and scores.score_lines(name, points, lines, lab.expected[name]).passed
                 passed[name] = ok
     finally:
         torch.set_default_dtype(dtype)
@@ -87,8 +87,8 @@ def test_a_wrong_answer_fails_exactly_the_checks_it_breaks(lab, path):
     nb = nbformat.from_dict(nbformat.reads(nbformat.writes(official.solution), as_version=4))
     changed = []
     for index, cell in enumerate(nb.cells):
-        if grade.answer_name(cell) in answers:
-            source = f"# ANSWER: {grade.answer_name(cell)}\n{answers[grade.answer_name(cell)]}"
+        if markers.answer_name(cell) in answers:
+            source = f"# ANSWER: {markers.answer_name(cell)}\n{answers[markers.answer_name(cell)]}"
             if source.strip() != cell.source.strip():
                 changed.append(index)
             cell.source = source

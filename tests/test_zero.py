@@ -1,6 +1,6 @@
-"""ZeRO (parlab.zero): stages 1-3 train like one device, like plain DP and like PyTorch's own sharded optimizers
-(ZeroRedundancyOptimizer, FSDP2 fully_shard on CPU gloo); each rank holds what the paper's formulas say (padding
-itemised); stage 2 reduce-scatters during backward, stage 3 gathers and frees layers; bad options are refused
+"""ZeRO (parlab.schemes.zero.stages): stages 1-3 train like one device, like plain DP and like PyTorch's own sharded
+optimizers (ZeroRedundancyOptimizer, FSDP2 fully_shard on CPU gloo); each rank holds what the paper's formulas say
+(padding itemised); stage 2 reduce-scatters during backward, stage 3 gathers and frees layers; bad options are refused
 before any process starts."""
 
 import json
@@ -10,12 +10,13 @@ import torch
 from cli_in_process import run_cli
 
 from parlab import launch
-from parlab.data_parallel import train_data_parallel
+from parlab.core.models import GPTConfig, build_model, make_batches, train_single_device
 from parlab.lessons import zero as lesson
-from parlab.models import GPTConfig, build_model, make_batches, train_single_device
-from parlab.runs import get_scheme
+from parlab.runs.registry import get_scheme
 from parlab.runs.zero import run_zero
-from parlab.zero import adam_step, plan_units, train_zero, zero_memory
+from parlab.schemes.data_parallel import train_data_parallel
+from parlab.schemes.zero.stages import adam_step, plan_units, train_zero
+from parlab.schemes.zero.theory import zero_memory
 
 TINY = GPTConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=2)  # 7,744 parameters, 6 units
 LR = 1e-3
@@ -214,7 +215,7 @@ def test_dp_holds_the_same_full_state_on_every_rank():
     ],
 )
 def test_bad_options_are_refused_before_launch(options, message, monkeypatch):
-    import parlab.runs as runs
+    import parlab.runs.registry as runs
 
     monkeypatch.setattr(runs, "launch", lambda *a, **k: pytest.fail("a process was started"))
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -233,8 +234,8 @@ def test_cli_json_has_the_report_keys():
 
 
 def _overflowing_fp16_step():
-    from parlab.models import lm_loss
-    from parlab.zero import ZeRO
+    from parlab.core.models import lm_loss
+    from parlab.schemes.zero.stages import ZeRO
 
     cfg = GPTConfig(**{**TINY.__dict__, "dtype": "float32"})
     model = build_model(cfg, 0)

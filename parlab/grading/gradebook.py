@@ -1,7 +1,7 @@
 """A class at a time: `python -m parlab grade DIR --gradebook grades.csv`.
 
-The grader (parlab/grade.py) scores each notebook; this module only names the student of each notebook and writes
-what an instructor keeps: one CSV row per student and lab, and one short feedback file per student with each
+The grader (parlab/grading/command.py) scores each notebook; this module only names the student of each notebook and
+writes what an instructor keeps: one CSV row per student and lab, and one short feedback file per student with each
 failed check, why it failed and the lab's hint for it. Nothing here runs student code, and everything it writes is
 in a fixed order (students, then labs, then checks), so grading the same folder twice writes the same files but
 for the `seconds` column.
@@ -147,7 +147,7 @@ def write_feedback(folder: Path, table: list[dict], grades: list[dict], students
 
 def write_class(args, labs: dict, found, grades: list[dict]) -> None:
     """`grade --gradebook CSV [--feedback DIR]`: the gradebook and a feedback file per student."""
-    from parlab.grade import MAX_NOTEBOOK_BYTES, lab_key
+    from parlab.grading.official import MAX_NOTEBOOK_BYTES, lab_key
 
     students = []
     for (path, root), grade_ in zip(found, grades, strict=True):

@@ -1,5 +1,5 @@
 """The grader: each submission in a fresh kernel, a scratch folder and a sandbox, its checks judged here (see
-parlab/grade.py's docstring for the whole procedure, and `python -m parlab grade`)."""
+parlab/grading/command.py's docstring for the whole procedure, and `python -m parlab grade`)."""
 
 from __future__ import annotations
 
@@ -16,23 +16,19 @@ import threading
 import time
 from pathlib import Path
 
-from parlab.grade import (
+from parlab.grading.markers import answer_name, check_marker
+from parlab.grading.official import (
     DEFAULT_TIMEOUT,
     GRACE,
     MAX_DATA_BYTES,
     MAX_NOTEBOOK_BYTES,
     PACKAGE,
     WARM_UP,
-    CheckResult,
-    NotebookGrade,
     OfficialLab,
-    answer_name,
-    assemble,
-    check_marker,
     identify,
     lab_of_file_name,
-    score_lines,
 )
+from parlab.grading.scores import CheckResult, NotebookGrade, assemble, score_lines
 
 # What the processes of a submission import (the worker, its kernel, the rank server and ranks, the labs), put once
 # into the run's bytecode cache (Grader.shared_pycache, a folder given as argv[1]) before any student code runs. The
@@ -187,8 +183,8 @@ class Grader:
     def _execute_and_judge(self, nb, lab: OfficialLab, grade: NotebookGrade) -> None:
         import nbformat
 
-        from parlab.grading import OUT_ENV
         from parlab.grading.isolation import kill_tree, remove_scratch
+        from parlab.grading.labs import OUT_ENV
 
         scratch = Path(tempfile.mkdtemp(prefix="parlab-grade-"))
         try:
@@ -275,7 +271,7 @@ class Grader:
         """Score every check from the data its cell saved, judged here; explain every check without data."""
         import torch
 
-        from parlab.grading import judge
+        from parlab.grading.labs import judge
 
         cells = _read_status(scratch / "status.json")
         log = _read_log(scratch / "worker.log")
@@ -317,7 +313,7 @@ class Grader:
 
 
 def _short(text: str) -> str:
-    from parlab.grading import informative_line
+    from parlab.grading.labs import informative_line
 
     first = text.strip().splitlines()[0] if text.strip() else ""
     return (informative_line(text) or first)[:240]
@@ -353,7 +349,7 @@ def _log_slice(cell: dict | None, log: bytes) -> str:
 def _with_log_line(error: str, cell: dict | None, log: bytes) -> str:
     """An error, plus the informative line its rank wrote to stderr when the error itself has none (a rank that
     died: 'exited with code -6')."""
-    from parlab.grading import informative_line
+    from parlab.grading.labs import informative_line
 
     stderr = _log_slice(cell, log)
     if "exited with code" in error or "before returning a result" in error:

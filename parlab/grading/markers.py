@@ -5,7 +5,7 @@
     # BEGIN SOLUTION: hint ... # END SOLUTION   the solution's code; the handout gets the hint instead
     # HANDOUT                              inside a solution block: the (commented) code handed out instead
 
-parlab.grade re-exports every name here.
+and how a verdict line is read: what it masks (`mask`, as tests/sanitize.cfg does) and which lines count.
 """
 
 from __future__ import annotations
@@ -137,3 +137,22 @@ def student_version(solution, hints: bool = True):
     if not any(check_marker(c) for c in nb.cells):
         raise ValueError("the notebook has no '# CHECK: name (N points)' cell")
     return nb
+
+
+# The masks of tests/sanitize.cfg (tests/test_labs.py checks that they agree).
+MASKS = [
+    (re.compile(r"max \|err\| [0-9.]+e[-+][0-9]+"), "max |err| ERR"),
+    (re.compile(r"at 0x[0-9a-f]+"), "at 0xADDRESS"),
+]
+
+
+def mask(text: str) -> str:
+    for pattern, replacement in MASKS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def verdict_lines(outputs) -> list[str]:
+    """The masked verdict lines (ending in ': PASS' or ': FAIL') a cell printed to stdout."""
+    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stdout")
+    return [mask(line.rstrip()) for line in text.splitlines() if VERDICT_RE.search(line.rstrip())]

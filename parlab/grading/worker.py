@@ -2,7 +2,7 @@
 
 This process runs next to student code (it starts the kernel the student's answers run in), inside the grader's
 sandbox when there is one, so the grader trusts nothing it writes: it reads SCRATCH/status.json as data and decides
-every grade itself (parlab/grade.py).
+every grade itself (parlab/grading/command.py).
 
 SCRATCH/spec.json says what to run: {"timeout": s, "setup_timeout": s, "grace": s, "cells": {index: [kind, name]}}
 (kind: "answer", "check" or "setup"); the notebook is SCRATCH/assembled.ipynb. It runs as a plain script that

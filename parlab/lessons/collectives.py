@@ -1,6 +1,7 @@
 """Lesson 00 (notebooks/00_collectives.ipynb): the collectives chunk by chunk, and the ring all-reduce's figures.
 
-The ring all-reduce itself is in parlab/collectives.py; this module runs the demos and draws what each rank holds:
+The ring all-reduce itself is in parlab/schemes/collectives.py; this module runs the demos and draws what each rank
+holds:
 
     six collectives      `show_collective`, `draw_collective`: who holds which chunk before and after
     two byte counts      `wire_bytes`, `bytes_table`: the payload handed to a collective, the bytes on the wire
@@ -15,9 +16,10 @@ from fractions import Fraction
 
 import torch
 
-from parlab import comm
-from parlab.collectives import ring_all_reduce, ring_step_sends
-from parlab.launch import Results, launch
+from parlab.core import comm
+from parlab.runtime.errors import Results
+from parlab.runtime.launcher import launch
+from parlab.schemes.collectives import ring_all_reduce, ring_step_sends
 
 COLLECTIVES = ("broadcast", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
 
@@ -70,14 +72,14 @@ def show_collective(kind: str, world_size: int = 4) -> Results:
 
 
 def _owner_of(value: float, kind: str) -> int:
-    from parlab.plots import FULL_SUM
+    from parlab.views.plots import FULL_SUM
 
     return FULL_SUM if kind in ("all_reduce", "reduce_scatter") else int(value // 100)
 
 
 def draw_collective(kind: str, results: Results):
     """Before/after shard diagram of `show_collective(kind)`: which rank holds which chunk, coloured by origin."""
-    from parlab import plots
+    from parlab.views import plots
 
     P = len(results)
 
@@ -95,7 +97,7 @@ def draw_collective(kind: str, results: Results):
 
 # Every communication byte figure in the lessons is one of two, and says which (lesson 00, "Two ways to count
 # bytes"):
-#   PAYLOAD  the bytes of the tensors a rank hands to a collective or to send/recv: what parlab.comm counts.
+#   PAYLOAD  the bytes of the tensors a rank hands to a collective or to send/recv: what parlab.core.comm counts.
 #            all-reduce, broadcast, all-to-all: the tensor passed; all-gather: the rank's own contribution;
 #            reduce-scatter: the whole input it reduces; send / recv: the tensor sent / received.
 #   WIRE     the bytes a rank sends on its link ("sent", "on the wire"); they depend on the algorithm the backend
@@ -117,7 +119,7 @@ _RING_FACTOR = {
 
 
 def wire_bytes(kind: str, payload: float, world_size: int) -> int | float:
-    """Bytes one rank sends on its link for a collective whose payload (parlab.comm's count) is `payload` bytes,
+    """Bytes one rank sends on its link for a collective whose payload (parlab.core.comm's count) is `payload` bytes,
     with the ring algorithms of RING_WIRE. A broadcast or reduce has no one figure per rank (a tree or a chain)."""
     if kind not in _RING_FACTOR:
         raise ValueError(f"no ring formula for {kind!r}; one of {list(RING_WIRE)}")
@@ -127,7 +129,7 @@ def wire_bytes(kind: str, payload: float, world_size: int) -> int | float:
 
 def bytes_table(world_size: int = 4) -> list[str]:
     """Both counts for each collective of `show_collective`: the payload each rank handed over (measured by
-    parlab.comm, from the tensors passed) and the bytes a ring algorithm sends per rank for it (theory)."""
+    parlab.core.comm, from the tensors passed) and the bytes a ring algorithm sends per rank for it (theory)."""
     P = world_size
 
     def same(values: list[int]) -> str:
@@ -163,7 +165,7 @@ def ring_demo_rank_fn() -> list:
 
 def draw_ring_step(histories: list, step: int):
     """The ring all-reduce after `step` of its 2(P-1) steps: each cell names the ranks summed into it."""
-    from parlab import plots
+    from parlab.views import plots
 
     P = len(histories)
     texts, owners = [], []

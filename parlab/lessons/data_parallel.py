@@ -1,6 +1,6 @@
 """Lesson 01 (notebooks/01_data_parallel.ipynb): the figures and measurements around data parallelism.
 
-The scheme itself (naive and bucketed DP, the training loop) is in parlab/data_parallel.py, and
+The scheme itself (naive and bucketed DP, the training loop) is in parlab/schemes/data_parallel.py, and
 `parlab.runs.data_parallel.run_dp` runs and checks it; this module draws what a run did:
 
     the loss curves          `draw_loss_curves`: one device, our DP and torch DDP, overlaid
@@ -10,7 +10,7 @@ The scheme itself (naive and bucketed DP, the training loop) is in parlab/data_p
 
 from __future__ import annotations
 
-from parlab.trace import Trace
+from parlab.core.trace import Trace
 
 
 def overlapped_all_reduces(trace: Trace, rank: int = 0) -> tuple[int, int]:
@@ -25,7 +25,7 @@ def draw_loss_curves(report: dict):
     """Plotly figure: the loss of each step on one device, with our DP and with torch DDP, overlaid."""
     import plotly.graph_objects as go
 
-    from parlab import plots
+    from parlab.views import plots
 
     steps = list(range(1, report["steps"] + 1))
     P = report["world_size"]
@@ -54,9 +54,9 @@ def draw_loss_curves(report: dict):
 
 
 def draw_step(trace: Trace, step: int, title: str):
-    """Plotly timeline of one training step, every rank (parlab.plots.timeline): compute spans (forward,
+    """Plotly timeline of one training step, every rank (parlab.views.plots.timeline): compute spans (forward,
     backward, optimizer) in the upper half of each rank's row, all-reduces below them, buckets in flight at the
     same time in stacked lanes. Times measured in the ranks."""
-    from parlab import plots
+    from parlab.views import plots
 
     return plots.timeline(trace.of_step(step), title)

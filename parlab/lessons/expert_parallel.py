@@ -1,7 +1,7 @@
 """Lesson 09 (notebooks/09_expert_parallel.ipynb): the demos and figures around Mixture-of-Experts and expert
 parallelism.
 
-The MoE layer is parlab/moe.py, expert parallelism parlab/expert_parallel.py (run and checked by
+The MoE layer is parlab/core/moe.py, expert parallelism parlab/schemes/expert_parallel.py (run and checked by
 parlab/runs/expert_parallel.py). This module runs them in small pieces and draws them:
 
     why MoE             `size_rows`, `size_figure`: parameters per layer grow with E, those a token uses with k
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from parlab.expert_parallel import local_experts
-from parlab.launch import Results
-from parlab.mesh import mesh_coords
-from parlab.models import GPTConfig, build_model, make_batches
-from parlab.moe import MoEConfig, Routing, capacity, moe_param_counts, route
+from parlab.core.mesh import mesh_coords
+from parlab.core.models import GPTConfig, build_model, make_batches
+from parlab.core.moe import MoEConfig, Routing, capacity, moe_param_counts, route
+from parlab.runtime.errors import Results
+from parlab.schemes.expert_parallel import local_experts
 
 # ------------------------------------------------------------------------------------------------- why MoE
 
@@ -45,7 +45,7 @@ def size_figure(rows: list[dict]):
     """Parameters held vs parameters a token uses, against the number of experts (log scale)."""
     import plotly.graph_objects as go
 
-    from parlab.plots import style
+    from parlab.views.plots import style
 
     E = [r["experts"] for r in rows]
     fig = go.Figure()
@@ -104,7 +104,7 @@ def routing_figure(probs: torch.Tensor, routing: Routing, cap: int):
     its choice (1st, 2nd) and its slot; a dropped assignment (slot >= capacity) crossed out."""
     import plotly.graph_objects as go
 
-    from parlab.plots import style
+    from parlab.views.plots import style
 
     N, E = probs.shape
     place = slots(routing)
@@ -148,7 +148,7 @@ def shuffle_figure(matrix: list[list[int]], experts: int):
     """The dispatch all-to-all as a shuffle: rows sent from each rank (row) to each rank (column)."""
     import plotly.graph_objects as go
 
-    from parlab.plots import style
+    from parlab.views.plots import style
 
     P = len(matrix)
     per = experts // P
@@ -193,7 +193,7 @@ def balance_figure(runs: dict[str, tuple[Results, dict]]):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from parlab.plots import style
+    from parlab.views.plots import style
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=["load imbalance (max / mean)", "aux loss (sum over layers)"])
     for i, (label, (results, report)) in enumerate(runs.items()):
@@ -263,7 +263,7 @@ def capacity_figure(row: dict):
     """One capacity factor: each expert's load as a bar, the capacity as a line; what lies above it is dropped."""
     import plotly.graph_objects as go
 
-    from parlab.plots import style
+    from parlab.views.plots import style
 
     E, C = len(row["load"]), row["capacity"]
     names = [f"expert {e}" for e in range(E)]

@@ -1,8 +1,8 @@
 """Lesson 11 (notebooks/11_fault_tolerance.ipynb): failures at scale, checkpoints, and surviving a dead rank.
 
-The machinery is elsewhere: sharded checkpoints in parlab/checkpoint.py, the dying rank and the tolerant server in
-parlab/faults.py, the runs (`python -m parlab run dp|zero|ps --kill-rank R --at-step S`) in parlab/runs/checkpoint.py.
-This module holds the lesson's arithmetic tables and figures:
+The machinery is elsewhere: sharded checkpoints in parlab/schemes/faults/checkpoint.py, the dying rank and the tolerant
+server in parlab/schemes/faults/failures.py, the runs (`python -m parlab run dp|zero|ps --kill-rank R --at-step S`) in
+parlab/runs/checkpoint.py. This module holds the lesson's arithmetic tables and figures:
 
     failures at scale        `mtbf_rows`, `draw_mtbf`: a job's mean time between failures, 1 to 100,000 devices
     how often to save        `young_rows`, `draw_waste`: time lost to saving + redoing, and Young's interval
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from parlab.faults import job_mtbf, wasted_fraction, young_interval
+from parlab.schemes.faults.failures import job_mtbf, wasted_fraction, young_interval
 
 HOUR = 3600.0
 DEVICE_MTBF_HOURS = 50_000.0  # one accelerator with its share of host, link and power: ~5.7 years between failures
@@ -35,7 +35,7 @@ def draw_mtbf(device_mtbf_hours: float = DEVICE_MTBF_HOURS):
     """Log-log curve: a job's MTBF (hours) against its number of devices."""
     import plotly.graph_objects as go
 
-    from parlab import plots
+    from parlab.views import plots
 
     ns = [2**k for k in range(0, 18)]
     hours = [job_mtbf(device_mtbf_hours, n) for n in ns]
@@ -61,7 +61,7 @@ def draw_waste(save_seconds: float, mtbf_seconds: float):
     marker at Young's interval."""
     import plotly.graph_objects as go
 
-    from parlab import plots
+    from parlab.views import plots
 
     best = young_interval(save_seconds, mtbf_seconds)
     taus = [best * 2 ** (k / 4) for k in range(-16, 17)]
@@ -82,8 +82,8 @@ def draw_waste(save_seconds: float, mtbf_seconds: float):
 
 
 def checkpoint_bytes_rows(report: dict, psi: int, elem_bytes: int = 8) -> list[dict]:
-    """What each survivor of a failure run read back (bytes, measured by parlab.checkpoint.Reader), beside the
-    formula: the state (weights, m, v: 3 Psi elements) divided among the ranks that hold distinct parts."""
+    """What each survivor of a failure run read back (bytes, measured by parlab.schemes.faults.checkpoint.Reader),
+    beside the formula: the state (weights, m, v: 3 Psi elements) divided among the ranks that hold distinct parts."""
     layout = "dp" if report["scheme"] in ("dp", "dp-naive") else "zero"
     P = report["restarted_on"]
     state = 3 * psi * elem_bytes if report.get("optimizer", "adam") == "adam" else psi * elem_bytes
@@ -98,7 +98,7 @@ def draw_failure(report: dict):
     same numbers, the same ranks and data), and the restart from the checkpoint on the survivors."""
     import plotly.graph_objects as go
 
-    from parlab import plots
+    from parlab.views import plots
 
     K, at, resumed = report["steps"], report["at_step"], report["resumed_from"]
     steps = list(range(1, K + 1))

@@ -1,7 +1,7 @@
 """Lesson 07 (notebooks/07_hybrid.ipynb): the device mesh drawn from a run, each axis' traffic, the planner.
 
-The scheme is parlab/hybrid.py (run and checked by parlab/runs/hybrid.py); the planner is parlab/planner.py.
-This module draws what a run did and tabulates what the planner estimates:
+The scheme is parlab/schemes/hybrid/train.py (run and checked by parlab/runs/hybrid.py); the planner is
+parlab/schemes/hybrid/planner.py. This module draws what a run did and tabulates what the planner estimates:
 
     the mesh            `mesh_figure`: every rank at its (dp, pp, cp, tp) place, what it holds, its groups
     a builder           `mesh_builder`: widgets for each axis' size and the options; runs the chosen mesh live
@@ -12,11 +12,11 @@ This module draws what a run did and tabulates what the planner estimates:
 
 from __future__ import annotations
 
-from parlab.hybrid import AXES
-from parlab.mesh import axis_groups
-from parlab.pipeline import split_layers
-from parlab.planner import Cluster, ModelSpec, describe, plans
-from parlab.schedules import make_schedule
+from parlab.core.mesh import axis_groups
+from parlab.schemes.hybrid.planner import Cluster, ModelSpec, describe, plans
+from parlab.schemes.hybrid.train import AXES
+from parlab.schemes.pipeline.executor import split_layers
+from parlab.schemes.pipeline.schedules import make_schedule
 
 
 def rank_places(report: dict) -> list[dict]:
@@ -50,7 +50,7 @@ def mesh_figure(report: dict):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from parlab.plots import rank_color, style
+    from parlab.views.plots import rank_color, style
 
     axes = report["mesh"]["axes"]
     D, S, C, T = axes["dp"], axes["pp"], axes.get("cp", 1), axes["tp"]
@@ -120,12 +120,12 @@ def build_and_run(dp=1, pp=2, cp=1, tp=2, zero=0, sequence_parallel=True, cp_met
 
 
 def mesh_builder():
-    """Widgets for each axis' size and the options; each change runs the mesh live (parlab.widgets.interact)."""
+    """Widgets for each axis' size and the options; each change runs the mesh live (parlab.views.widgets.interact)."""
     from ipywidgets import Checkbox, Dropdown
 
-    from parlab.hybrid_axes import CP_METHODS
-    from parlab.schedules import SCHEDULES
-    from parlab.widgets import interact
+    from parlab.schemes.hybrid.stage import CP_METHODS
+    from parlab.schemes.pipeline.schedules import SCHEDULES
+    from parlab.views.widgets import interact
 
     sizes = {axis: Dropdown(options=BUILDER_SIZES, value=v, description=axis) for axis, v in
              (("dp", 1), ("pp", 2), ("cp", 1), ("tp", 2))}  # fmt: skip
@@ -145,7 +145,7 @@ def axis_traffic_figure(report: dict):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from parlab.plots import kind_color, style
+    from parlab.views.plots import kind_color, style
 
     measured, theory = report["comm"]["per_axis_measured"], report["comm"]["per_axis_theory"]
     what = {"dp": "gradients over the replicas", "pp": "activations and gradients", "tp": "inside each layer",

@@ -1,6 +1,6 @@
 """Lesson 06 (notebooks/06_offload.ipynb): where the training state lives, and what moving it costs.
 
-The scheme (ZeRO-2 with Adam's state on the device, the host or the disk) is in parlab/offload.py, and
+The scheme (ZeRO-2 with Adam's state on the device, the host or the disk) is in parlab/schemes/zero/offload.py, and
 `parlab.runs.offload.run_offload` runs and checks it; this module draws what a run did:
 
     memory where it lives     `step_memory` / `draw_memory_by_place`: device, host and disk bytes at each moment of
@@ -12,8 +12,9 @@ The scheme (ZeRO-2 with Adam's state on the device, the host or the disk) is in 
 
 from __future__ import annotations
 
-from parlab.offload import PLACES, offload_memory
-from parlab.trace import Trace
+from parlab.core.trace import Trace
+from parlab.schemes.zero.offload import PLACES
+from parlab.schemes.zero.theory import offload_memory
 
 PLACE_COLORS = {"device": "#4C78A8", "host": "#F58518", "disk": "#54A24B"}
 COPY_KINDS = ("offload", "upload", "disk_read", "disk_write")
@@ -54,7 +55,7 @@ def draw_memory_by_place(ledgers: dict[str, list[dict]], step: int = 1, unit: fl
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from parlab import plots
+    from parlab.views import plots
 
     targets = list(ledgers)
     fig = make_subplots(rows=1, cols=len(targets), shared_yaxes=True, subplot_titles=[f"target {t}" for t in targets])
@@ -113,7 +114,7 @@ def draw_copy_seconds(traces: dict[str, Trace], rank: int = 0):
     """Plotly: grouped bars, for each target, of the milliseconds per step each kind of copy took (measured)."""
     import plotly.graph_objects as go
 
-    from parlab import plots
+    from parlab.views import plots
 
     fig = go.Figure()
     kinds = [*COPY_KINDS, "optimizer", "backward"]
@@ -127,9 +128,9 @@ def draw_copy_seconds(traces: dict[str, Trace], rank: int = 0):
 
 
 def draw_step(trace: Trace, step: int, title: str):
-    """Plotly timeline of one step (parlab.plots.timeline): forward, backward and the Adam spans above; the
+    """Plotly timeline of one step (parlab.views.plots.timeline): forward, backward and the Adam spans above; the
     collectives and the copy engine's copies (offload, upload, disk read, disk write) below."""
-    from parlab import plots
+    from parlab.views import plots
 
     return plots.timeline(trace.of_step(step), title)
 
@@ -139,7 +140,7 @@ def draw_budget(psi: float, N: int, b_c: int, b_m: int, device_budget_gb: float)
     parameters on N ranks, beside a device budget (dashed line)."""
     import plotly.graph_objects as go
 
-    from parlab import plots
+    from parlab.views import plots
 
     fig = go.Figure()
     tables = {t: offload_memory([int(psi)], N, t, b_c, b_m)["steady_total"] for t in ("none", "cpu", "disk")}

@@ -16,7 +16,7 @@ def _owner_heatmap(owner: torch.Tensor, values: torch.Tensor | None, P: int, nam
     the same copy, dark grey if it is a sum over ranks, white if this rank does not hold it."""
     import plotly.graph_objects as go
 
-    from parlab.plots import REDUCED_COLOR, rank_color
+    from parlab.views.plots import REDUCED_COLOR, rank_color
 
     colors = [NOT_HELD_COLOR, REDUCED_COLOR, REPLICATED_COLOR] + [rank_color(r) for r in range(P)]
     n = len(colors)
@@ -46,7 +46,7 @@ def _owner_heatmap(owner: torch.Tensor, values: torch.Tensor | None, P: int, nam
 def _legend_entries(fig, P: int, extra=(("every rank (replicated)", REPLICATED_COLOR),)):
     import plotly.graph_objects as go
 
-    from parlab.plots import rank_color
+    from parlab.views.plots import rank_color
 
     entries = [(f"rank {r}", rank_color(r)) for r in range(P)] + list(extra)
     for name, color in entries:

@@ -1,6 +1,6 @@
 """Lesson 08 (notebooks/08_parameter_server.ipynb): the figures and measurements around the parameter server.
 
-The scheme (servers, worker, stragglers, all-reduce DP beside it, theory) is in parlab/parameter_server.py, and
+The scheme (servers, worker, stragglers, all-reduce DP beside it, theory) is in parlab/schemes/parameter_server.py, and
 `parlab.runs.parameter_server.run_ps` runs and checks it; this module draws what runs did:
 
     one phase of a run        `phase_trace`: the server's run, or the all-reduce DP run after it
@@ -18,9 +18,9 @@ wire; the figures add what a rank sends and what it receives. An all-reduce's fi
 
 from __future__ import annotations
 
-from parlab.launch import Results
-from parlab.parameter_server import bottleneck_workers
-from parlab.trace import Trace
+from parlab.core.trace import Trace
+from parlab.runtime.errors import Results
+from parlab.schemes.parameter_server import bottleneck_workers
 
 
 def phase_trace(results: Results, phase: str = "ps") -> Trace:
@@ -36,13 +36,13 @@ def phase_trace(results: Results, phase: str = "ps") -> Trace:
 
 
 def draw_timeline(results: Results, title: str, phase: str = "ps", steps: int | None = None):
-    """Plotly timeline of one phase (parlab.plots.timeline): forward, backward, the straggler's delay and the
+    """Plotly timeline of one phase (parlab.views.plots.timeline): forward, backward, the straggler's delay and the
     server's updates above; pulls, pushes (send/recv) or all-reduces below. Times measured in the ranks.
 
     steps: draw only the beginning of the run, until the server has applied `steps` x (updates per synchronous
     step) updates ("ps": 1 per step in sync mode, N in async mode) or worker 1 has finished `steps` all-reduces
     ("dp")."""
-    from parlab import plots
+    from parlab.views import plots
 
     trace = phase_trace(results, phase)
     if steps is not None:
@@ -79,7 +79,7 @@ def draw_traffic(report: dict):
     """Plotly bars: the bytes each rank's link carried over the run, parameter server vs all-reduce DP."""
     import plotly.graph_objects as go
 
-    from parlab import plots
+    from parlab.views import plots
 
     rows = traffic_table(report)
     G, K, N = report["grad_bytes"], report["steps"], report["workers"]
@@ -118,7 +118,7 @@ def draw_staleness(report: dict):
     """Plotly histogram: how many updates were applied with each staleness, stacked by worker."""
     import plotly.graph_objects as go
 
-    from parlab import plots
+    from parlab.views import plots
 
     updates = report["updates"]
     fig = go.Figure()
@@ -145,7 +145,7 @@ def draw_loss_curves(reports: dict[str, dict], x: str = "updates"):
     (e.g. {"sync": ..., "async": ...}); x = "updates" (updates applied) or "seconds" (when, on the server)."""
     import plotly.graph_objects as go
 
-    from parlab import plots
+    from parlab.views import plots
 
     colors = {"sync": plots.SERIES_COLORS["single device"], "async": plots.SERIES_COLORS["parlab"]}
     fig = go.Figure()
@@ -208,7 +208,7 @@ def draw_bottleneck(rows: list[dict]):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from parlab import plots
+    from parlab.views import plots
 
     N = [r["workers"] for r in rows]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes per step", "seconds per step (measured)"))

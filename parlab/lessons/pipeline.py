@@ -1,8 +1,8 @@
 """Lesson 03 (notebooks/03_pipeline_parallel.ipynb): the figures and tables around the scheme.
 
-The scheme itself is in parlab/schedules.py (the schedules as data, their exact ideal timelines and bubbles) and
-parlab/pipeline.py (the stages and the executor that runs a schedule on real ranks); this module only draws and
-prints what they computed, in the lesson's order:
+The scheme itself is in parlab/schemes/pipeline/schedules.py (the schedules as data, their exact ideal timelines and
+bubbles) and parlab/schemes/pipeline/executor.py (the stages and the executor that runs a schedule on real ranks); this
+module only draws and prints what they computed, in the lesson's order:
 
     a run's checks           `print_report`: the report of `run_pipeline`, deterministic lines or measured ones
     one schedule             `timelines`: its ideal timeline (unit costs) above the measured one of a real run
@@ -19,21 +19,20 @@ from fractions import Fraction
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from parlab import plots, schedules_v
-from parlab.pipeline import measured_bubble
-from parlab.schedules import (
-    DEFAULT_COSTS,
+from parlab.core.trace import Trace
+from parlab.schemes.pipeline import schedules_v
+from parlab.schemes.pipeline.actions import DEFAULT_COSTS, SPAN_KIND, Schedule
+from parlab.schemes.pipeline.executor import measured_bubble
+from parlab.schemes.pipeline.schedules import (
     SCHEDULES,
-    SPAN_KIND,
     V_SCHEDULES,
-    Schedule,
     bubble,
     bubble_formula,
     make_schedule,
     peak_inflight,
     simulate,
 )
-from parlab.trace import Trace
+from parlab.views import plots
 
 NAMES = {
     "gpipe": "GPipe",
@@ -94,8 +93,8 @@ def chunks(name: str, v: int = 2) -> int:
 
 
 def v_formula_lines(p: int, m: int) -> list[str]:
-    """ZB-V and DualPipeV beside their papers' formulas (parlab/schedules_v.py): per rank, the idle time of the
-    exact ideal timeline and the one each paper's formula gives (cost units, F = BI = BW = 1, B = 2)."""
+    """ZB-V and DualPipeV beside their papers' formulas (parlab/schemes/pipeline/schedules_v.py): per rank, the idle
+    time of the exact ideal timeline and the one each paper's formula gives (cost units, F = BI = BW = 1, B = 2)."""
     lines = [f"p={p}, m={m}: idle time per rank (units of F)", f"{'schedule':10s} {'exact':>6s}  paper's formula"]
     for name in V_SCHEDULES:
         try:

@@ -1,7 +1,8 @@
 """Lesson 04 (notebooks/04_sequence_parallel.ipynb): the demos and figures around sequence parallelism.
 
-The methods themselves are in parlab/sequence_parallel.py (Megatron SP, the GPTs, the theory),
-parlab/ring_attention.py and parlab/ulysses.py; this module runs them in small pieces and draws them:
+The methods themselves are in parlab/schemes/sequence/sequence_parallel.py (Megatron SP, the GPTs, the theory),
+parlab/schemes/sequence/ring_attention.py and parlab/schemes/sequence/ulysses.py; this module runs them in small pieces
+and draws them:
 
     ring attention, stepped    `ring_demo`, `ring_steps`, `draw_ring_step`: which K/V block each rank holds at
                                each step and which tiles of the T x T score matrix are done, from the trace
@@ -9,8 +10,8 @@ parlab/ring_attention.py and parlab/ulysses.py; this module runs them in small p
                                holds before and after, a transpose
     bytes vs theory            `comm_rows`, `comm_figure`: per method, measured bytes per rank per step: the
                                payload handed to each collective, or what is sent (lesson 00's two counts)
-    memory vs sequence length  `measure_activations`, `memory_figure`: saved activations per rank (parlab.memory)
-    USP (parlab/usp.py)        `usp_demo`, `draw_usp`: who holds which (head, token) between and inside attention
+    memory vs sequence length  `measure_activations`, `memory_figure`: saved activations per rank (parlab.core.memory)
+    USP (schemes/sequence/usp.py) `usp_demo`, `draw_usp`: who holds which (head, token) between and inside attention
                                on a ulysses x ring mesh; `usp_comm_rows`, `usp_comm_figure`: bytes per mesh axis
 
 Rank code in this module (`*_rank_fn`) imports torch only; plotly is imported inside each figure function.
@@ -22,15 +23,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from parlab.check import Verdict, compare
-from parlab.launch import Results, launch
-from parlab.memory import saved_activations
-from parlab.models import GPTConfig, build_model, lm_loss, make_batches
-from parlab.plots import rank_color, style
-from parlab.ring_attention import chunks_of, ring_attention, sequence_split, tile_mask, zigzag_merge
+from parlab.core.check import Verdict, compare
+from parlab.core.memory import saved_activations
+from parlab.core.models import GPTConfig, build_model, lm_loss, make_batches
 from parlab.runs.sequence_parallel import SPOptions
-from parlab.sequence_parallel import MegatronSPGPT, SequenceShardedGPT, shard_batch
-from parlab.ulysses import check_heads, seq_to_heads, ulysses_attention
+from parlab.runtime.errors import Results
+from parlab.runtime.launcher import launch
+from parlab.schemes.sequence.ring_attention import chunks_of, ring_attention, sequence_split, tile_mask, zigzag_merge
+from parlab.schemes.sequence.sequence_parallel import MegatronSPGPT, SequenceShardedGPT, shard_batch
+from parlab.schemes.sequence.ulysses import check_heads, seq_to_heads, ulysses_attention
+from parlab.views.plots import rank_color, style
 
 # ---------------------------------------------------------------------------------- ring attention, stepped
 
@@ -194,7 +196,7 @@ def ulysses_demo(world_size: int = 4, heads: int = 4, seq: int = 8) -> Results:
 def draw_ulysses(results: Results):
     """Before: rank r holds sequence block r of every head. After: rank r holds every block of head group r.
     Each cell is coloured by the rank it came from (= its sequence block): the grid is transposed."""
-    from parlab import plots
+    from parlab.views import plots
 
     P = len(results)
     before_t = [[f"s{int(v // 100)} h{int(v % 100)}" for v in res["before"].tolist()] for res in results]
@@ -328,8 +330,8 @@ def memory_figure(measured: dict[str, list[int]], seqs, world_size: int):
 def usp_demo_rank_fn(ulysses: int, ring: int, heads: int, seq: int, layout: str) -> dict:
     """Rank code: a tensor whose values name their place (1000 x head + token position), split as USP splits it,
     then the ulysses axis' all-to-all: which (head, token) pairs this rank holds between and inside attention."""
-    from parlab.mesh import DeviceMesh
-    from parlab.usp import usp_mesh_axes, usp_split
+    from parlab.core.mesh import DeviceMesh
+    from parlab.schemes.sequence.usp import usp_mesh_axes, usp_split
 
     mesh = DeviceMesh(usp_mesh_axes(ulysses, ring))
     g, u = mesh.index("ring"), mesh.index("ulysses")
@@ -340,7 +342,7 @@ def usp_demo_rank_fn(ulysses: int, ring: int, heads: int, seq: int, layout: str)
 
 
 def usp_demo(ulysses: int = 2, ring: int = 2, heads: int = 2, seq: int = 16, layout: str = "zigzag") -> Results:
-    from parlab.usp import check_usp
+    from parlab.schemes.sequence.usp import check_usp
 
     check_usp(heads, seq, ulysses, ring, ulysses * ring, layout)
     return launch(usp_demo_rank_fn, ulysses * ring, ulysses, ring, heads, seq, layout, echo=False)

@@ -1,6 +1,6 @@
 """Lesson 02 (notebooks/02_tensor_parallel.ipynb): the demos and figures around the scheme.
 
-The scheme itself, every layer and collective, is in parlab/tensor_parallel.py; this module only runs it in
+The scheme itself, every layer and collective, is in parlab/schemes/tensor_parallel.py; this module only runs it in
 small pieces and draws what each rank holds, in the order of the lesson:
 
     C = A B split two ways     `show_gemm_split`, `gemm_figure`: the GEMM split behind the parallel linears
@@ -21,30 +21,21 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from parlab import comm
-from parlab.check import check_equal, compare
-from parlab.launch import Results, launch
+from parlab.core import comm
+from parlab.core.check import check_equal, compare
+from parlab.core.models import GPT, GPTConfig, build_model, lm_loss
 from parlab.lessons.owner_cells import NOT_HELD, REPLICATED, REPLICATED_COLOR, SUMMED, _legend_entries, _owner_heatmap
-from parlab.lessons.tensor_parallel_memory import (  # noqa: F401  (lesson 02's memory sections, re-exported)
-    _check_sizes,
-    measure_parallel_forms,
-    measure_param_bytes,
-    param_bytes_rank_fn,
-    param_memory_figure,
-    recompute_config,
-    recompute_figure,
-    recompute_table,
-    recompute_times,
-)
-from parlab.models import GPT, GPTConfig, build_model, lm_loss
-from parlab.runs.tensor_parallel import gather_full
-from parlab.tensor_parallel import (
+from parlab.lessons.tensor_parallel_memory import _check_sizes
+from parlab.runtime.errors import Results
+from parlab.runtime.launcher import launch
+from parlab.schemes.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
     TensorParallelMLP,
     TensorParallelSelfAttention,
     VocabParallelEmbedding,
     gather_from_tensor_parallel,
+    gather_full,
     reduce_from_tensor_parallel,
     vocab_parallel_cross_entropy,
 )
@@ -104,7 +95,7 @@ def gemm_figure(results: Results, split: str) -> go.Figure:
     column split, all-reduce for a row split)."""
     from plotly.subplots import make_subplots
 
-    from parlab.plots import REDUCED_COLOR, style
+    from parlab.views.plots import REDUCED_COLOR, style
 
     P = len(results)
     M, N = results[0]["C"].shape
@@ -175,7 +166,7 @@ def megatron_figure(
     read from the tensors the ColumnParallelLinear / RowParallelLinear of each rank hold. A = W^T: [in, out]."""
     from plotly.subplots import make_subplots
 
-    from parlab.plots import REDUCED_COLOR, style
+    from parlab.views.plots import REDUCED_COLOR, style
 
     P = world_size
     _check_sizes(GPTConfig(vocab_size=P, seq_len=seq, hidden=hidden, heads=heads, layers=1, ffn=ffn), P)
@@ -377,7 +368,7 @@ def comm_figure(report: dict) -> go.Figure:
     ring sends 2(P-1)/P of it), measured on rank 0 beside the theory, from a tp report."""
     import plotly.graph_objects as go
 
-    from parlab.plots import kind_color, style
+    from parlab.views.plots import kind_color, style
 
     items = report["comm"]["items_per_step"]
     names = list(items)

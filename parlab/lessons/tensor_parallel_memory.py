@@ -2,8 +2,8 @@
 
     parameter memory       `measure_param_bytes`, `param_memory_figure`: parameter bytes each rank holds against P
     activation memory      `recompute_table`, `recompute_figure`: the activations autograd keeps per layer with
-                           recompute = none, selective, full (parlab/recompute.py), measured beside the formulas,
-                           and the time and FLOPs the recomputation costs
+                           recompute = none, selective, full (parlab/schemes/recompute/measure.py), measured beside the
+                           formulas, and the time and FLOPs the recomputation costs
 
 Rank code in this module (`*_rank_fn`) imports torch only; plotly is imported inside each figure function.
 """
@@ -14,19 +14,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from parlab.launch import launch
-from parlab.memory import tensor_bytes
-from parlab.models import RECOMPUTE, GPTConfig, build_model
-from parlab.recompute import (
-    formula_bytes,
-    korthikanti_bytes,
-    measure_layer,
-    measure_model,
-    recompute_flops_theory,
-    time_step,
-)
+from parlab.core.memory import tensor_bytes
+from parlab.core.models import RECOMPUTE, GPTConfig, build_model
 from parlab.runs.tensor_parallel import TPOptions
-from parlab.tensor_parallel import TensorParallelGPT, param_bytes_theory
+from parlab.runtime.launcher import launch
+from parlab.schemes.recompute.measure import measure_layer, measure_model, recompute_flops_theory, time_step
+from parlab.schemes.recompute.theory import formula_bytes, korthikanti_bytes
+from parlab.schemes.tensor_parallel import TensorParallelGPT, param_bytes_theory
 
 if TYPE_CHECKING:  # figures only; rank code never imports plotly
     import plotly.graph_objects as go
@@ -54,7 +48,7 @@ def param_memory_figure(measured: dict[int, list[int]], cfg: GPTConfig) -> go.Fi
     (replicated LayerNorms, biases and position embedding stay whole)."""
     import plotly.graph_objects as go
 
-    from parlab.plots import rank_color, style
+    from parlab.views.plots import rank_color, style
 
     total = tensor_bytes(build_model(cfg).parameters())
     Ps = sorted(measured)
@@ -106,7 +100,7 @@ def recompute_config() -> GPTConfig:
 
 
 def recompute_table(cfg: GPTConfig | None = None, batch: int = 2) -> list[dict]:
-    """Per recompute mode: saved activation bytes per layer, measured (one block, parlab.memory) beside the formula
+    """Per recompute mode: saved activation bytes per layer, measured (one block, parlab.core.memory) beside the formula
     adapted to this GPT and Korthikanti et al.'s as published (fp16, dropout); the whole model's saved bytes;
     the matmul FLOPs of the forward and those recomputed in the backward (measured, and the theory); whether the
     loss and every gradient equal recompute="none"'s bit for bit."""
@@ -141,8 +135,8 @@ def parallel_forms_rank_fn(cfg: GPTConfig, batch: int) -> dict[str, int]:
     """Rank code: bytes one transformer block keeps on this rank under tensor parallelism and under Megatron SP."""
     import torch.distributed as dist
 
-    from parlab.memory import saved_activations
-    from parlab.sequence_parallel import MegatronSPGPT
+    from parlab.core.memory import saved_activations
+    from parlab.schemes.sequence.sequence_parallel import MegatronSPGPT
 
     out, P = {}, dist.get_world_size()
     for form, make, T in (("tp", TensorParallelGPT, cfg.seq_len), ("tp+sp", MegatronSPGPT, cfg.seq_len // P)):
@@ -176,7 +170,7 @@ def recompute_figure(rows: list[dict], times: dict[str, float] | None = None) ->
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from parlab.plots import style
+    from parlab.views.plots import style
 
     modes = [r["mode"] for r in rows]
     right = "time of one forward + backward (ms)" if times else "recomputed FLOPs (% of the forward)"

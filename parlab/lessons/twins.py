@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 from IPython.display import Markdown
 
-from parlab.launch import launch
-from parlab.runs import launch_scheme
+from parlab.runs.registry import launch_scheme
+from parlab.runtime.launcher import launch
 
 
 def _source(obj, max_lines: int = 30) -> str:
@@ -30,13 +30,13 @@ def _source(obj, max_lines: int = 30) -> str:
 
 def _pairs() -> dict:
     """scheme -> (parlab's hand-written core, the twin's code), both live objects (their source is shown)."""
-    from parlab import ring_attention, tensor_parallel
-    from parlab.data_parallel import all_reduce_gradients
-    from parlab.pipeline import run_step
-    from parlab.runs.data_parallel import train_torch_ddp
-    from parlab.runs.zero import train_torch_reference
+    from parlab.schemes import tensor_parallel
+    from parlab.schemes.data_parallel import all_reduce_gradients
+    from parlab.schemes.pipeline.executor import run_step
+    from parlab.schemes.sequence import ring_attention
+    from parlab.schemes.zero.stages import train_zero
     from parlab.twins import pipeline, sequence, tensor
-    from parlab.zero import train_zero
+    from parlab.twins.data import train_torch_ddp, train_torch_reference
 
     return {
         "dp": (all_reduce_gradients, train_torch_ddp),
@@ -169,7 +169,7 @@ def collective_mismatch() -> dict:
 
 
 def _lonely_receive() -> None:
-    from parlab import comm
+    from parlab.core import comm
 
     if dist.get_rank() == 1:
         comm.recv(torch.empty(4), src=0, label="the message rank 0 never sends")
@@ -177,7 +177,7 @@ def _lonely_receive() -> None:
 
 def parlab_hang(timeout: float = 3.0) -> list[str]:
     """parlab's launch, on a receive nobody sends to: the timeout names each unfinished rank's traced call."""
-    from parlab.launch import LaunchTimeout
+    from parlab.runtime.errors import LaunchTimeout
 
     try:
         launch(_lonely_receive, 2, echo=False, timeout=timeout)

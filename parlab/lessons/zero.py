@@ -1,7 +1,7 @@
 """Lesson 05 (notebooks/05_zero.ipynb): the figures and measurements around ZeRO.
 
-The scheme (flat shards, Adam by hand, the stage 2/3 hooks, the training loop, the formulas) is in parlab/zero.py,
-and `parlab.runs.zero.run_zero` runs and checks it; this module measures and draws:
+The scheme (flat shards, Adam by hand, the stage 2/3 hooks, the training loop, the formulas) is in
+parlab/schemes/zero/stages.py, and `parlab.runs.zero.run_zero` runs and checks it; this module measures and draws:
 
     DP's redundancy, measured    `run_dp_memory`: what each rank of plain DP holds (same recipe as ZeRO)
     memory per rank per stage    `draw_memory` (`stage_bars`): stacked bars, measured, the paper's formula marked
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from parlab import comm
-from parlab.data_parallel import all_reduce_gradients, shard_batch
-from parlab.launch import launch
-from parlab.memory import tensor_bytes
-from parlab.models import GPTConfig, build_model, lm_loss, make_batches
-from parlab.trace import Trace
-from parlab.zero import zero_memory
+from parlab.core import comm
+from parlab.core.memory import tensor_bytes
+from parlab.core.models import GPTConfig, build_model, lm_loss, make_batches
+from parlab.core.trace import Trace
+from parlab.runtime.launcher import launch
+from parlab.schemes.data_parallel import all_reduce_gradients, shard_batch
+from parlab.schemes.zero.theory import zero_memory
 
 COMPONENTS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer states (master, m, v)"}
 TRANSIENT = {"gathered params": "gathered parameters (peak)", "grad buckets": "gradient buckets in flight (peak)"}
@@ -72,7 +72,7 @@ def draw_memory(bars: dict[str, list[dict]], formulas: dict[str, float] | None =
     {"params": bytes, ...}]}; formulas: {run name: the paper's total}, drawn as a black marker."""
     import plotly.graph_objects as go
 
-    from parlab import plots
+    from parlab.views import plots
 
     x = [
         [name for name, ranks in bars.items() for _ in ranks],
@@ -135,7 +135,7 @@ def one_step(trace: Trace, step: int) -> Trace:
 def draw_step(trace: Trace, step: int, title: str):
     """Timeline of one ZeRO step, every rank: compute above, reduce-scatters and all-gathers below (the labels
     name the layer; "prefetch" marks an all-gather started one layer early). Times measured in the ranks."""
-    from parlab import plots
+    from parlab.views import plots
 
     return plots.timeline(one_step(trace, step), title)
 
@@ -144,7 +144,7 @@ def draw_calculator(psi: float, N: int, K: float = 12):
     """The paper's per-device memory for DP and stages 1-3 (mixed precision: 2 + 2 + K bytes per parameter)."""
     import plotly.graph_objects as go
 
-    from parlab import plots
+    from parlab.views import plots
 
     table = zero_memory(psi, N, K)
     names = ["DP", "stage 1 (P_os)", "stage 2 (P_os+g)", "stage 3 (P_os+g+p)"]

@@ -14,7 +14,7 @@ The same for `zero --stage 3` and `ps --mode async`. The schemes' own run module
              for --heartbeat seconds) and goes on with the others. Checked against a one-device replay of the
              updates the server applied.
 
-Checkpoints go to a scratch folder (parlab/scratch.py) that is removed afterwards, unless --keep-checkpoint DIR.
+Checkpoints go to a scratch folder (parlab/core/scratch.py) that is removed afterwards, unless --keep-checkpoint DIR.
 """
 
 from __future__ import annotations
@@ -26,21 +26,22 @@ from pathlib import Path
 
 import torch
 
-from parlab import checkpoint as ckpt
-from parlab import comm
-from parlab.check import compare
-from parlab.faults import DIED_FILE, FaultPlan, async_server_with_failures, resumable_rank
-from parlab.launch import RankError, Results, launch
-from parlab.models import build_model, lm_loss, make_batches, make_optimizer, train_single_device
-from parlab.parameter_server import SERVER, replay_on_one_device, run_worker
+from parlab.core import comm
+from parlab.core.check import compare
+from parlab.core.models import build_model, lm_loss, make_batches, make_optimizer, train_single_device
+from parlab.core.scratch import offload_folder
 from parlab.runs.report import run_report
-from parlab.scratch import offload_folder
+from parlab.runtime.errors import RankError, Results
+from parlab.runtime.launcher import launch
+from parlab.schemes.faults import checkpoint as ckpt
+from parlab.schemes.faults.failures import DIED_FILE, FaultPlan, async_server_with_failures, resumable_rank
+from parlab.schemes.parameter_server import SERVER, replay_on_one_device, run_worker
 
 
 @contextmanager
 def checkpoint_folder(keep: str = ""):
     """The folder the checkpoints go to: `keep` (created, left behind on purpose), else a scratch folder that is
-    removed whatever happens (parlab/scratch.py)."""
+    removed whatever happens (parlab/core/scratch.py)."""
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         yield Path(keep)
@@ -253,9 +254,9 @@ def ps_failure_report(opts, results: Results) -> dict:
 def zero_save_rank(cfg, batches, root: str, *, stage: int = 3, lr: float = 1e-3, seed: int = 0) -> dict:
     """Rank code: ZeRO `stage` trains on `batches`, saves its sharded checkpoint under root/parlab, and returns
     the whole training state (gathered) and the bytes this rank wrote."""
-    from parlab.data_parallel import shard_batch
-    from parlab.models import lm_loss
-    from parlab.zero import ZeRO
+    from parlab.core.models import lm_loss
+    from parlab.schemes.data_parallel import shard_batch
+    from parlab.schemes.zero.stages import ZeRO
 
     P, rank = comm.group_size(), comm.group_rank()
     zero = ZeRO(build_model(cfg, seed), stage, lr=lr)
@@ -273,7 +274,7 @@ def zero_save_rank(cfg, batches, root: str, *, stage: int = 3, lr: float = 1e-3,
 
 def zero_state(zero) -> dict[str, torch.Tensor]:
     """Rank code (collective): the whole training state of a ZeRO run, by checkpoint name: master weights, m, v."""
-    from parlab.zero import gather_master
+    from parlab.schemes.zero.stages import gather_master
 
     state = {f"model.{n}": t for n, t in zero.full_params().items()}
     for key, shard in zip(ckpt.ADAM_STATES, (zero.m, zero.v), strict=True):
@@ -298,8 +299,8 @@ def dcp_save_rank(cfg, batches, root: str, *, lr: float = 1e-3, seed: int = 0) -
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from parlab.data_parallel import shard_batch
-    from parlab.models import lm_loss
+    from parlab.core.models import lm_loss
+    from parlab.schemes.data_parallel import shard_batch
 
     P, rank = comm.group_size(), comm.group_rank()
     model = fsdp_model(cfg, seed)
@@ -336,7 +337,7 @@ def dcp_load_rank(cfg, root: str, *, lr: float = 1e-3, seed: int = 0) -> dict[st
 
 def zero_load_rank(cfg, root: str, *, stage: int = 3, lr: float = 1e-3, seed: int = 0) -> dict[str, torch.Tensor]:
     """Rank code: ZeRO `stage` on THIS world size loads parlab's checkpoint (resharding); returns the whole state."""
-    from parlab.zero import ZeRO
+    from parlab.schemes.zero.stages import ZeRO
 
     zero = ZeRO(build_model(cfg, seed), stage, lr=lr)
     ckpt.load_zero(ckpt.Reader(ckpt.latest(f"{root}/parlab")), zero)
@@ -360,8 +361,8 @@ def elastic_main(argv: list[str] | None = None) -> None:
 
     import torch.distributed as dist
 
-    from parlab.launch import init_from_env
-    from parlab.models import GPTConfig
+    from parlab.core.models import GPTConfig
+    from parlab.runtime.launcher import init_from_env
 
     parser = argparse.ArgumentParser(prog="parlab.runs.checkpoint")
     parser.add_argument("--root", required=True)

@@ -1,4 +1,4 @@
-"""Run and check the ring all-reduce (parlab/collectives.py): `python -m parlab run collectives`."""
+"""Run and check the ring all-reduce (parlab/schemes/collectives.py): `python -m parlab run collectives`."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ from dataclasses import dataclass
 
 import torch
 
-from parlab import comm
-from parlab.check import check_equal, compare
-from parlab.collectives import ring_all_reduce, ring_theory_bytes
-from parlab.launch import Results
-from parlab.models import dtype_bytes
-from parlab.runs import Scheme, launch_scheme
+from parlab.core import comm
+from parlab.core.check import check_equal, compare
+from parlab.core.models import dtype_bytes
 from parlab.runs.options import RunOptions, option
+from parlab.runs.registry import Scheme, launch_scheme
 from parlab.runs.report import run_report
+from parlab.runtime.errors import Results
+from parlab.schemes.collectives import ring_all_reduce, ring_theory_bytes
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Run and check data parallelism (parlab/data_parallel.py): `python -m parlab run dp` and `run dp-naive`.
+"""Run and check data parallelism (parlab/schemes/data_parallel.py): `python -m parlab run dp` and `run dp-naive`.
 
 The ranks train with our DP (traced), then with torch's DistributedDataParallel on the same data (untraced); the
 parent trains one device on the whole batch and compares losses, gradients and parameters with both, and the
@@ -7,19 +7,18 @@ all-reduce payload with grad_bytes.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
-from parlab import comm
-from parlab.check import check_equal, compare
-from parlab.data_parallel import DEFAULT_BUCKET_BYTES, MODES, dp_theory, shard_batch, train_data_parallel
-from parlab.launch import Results
-from parlab.models import build_model, lm_loss, make_batches, make_optimizer, train_single_device
-from parlab.runs import Scheme, launch_scheme
+from parlab.core.check import check_equal, compare
+from parlab.core.models import build_model, make_batches, make_optimizer, train_single_device
 from parlab.runs.options import FaultOptions, ModelOptions, option, positive
+from parlab.runs.registry import Scheme, launch_scheme
 from parlab.runs.report import run_report
+from parlab.runtime.errors import Results
+from parlab.schemes.data_parallel import DEFAULT_BUCKET_BYTES, MODES, dp_theory, train_data_parallel
+from parlab.twins.data import train_torch_ddp
 
 
 @dataclass
@@ -43,31 +42,6 @@ class DPOptions(FaultOptions, ModelOptions):
             )
         if self.bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes={self.bucket_bytes} must be > 0")
-
-
-def train_torch_ddp(opts: DPOptions, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
-    """The same training with torch.nn.parallel.DistributedDataParallel, for comparison (rank code).
-
-    DDP talks to torch.distributed itself, so nothing here is traced: the parlab trace shows only our DP."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    P, rank, M = comm.group_size(), comm.group_rank(), opts.microbatches
-    model = build_model(opts.gpt_config(), opts.seed)
-    ddp = DistributedDataParallel(model, bucket_cap_mb=opts.bucket_bytes / 2**20)
-    opt = make_optimizer(ddp.parameters(), opts.optimizer, opts.lr)
-    losses = []
-    for x, y in batches:
-        x_r, y_r = shard_batch(x, y, rank, P)
-        opt.zero_grad(set_to_none=True)
-        step_loss = 0.0
-        for m, (x_m, y_m) in enumerate(zip(x_r.chunk(M), y_r.chunk(M), strict=True)):
-            with ddp.no_sync() if m < M - 1 else nullcontext():
-                loss = lm_loss(ddp(x_m), y_m) / M
-                loss.backward()
-            step_loss += loss.item()
-        opt.step()
-        losses.append(step_loss)
-    return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
 def dp_rank(opts: DPOptions) -> dict:

@@ -1,4 +1,5 @@
-"""Run and check expert parallelism (parlab/expert_parallel.py): `python -m parlab run moe --experts 8 --top-k 2`.
+"""Run and check expert parallelism (parlab/schemes/expert_parallel.py): `python -m parlab run moe --experts 8 --top-k
+2`.
 
 The ranks train a Mixture-of-Experts GPT with its experts spread over the ep axis (inside data parallelism when
 --dp > 1); the parent trains one device on the whole batch, routed in the same capacity groups (one per rank),
@@ -13,20 +14,20 @@ from dataclasses import dataclass
 
 import torch
 
-from parlab.check import check_equal, compare
-from parlab.expert_parallel import (
+from parlab.core.check import check_equal, compare
+from parlab.core.mesh import DeviceMesh, mesh_coords
+from parlab.core.models import GPTConfig, build_model, make_batches, train_single_device
+from parlab.core.moe import MoEConfig, check_moe, moe_layers
+from parlab.runs.options import ModelOptions, option, positive
+from parlab.runs.registry import Scheme, launch_scheme
+from parlab.runs.report import run_report
+from parlab.runtime.errors import Results
+from parlab.schemes.expert_parallel import (
     all_to_all_payload,
     balanced_all_to_all_bytes,
     local_experts,
     train_expert_parallel,
 )
-from parlab.launch import Results
-from parlab.mesh import DeviceMesh, mesh_coords
-from parlab.models import GPTConfig, build_model, make_batches, train_single_device
-from parlab.moe import MoEConfig, check_moe, moe_layers
-from parlab.runs import Scheme, launch_scheme
-from parlab.runs.options import ModelOptions, option, positive
-from parlab.runs.report import run_report
 
 
 @dataclass

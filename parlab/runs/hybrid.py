@@ -1,4 +1,5 @@
-"""Run and check hybrid parallelism (parlab/hybrid.py): `python -m parlab run hybrid --dp 2 --tp 2 --pp 2`.
+"""Run and check hybrid parallelism (parlab/schemes/hybrid/train.py): `python -m parlab run hybrid --dp 2 --tp 2 --pp
+2`.
 
 The ranks train the GPT with DP x PP x CP x TP on a device mesh (with --experts E an MoE GPT, its experts over
 --ep ranks borrowed from dp x cp; with --cp-method usp the cp axis split into ulysses x ring); the parent gathers
@@ -13,22 +14,29 @@ from dataclasses import dataclass
 
 import torch
 
-from parlab.check import check_equal, compare
-from parlab.expert_parallel import is_expert_param
-from parlab.hybrid import check_parallel_dims, hybrid_comm_theory, hybrid_param_bytes, train_hybrid, unshard
-from parlab.hybrid_axes import CP_METHODS
-from parlab.hybrid_experts import default_ulysses, ep_all_to_all_bytes, reference_seq_groups
-from parlab.launch import Results
-from parlab.mesh import DeviceMesh, mesh_coords
-from parlab.models import GPTConfig, build_model, make_batches, train_single_device
-from parlab.moe import MoEConfig
-from parlab.planner import Cluster, ModelSpec, Plan, estimate
-from parlab.runs import Scheme, launch_scheme
+from parlab.core.check import check_equal, compare
+from parlab.core.mesh import DeviceMesh, mesh_coords
+from parlab.core.models import GPTConfig, build_model, make_batches, train_single_device
+from parlab.core.moe import MoEConfig
 from parlab.runs.expert_parallel import reference_routing
 from parlab.runs.options import ModelOptions, option
+from parlab.runs.registry import Scheme, launch_scheme
 from parlab.runs.report import run_report
-from parlab.runs.tensor_parallel import gather_full
-from parlab.schedules import SCHEDULES, V_SCHEDULES, Schedule, make_schedule
+from parlab.runtime.errors import Results
+from parlab.schemes.expert_parallel import is_expert_param
+from parlab.schemes.hybrid.experts import default_ulysses, ep_all_to_all_bytes, reference_seq_groups
+from parlab.schemes.hybrid.planner import Cluster, ModelSpec, Plan, estimate
+from parlab.schemes.hybrid.stage import CP_METHODS
+from parlab.schemes.hybrid.train import (
+    check_parallel_dims,
+    hybrid_comm_theory,
+    hybrid_param_bytes,
+    train_hybrid,
+    unshard,
+)
+from parlab.schemes.pipeline.actions import Schedule
+from parlab.schemes.pipeline.schedules import SCHEDULES, V_SCHEDULES, make_schedule
+from parlab.schemes.tensor_parallel import gather_full
 
 
 @dataclass
@@ -106,7 +114,7 @@ class HybridOptions(ModelOptions):
     def forward_flops(self) -> float:
         """One paced F action (`--pace h100`): a micro-batch of b = B/(dp m) sequences through one stage's
         L/(pp v) blocks, this rank's 1/(tp cp) of the work (its heads and FFN columns, its T/cp queries)."""
-        from parlab.hardware import gpt_forward_flops
+        from parlab.core.hardware import gpt_forward_flops
 
         rows = self.batch // (self.dp * self.microbatches)
         blocks = self.layers // (self.pp * self.v)
@@ -317,7 +325,7 @@ def check_plan(plan: Plan, **options) -> dict:
     """Run a plan at small size (the reference GPT with `options`, on dp x pp x cp x tp live ranks, with its
     ZeRO stage and SP) and put the planner's estimates for the busiest device beside what the ranks measured:
     the model states (params, grads, optimizer states, counted from the tensors each rank holds) and the
-    activations (the peak bytes autograd kept for backward, parlab.memory), estimated at this run's dtype."""
+    activations (the peak bytes autograd kept for backward, parlab.core.memory), estimated at this run's dtype."""
     if plan.offload or plan.ep > 1 or plan.recompute != "none":
         raise ValueError(
             f"{plan}: check_plan measures dense plans (the planner's estimate of offload, experts and recompute is "

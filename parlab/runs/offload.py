@@ -1,4 +1,4 @@
-"""Run and check offload (parlab/offload.py): `python -m parlab run offload --target {cpu,disk} --world N`.
+"""Run and check offload (parlab/schemes/zero/offload.py): `python -m parlab run offload --target {cpu,disk} --world N`.
 
 The ranks train with ZeRO-2 and Adam, the optimizer state on the host (cpu) or in memory-mapped files (disk), then
 the same run without offload (target none: everything on the device). The parent trains one device on the whole
@@ -18,22 +18,18 @@ from pathlib import Path
 
 import torch
 
-from parlab.check import check_equal, compare
-from parlab.launch import Results, device
-from parlab.models import GPT, build_model, make_batches, train_single_device
-from parlab.offload import (
-    PLACES,
-    TARGETS,
-    check_budget,
-    offload_memory,
-    train_offload,
-)
-from parlab.runs import Scheme, launch_scheme
+from parlab.core.check import check_equal, compare
+from parlab.core.comm import device
+from parlab.core.models import GPT, build_model, make_batches, train_single_device
+from parlab.core.scratch import check_folder, new_folder_path, offload_folder, sweep_orphans
+from parlab.core.trace import Trace
 from parlab.runs.options import ModelOptions, option
+from parlab.runs.registry import Scheme, launch_scheme
 from parlab.runs.report import run_report
-from parlab.scratch import check_folder, new_folder_path, offload_folder, sweep_orphans
-from parlab.trace import Trace
-from parlab.zero import plan_units
+from parlab.runtime.errors import Results
+from parlab.schemes.zero.offload import PLACES, TARGETS, train_offload
+from parlab.schemes.zero.stages import plan_units
+from parlab.schemes.zero.theory import check_budget, offload_memory
 
 _UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -101,7 +97,7 @@ class OffloadOptions(ModelOptions):
         return [u.numel for u in plan_units(model, 1)]
 
     def memory(self) -> dict:
-        """The formulas of parlab.offload for this run: bytes per rank by place, steady and peak."""
+        """The formulas of parlab.schemes.zero.offload for this run: bytes per rank by place, steady and peak."""
         b = self.gpt_config().dtype_bytes
         return offload_memory(self.unit_numels(), self.world_size, self.target, b, b)
 

@@ -21,9 +21,9 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from parlab.models import DTYPES, RECOMPUTE, GPTConfig
-from parlab.pace import Pace
-from parlab.pace import parse as parse_pace
+from parlab.core.models import DTYPES, RECOMPUTE, GPTConfig
+from parlab.core.pace import Pace
+from parlab.core.pace import parse as parse_pace
 
 
 def option(
@@ -87,8 +87,8 @@ class RunOptions:
     seed: int = option(0, "seed of the model's weights and of the data")
     pace: str = option(
         "",
-        "emulate a device and a link (parlab.pace): alone, the default model; or e.g. "
-        "unit=20ms,alpha=1ms,bandwidth=50MB/s (unit: one forward pass); or a GPU: h100, a100 (parlab.hardware; "
+        "emulate a device and a link (parlab.core.pace): alone, the default model; or e.g. "
+        "unit=20ms,alpha=1ms,bandwidth=50MB/s (unit: one forward pass); or a GPU: h100, a100 (parlab.core.hardware; "
         "h100,unit=200ms: the same proportions, slower)",
         const="default",
     )
@@ -107,7 +107,7 @@ class RunOptions:
 
     def pace_model(self) -> Pace | None:
         """The emulated device and link of this run (None: not paced)."""
-        from parlab.hardware import PROFILES
+        from parlab.core.hardware import PROFILES
 
         profile = self.pace.partition(",")[0].strip()  # "h100" of "h100,unit=200ms"
         flops = self.forward_flops() if profile in PROFILES else None  # only a GPU profile needs them
@@ -221,7 +221,7 @@ class ModelOptions(RunOptions):
 
     def forward_flops(self) -> float | None:
         """One rank's forward: the whole model over its share of the batch (a scheme may say otherwise)."""
-        from parlab.hardware import gpt_forward_flops
+        from parlab.core.hardware import gpt_forward_flops
 
         return gpt_forward_flops(self.gpt_config(), max(self.batch // self.world_size, 1))
 
@@ -242,7 +242,8 @@ class ModelOptions(RunOptions):
 @dataclass
 class FaultOptions:
     """A mixin (before the scheme's base class: `class DPOptions(FaultOptions, ModelOptions)`): inject a failure
-    and survive it (parlab/faults.py, parlab/runs/checkpoint.py). Without --kill-rank the run is unchanged."""
+    and survive it (parlab/schemes/faults/failures.py, parlab/runs/checkpoint.py). Without --kill-rank the run is
+    unchanged."""
 
     kill_rank: int | None = option(None, "the rank that dies (os._exit) in the middle of step --at-step")
     at_step: int | None = option(None, "the step (1..steps) in which --kill-rank dies")
@@ -253,7 +254,7 @@ class FaultOptions:
         super().validate()
         if self.kill_rank is None:
             return
-        from parlab.scratch import check_folder
+        from parlab.core.scratch import check_folder
 
         if not 0 <= self.kill_rank < self.world_size:
             last = self.world_size - 1

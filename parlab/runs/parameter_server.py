@@ -1,4 +1,5 @@
-"""Run and check the parameter server (parlab/parameter_server.py): `python -m parlab run ps --mode {sync,async}`.
+"""Run and check the parameter server (parlab/schemes/parameter_server.py): `python -m parlab run ps --mode
+{sync,async}`.
 
 The ranks train with a server on rank 0 and workers on ranks 1..P-1 (traced), then - unless --no-dp - the same
 workers train with an all-reduce and no server. The parent checks:
@@ -11,7 +12,7 @@ workers train with an all-reduce and no server. The parent checks:
          gradient computed on theta_0, hence a largest staleness >= N-1.
   both:  the gradients the server received (N x K) and the updates it applied (sync: K, one averaged update per
          step; async: N x K, one per gradient), each beside its theory.
-  both:  the bytes each rank sent and received (parlab.comm) against the protocol: server = N x a worker's.
+  both:  the bytes each rank sent and received (parlab.core.comm) against the protocol: server = N x a worker's.
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from parlab import comm
-from parlab.check import check_equal, compare
-from parlab.launch import Results
-from parlab.models import build_model, lm_loss, make_batches, make_optimizer, synthetic_corpus, train_single_device
-from parlab.parameter_server import (
+from parlab.core import comm
+from parlab.core.check import check_equal, compare
+from parlab.core.models import build_model, lm_loss, make_batches, make_optimizer, synthetic_corpus, train_single_device
+from parlab.runs.options import FaultOptions, ModelOptions, option
+from parlab.runs.registry import Scheme, launch_scheme
+from parlab.runs.report import run_report
+from parlab.runtime.errors import Results
+from parlab.schemes.parameter_server import (
     MODES,
     SERVER,
     check_setup,
@@ -36,9 +40,6 @@ from parlab.parameter_server import (
     train_parameter_server,
     vector_to_params,
 )
-from parlab.runs import Scheme, launch_scheme
-from parlab.runs.options import FaultOptions, ModelOptions, option
-from parlab.runs.report import run_report
 
 
 @dataclass

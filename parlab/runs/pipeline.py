@@ -1,4 +1,4 @@
-"""Run and check pipeline parallelism (parlab/pipeline.py, parlab/schedules*.py): `python -m parlab run pp`.
+"""Run and check pipeline parallelism (parlab/schemes/pipeline/): `python -m parlab run pp`.
 
 The ranks build their stages of the reference GPT and train with the chosen schedule; the parent compares losses,
 gradients and parameters with one device, counts the bytes sent against the schedule's messages, and reports the
@@ -11,17 +11,24 @@ from dataclasses import dataclass
 
 import torch
 
-from parlab.check import check_equal, compare
-from parlab.launch import Results, device
-from parlab.models import build_model, make_batches, make_optimizer, train_single_device
-from parlab.pipeline import build_stages, measured_bubble, split_layers, theory_send_bytes, train_pipeline
-from parlab.runs import Scheme, launch_scheme
+from parlab.core.check import check_equal, compare
+from parlab.core.comm import device
+from parlab.core.models import build_model, make_batches, make_optimizer, train_single_device
 from parlab.runs.options import ModelOptions, int_list, option
+from parlab.runs.registry import Scheme, launch_scheme
 from parlab.runs.report import run_report
-from parlab.schedules import (
+from parlab.runtime.errors import Results
+from parlab.schemes.pipeline.actions import Schedule
+from parlab.schemes.pipeline.executor import (
+    build_stages,
+    measured_bubble,
+    split_layers,
+    theory_send_bytes,
+    train_pipeline,
+)
+from parlab.schemes.pipeline.schedules import (
     SCHEDULES,
     V_SCHEDULES,
-    Schedule,
     bubble,
     bubble_formula,
     check_schedule_args,
@@ -31,7 +38,7 @@ from parlab.schedules import (
     simulate,
     validate,
 )
-from parlab.schedules_v import formula_holds
+from parlab.schemes.pipeline.schedules_v import formula_holds
 
 
 @dataclass
@@ -50,8 +57,8 @@ class PPOptions(ModelOptions):
         return self.virtual or (2 if self.schedule in ("interleaved", *V_SCHEDULES) else 1)
 
     def forward_flops(self) -> float:
-        """One F: a stage of layers / (p v) blocks over one micro-batch (batch / m sequences); parlab.hardware."""
-        from parlab.hardware import gpt_forward_flops
+        """One F: a stage of layers / (p v) blocks over one micro-batch (batch / m sequences); parlab.core.hardware."""
+        from parlab.core.hardware import gpt_forward_flops
 
         stages = self.world_size * self.v
         return gpt_forward_flops(self.gpt_config(), self.batch // self.microbatches, self.layers / stages, False)

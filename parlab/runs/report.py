@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from parlab.check import Verdict
+from parlab.core.check import Verdict
 
 
 def run_report(

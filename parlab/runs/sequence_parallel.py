@@ -1,5 +1,6 @@
-"""Run and check sequence parallelism (parlab/sequence_parallel.py): `python -m parlab run megatron-sp|ulysses|ring|
-ring-zigzag`, and USP (parlab/usp.py, its run in parlab/runs/usp.py): `python -m parlab run usp --ulysses 2 --ring 2`.
+"""Run and check sequence parallelism (parlab/schemes/sequence/sequence_parallel.py): `python -m parlab run
+megatron-sp|ulysses|ring| ring-zigzag`, and USP (parlab/schemes/sequence/usp.py, its run in parlab/runs/usp.py): `python
+-m parlab run usp --ulysses 2 --ring 2`.
 
 The ranks train the GPT with the method's sequence split; the parent compares the losses, the first step's
 gradients and the final parameters with one device, and checks the measured communication (and, for Megatron
@@ -13,17 +14,17 @@ from dataclasses import dataclass
 
 import torch
 
-from parlab.check import CountCheck, Verdict, check_equal, compare
-from parlab.launch import Results, device
-from parlab.memory import saved_activations
-from parlab.models import build_model, make_batches, make_optimizer, train_single_device
-from parlab.ring_attention import tiles_theory
-from parlab.runs import Scheme, launch_scheme
+from parlab.core.check import CountCheck, Verdict, check_equal, compare
+from parlab.core.comm import device
+from parlab.core.memory import saved_activations
+from parlab.core.models import build_model, make_batches, make_optimizer, train_single_device
 from parlab.runs.options import ModelOptions, option
+from parlab.runs.registry import Scheme, launch_scheme
 from parlab.runs.report import run_report
-from parlab.runs.tensor_parallel import gather_full, per_step
-from parlab.runs.usp import USP_SCHEME, run_usp  # noqa: F401  (USP: Ulysses x ring, registered below)
-from parlab.sequence_parallel import (
+from parlab.runs.tensor_parallel import per_step
+from parlab.runtime.errors import Results
+from parlab.schemes.sequence.ring_attention import tiles_theory
+from parlab.schemes.sequence.sequence_parallel import (
     METHODS,
     MegatronSPGPT,
     SequenceShardedGPT,
@@ -35,8 +36,8 @@ from parlab.sequence_parallel import (
     ulysses_theory,
     wire_bytes,
 )
-from parlab.tensor_parallel import PER_LAYER_ITEMS, allreduce_theory, split_sizes
-from parlab.ulysses import check_heads
+from parlab.schemes.sequence.ulysses import check_heads
+from parlab.schemes.tensor_parallel import PER_LAYER_ITEMS, allreduce_theory, gather_full, split_sizes
 
 
 @dataclass
@@ -76,7 +77,8 @@ class SPOptions(ModelOptions):
 
 def check_recompute_applied(recompute: str, method: str) -> None:
     """Refuse a recompute mode the method's model would ignore: these GPTs run their blocks' layers themselves
-    (parlab/sequence_parallel.py), not the reference Block's forward that checkpoints (parlab/recompute.py)."""
+    (parlab/schemes/sequence/sequence_parallel.py), not the reference Block's forward that checkpoints
+    (parlab/schemes/recompute/measure.py)."""
     if recompute != "none" and method != "megatron-sp":
         raise ValueError(
             f"recompute={recompute!r} is not applied by {method} (its GPT runs the blocks' layers itself, not the "
@@ -92,7 +94,7 @@ def make_model(opts: SPOptions, group=None):
 
 
 def layernorm_saved_bytes(opts: SPOptions, world_size: int) -> dict[str, int]:
-    """Saved activations (parlab.memory) of one LayerNorm on a rank's tokens: Megatron SP's [B, T/P, H] vs
+    """Saved activations (parlab.core.memory) of one LayerNorm on a rank's tokens: Megatron SP's [B, T/P, H] vs
     tensor parallelism's replicated [B, T, H]."""
     cfg = opts.gpt_config()
     ln = build_model(cfg, opts.seed).blocks[0].ln1
@@ -364,5 +366,4 @@ SCHEMES = [
         sp_report,
         fixed=(("method", "ring-zigzag"),),
     ),
-    USP_SCHEME,
 ]

@@ -1,4 +1,4 @@
-"""Run and check tensor parallelism (parlab/tensor_parallel.py): `python -m parlab run tp`.
+"""Run and check tensor parallelism (parlab/schemes/tensor_parallel.py): `python -m parlab run tp`.
 
 The ranks train the tensor-parallel GPT; the parent gathers their slices to full shape, compares them with one
 device, and checks every all-reduce item and the parameter bytes each rank holds against the theory.
@@ -11,22 +11,24 @@ from dataclasses import dataclass
 
 import torch
 
-from parlab.check import CountCheck, Verdict, check_equal, compare
-from parlab.launch import Results, device
-from parlab.memory import tensor_bytes
-from parlab.models import build_model, make_batches, make_optimizer, train_single_device
-from parlab.runs import Scheme, launch_scheme
+from parlab.core.check import CountCheck, Verdict, check_equal, compare
+from parlab.core.comm import device
+from parlab.core.memory import tensor_bytes
+from parlab.core.models import build_model, make_batches, make_optimizer, train_single_device
+from parlab.core.trace import Trace
 from parlab.runs.options import ModelOptions, option
+from parlab.runs.registry import Scheme, launch_scheme
 from parlab.runs.report import run_report
-from parlab.tensor_parallel import (
+from parlab.runtime.errors import Results
+from parlab.schemes.tensor_parallel import (
     PER_LAYER_ITEMS,
     TensorParallelGPT,
     allreduce_theory,
+    gather_full,
     param_bytes_theory,
     split_sizes,
     train_tensor_parallel,
 )
-from parlab.trace import Trace
 
 
 @dataclass
@@ -52,12 +54,6 @@ def tp_rank(opts: TPOptions) -> dict:
     optimizer = make_optimizer(model.parameters(), opts.optimizer, opts.lr)
     batches = [(x.to(dev), y.to(dev)) for x, y in make_batches(cfg, opts.batch, opts.steps, opts.seed)]
     return train_tensor_parallel(model, optimizer, batches)
-
-
-def gather_full(shards: list[dict[str, torch.Tensor]], dims: dict[str, int | None]) -> dict[str, torch.Tensor]:
-    """Full-shape tensors from every rank's slices (done in the parent, untraced): cat along the split dim,
-    or rank 0's copy of a replicated one."""
-    return {n: shards[0][n] if d is None else torch.cat([s[n] for s in shards], dim=d) for n, d in dims.items()}
 
 
 def per_step(total: int, steps: int) -> int | float:

@@ -1,5 +1,4 @@
-"""Run and check USP (parlab/usp.py): `python -m parlab run usp --ulysses 2 --ring 2` (registered with the other
-sequence-parallel runs in parlab/runs/sequence_parallel.py).
+"""Run and check USP (parlab/schemes/sequence/usp.py): `python -m parlab run usp --ulysses 2 --ring 2`.
 
 The ranks train the GPT on a ulysses x ring mesh; the parent compares the losses, the first step's gradients and
 the final parameters with one device, and the bytes each rank handed to torch.distributed on each mesh axis (from
@@ -12,17 +11,18 @@ from dataclasses import dataclass
 
 import torch
 
-from parlab.check import check_equal, compare
-from parlab.launch import Results, device
-from parlab.mesh import DeviceMesh
-from parlab.models import build_model, make_batches, make_optimizer, train_single_device
-from parlab.ring_attention import LAYOUTS, tiles_theory
-from parlab.runs import Scheme, launch_scheme
+from parlab.core.check import check_equal, compare
+from parlab.core.comm import device
+from parlab.core.mesh import DeviceMesh
+from parlab.core.models import build_model, make_batches, make_optimizer, train_single_device
 from parlab.runs.options import ModelOptions, option
+from parlab.runs.registry import Scheme, launch_scheme
 from parlab.runs.report import run_report
 from parlab.runs.tensor_parallel import per_step
-from parlab.sequence_parallel import grad_sync_theory
-from parlab.usp import USPGPT, check_usp, train_usp, usp_bytes_per_call, usp_mesh_axes
+from parlab.runtime.errors import Results
+from parlab.schemes.sequence.ring_attention import LAYOUTS, tiles_theory
+from parlab.schemes.sequence.sequence_parallel import grad_sync_theory
+from parlab.schemes.sequence.usp import USPGPT, check_usp, train_usp, usp_bytes_per_call, usp_mesh_axes
 
 
 @dataclass
@@ -147,10 +147,12 @@ def run_usp(ulysses: int = 2, ring: int = 2, **options) -> tuple[Results, dict]:
     return launch_scheme("usp", world_size=ulysses * ring, ulysses=ulysses, ring=ring, **options)
 
 
-USP_SCHEME = Scheme(
-    "usp",
-    "USP: Ulysses all-to-all inside, ring attention across, on a ulysses x ring mesh",
-    USPOptions,
-    usp_rank,
-    usp_report,
-)
+SCHEMES = [
+    Scheme(
+        "usp",
+        "USP: Ulysses all-to-all inside, ring attention across, on a ulysses x ring mesh",
+        USPOptions,
+        usp_rank,
+        usp_report,
+    ),
+]

@@ -1,4 +1,5 @@
-"""Run and check ZeRO (parlab/zero.py): `python -m parlab run zero --stage {1,2,3} [--mixed-precision] --world N`.
+"""Run and check ZeRO (parlab/schemes/zero/stages.py): `python -m parlab run zero --stage {1,2,3} [--mixed-precision]
+--world N`.
 
 The ranks train with our ZeRO (traced), then with PyTorch's own sharded training on the same data (untraced):
 torch.distributed.optim.ZeroRedundancyOptimizer for stage 1, FSDP2 (torch.distributed.fsdp.fully_shard) with
@@ -14,21 +15,15 @@ from dataclasses import dataclass
 
 import torch
 
-from parlab import comm
-from parlab.check import check_equal, compare
-from parlab.data_parallel import shard_batch
-from parlab.launch import Results
-from parlab.models import GPT, build_model, lm_loss, make_batches, train_single_device
-from parlab.runs import Scheme, launch_scheme
+from parlab.core.check import check_equal, compare
+from parlab.core.models import GPT, build_model, lm_loss, make_batches, train_single_device
 from parlab.runs.options import FaultOptions, ModelOptions, option
+from parlab.runs.registry import Scheme, launch_scheme
 from parlab.runs.report import run_report
-from parlab.zero import (
-    STAGES,
-    check_reducible,
-    train_zero,
-    zero_comm_theory,
-    zero_memory,
-)
+from parlab.runtime.errors import Results
+from parlab.schemes.zero.stages import STAGES, check_reducible, train_zero
+from parlab.schemes.zero.theory import zero_comm_theory, zero_memory
+from parlab.twins.data import reference_note, train_torch_reference
 
 COMPONENTS = ("params", "grads", "optimizer")
 # Mixed precision against the same recipe on one device: bf16 keeps ~3 significant digits, so the ranks' sum of
@@ -136,53 +131,6 @@ def reference_name(opts: ZeROOptions) -> str | None:
     return "torch ZeroRedundancyOptimizer" if opts.stage == 1 else "torch FSDP2 fully_shard"
 
 
-def reference_note(opts: ZeROOptions) -> str:
-    """Why no PyTorch implementation is compared (empty when one is)."""
-    if opts.mixed_precision and opts.stage == 1:
-        return "ZeroRedundancyOptimizer keeps no fp32 master copy of bf16/fp16 parameters: not the same recipe"
-    if opts.mixed_precision and opts.grad_dtype() == torch.float16:
-        return "FSDP2 has no loss scaling of its own: not the same fp16 recipe"
-    return ""
-
-
-def train_torch_reference(opts: ZeROOptions, batches) -> dict:
-    """Rank code: the same training with PyTorch's sharded optimizers (untraced: they call torch.distributed).
-
-    stage 1: DistributedDataParallel + ZeroRedundancyOptimizer(Adam); stage 2: FSDP2 fully_shard per layer,
-    reshard_after_forward=False (parameters stay gathered between forward and backward: ZeRO-2's memory);
-    stage 3: fully_shard with reshard_after_forward=True. Mixed precision: FSDP2's MixedPrecisionPolicy."""
-    P, rank = comm.group_size(), comm.group_rank()
-    model = build_model(opts.gpt_config(), opts.seed)
-    if opts.stage == 1:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-        from torch.nn.parallel import DistributedDataParallel
-
-        net = DistributedDataParallel(model)
-        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=opts.lr)
-    else:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        mp = MixedPrecisionPolicy(opts.grad_dtype(), opts.grad_dtype()) if opts.mixed_precision else None
-        kwargs = {"reshard_after_forward": opts.stage == 3, **({"mp_policy": mp} if mp else {})}
-        for block in model.blocks:
-            fully_shard(block, **kwargs)
-        net = fully_shard(model, **kwargs)
-        opt = torch.optim.Adam(model.parameters(), lr=opts.lr)
-    losses = []
-    for x, y in batches:
-        x_r, y_r = shard_batch(x, y, rank, P)
-        loss = lm_loss(net(x_r), y_r)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    full = {n: p.full_tensor() if hasattr(p, "full_tensor") else p for n, p in model.named_parameters()}
-    return {"losses": losses, "params": {n: p.detach().clone() for n, p in full.items()}}
-
-
-# ------------------------------------------------------------------------------------------ rank and report
-
-
 def zero_rank(opts: ZeROOptions) -> dict:
     """Rank code: our ZeRO (traced), then PyTorch's (untraced) on the same data unless opts.reference is False."""
     if opts.kill_rank is not None:  # a failure injected: this launch is the uninterrupted run (runs/checkpoint.py)
@@ -254,7 +202,7 @@ def zero_report(opts: ZeROOptions, results: Results) -> dict:
             f"{'PASS' if memory_ok[-1] else 'FAIL'}"
         )
 
-    # Communication per step: payloads counted by parlab.comm (the final check gather left out), ring wire bytes.
+    # Communication per step: payloads counted by parlab.core.comm (the final check gather left out), ring wire bytes.
     events = [e for e in results.trace.events if not e.is_compute and not e.label.startswith("check")]
     payload = {kind: [0] * P for kind in ("reduce_scatter", "all_gather")}
     for e in events:

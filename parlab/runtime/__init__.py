@@ -1,8 +1,16 @@
-"""The machinery that runs ranks, apart from the algorithms: the rank server and the parent's handle on it, what
-runs inside each forked rank, the hang diagnosis, the progress line, scratch folders and the lessons' widgets.
+"""Running rank code on real processes, apart from the algorithms.
 
-`parlab.launch` is the one entry point (`parlab.launch(fn, world_size)`); a student reads the scheme files at the
-top of the package and need not read this folder.
+    launcher.py    parlab.launch(fn, world_size): the one entry point, and init_from_env() under torchrun
+    server.py      the rank server, seen from the parent: one process that imported torch once
+    rankserver.py  the rank server itself, and workers.py its processes: each rank forked on demand
+    rank.py        what runs inside each forked rank: seed, set up torch.distributed, run fn, report back
+    events.py      the rank side of a live timeline: a rank's events streamed to the parent
+    hang.py        why a launch did not finish: calls that can never match, a rank's death explained
+    errors.py      what a launch raises and returns (RankError, LaunchTimeout, Results)
+    progress.py    the progress bar or line a launch shows
+    lazy_imports.py  one third-party import deferred to its first use (1.5 s of CPU in every kernel)
+
+A student reads parlab/schemes and need not read this folder.
 """
 
 import os

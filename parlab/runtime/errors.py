@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from parlab.trace import Trace
+from parlab.core.trace import Trace
 
 # ------------------------------------------------------------------------------------------------------ errors
 

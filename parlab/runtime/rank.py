@@ -17,7 +17,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from parlab import comm
+from parlab.core import comm
 
 
 class _CallBoard:
@@ -188,7 +188,7 @@ def _rank_main(job: dict, rank: int, out: Connection, slot: memoryview, captured
     board = _CallBoard(slot, rank, job["world_size"])
     comm.call_hook = board.hook
     if job.get("stream_events"):  # a live timeline in the parent: stream this rank's events as they happen
-        from parlab.live import EventStream
+        from parlab.runtime.events import EventStream
 
         comm.event_hook = EventStream(lambda update: out.send_bytes(pickle.dumps({"progress": update})), rank)
     else:

@@ -7,19 +7,23 @@
     train_zero(model, stage=2 / 3)           fully_shard(block, reshard_after_forward=stage == 3) per block
     train_offload(model, target="cpu")       fully_shard(..., offload_policy=CPUOffloadPolicy())
 
-DP and ZeRO already train PyTorch's version inside their rank code (parlab/runs/data_parallel.py and zero.py);
-their twins reuse it when it ran (`reused`: its traffic was not recorded) and run it, recorded, when it did not.
+DP and ZeRO already train PyTorch's version inside their rank code (parlab/runs/data_parallel.py and zero.py call
+`train_torch_ddp` and `train_torch_reference` here); their twins reuse it when it ran (`reused`: its traffic was not
+recorded) and run it, recorded, when it did not.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.distributed as dist
 
-from parlab.check import Verdict, compare
-from parlab.data_parallel import shard_batch
-from parlab.models import build_model, lm_loss, make_batches
-from parlab.twins import Twin
+from parlab.core import comm
+from parlab.core.check import Verdict, compare
+from parlab.core.models import build_model, lm_loss, make_batches, make_optimizer
+from parlab.schemes.data_parallel import shard_batch
+from parlab.twins.twin import Twin
 
 # ---------------------------------------------------------------------------------------- the ring all-reduce
 
@@ -41,12 +45,35 @@ def all_reduce_compare(opts, results, outs) -> list[Verdict]:
 # ------------------------------------------------------------------------------------------------------ DDP
 
 
+def train_torch_ddp(opts, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """The same training with torch.nn.parallel.DistributedDataParallel, for comparison (rank code).
+
+    DDP talks to torch.distributed itself, so nothing here is traced: the parlab trace shows only our DP."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    P, rank, M = comm.group_size(), comm.group_rank(), opts.microbatches
+    model = build_model(opts.gpt_config(), opts.seed)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=opts.bucket_bytes / 2**20)
+    opt = make_optimizer(ddp.parameters(), opts.optimizer, opts.lr)
+    losses = []
+    for x, y in batches:
+        x_r, y_r = shard_batch(x, y, rank, P)
+        opt.zero_grad(set_to_none=True)
+        step_loss = 0.0
+        for m, (x_m, y_m) in enumerate(zip(x_r.chunk(M), y_r.chunk(M), strict=True)):
+            with ddp.no_sync() if m < M - 1 else nullcontext():
+                loss = lm_loss(ddp(x_m), y_m) / M
+                loss.backward()
+            step_loss += loss.item()
+        opt.step()
+        losses.append(step_loss)
+    return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
 def ddp_rank(opts, value: dict) -> dict:
     """torch DDP on the same data: reused when parlab's dp rank code trained it already (opts.ddp)."""
     if "ddp" in value:
         return {**value["ddp"], "reused": True}
-    from parlab.runs.data_parallel import train_torch_ddp
-
     return train_torch_ddp(opts, make_batches(opts.gpt_config(), opts.batch, opts.steps, opts.seed))
 
 
@@ -74,17 +101,60 @@ def ddp_compare(opts, results, outs) -> list[Verdict]:
 # ----------------------------------------------------------------------------------------------------- ZeRO
 
 
-def zero_name(opts) -> str:
-    from parlab.runs.zero import reference_note
+def reference_note(opts) -> str:
+    """Why no PyTorch implementation is compared (empty when one is)."""
+    if opts.mixed_precision and opts.stage == 1:
+        return "ZeroRedundancyOptimizer keeps no fp32 master copy of bf16/fp16 parameters: not the same recipe"
+    if opts.mixed_precision and opts.grad_dtype() == torch.float16:
+        return "FSDP2 has no loss scaling of its own: not the same fp16 recipe"
+    return ""
 
+
+def train_torch_reference(opts, batches) -> dict:
+    """Rank code: the same training with PyTorch's sharded optimizers (untraced: they call torch.distributed).
+
+    stage 1: DistributedDataParallel + ZeroRedundancyOptimizer(Adam); stage 2: FSDP2 fully_shard per layer,
+    reshard_after_forward=False (parameters stay gathered between forward and backward: ZeRO-2's memory);
+    stage 3: fully_shard with reshard_after_forward=True. Mixed precision: FSDP2's MixedPrecisionPolicy."""
+    P, rank = comm.group_size(), comm.group_rank()
+    model = build_model(opts.gpt_config(), opts.seed)
+    if opts.stage == 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(model)
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=opts.lr)
+    else:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(opts.grad_dtype(), opts.grad_dtype()) if opts.mixed_precision else None
+        kwargs = {"reshard_after_forward": opts.stage == 3, **({"mp_policy": mp} if mp else {})}
+        for block in model.blocks:
+            fully_shard(block, **kwargs)
+        net = fully_shard(model, **kwargs)
+        opt = torch.optim.Adam(model.parameters(), lr=opts.lr)
+    losses = []
+    for x, y in batches:
+        x_r, y_r = shard_batch(x, y, rank, P)
+        loss = lm_loss(net(x_r), y_r)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    full = {n: p.full_tensor() if hasattr(p, "full_tensor") else p for n, p in model.named_parameters()}
+    return {"losses": losses, "params": {n: p.detach().clone() for n, p in full.items()}}
+
+
+# ------------------------------------------------------------------------------------------ rank and report
+
+
+def zero_name(opts) -> str:
     if reference_note(opts):
         return "no PyTorch twin for this recipe"
     return "torch ZeroRedundancyOptimizer + DDP" if opts.stage == 1 else f"torch FSDP2 fully_shard (ZeRO-{opts.stage})"
 
 
 def zero_skip(opts) -> str:
-    from parlab.runs.zero import reference_note
-
     return reference_note(opts)
 
 
@@ -92,8 +162,6 @@ def zero_rank(opts, value: dict) -> dict:
     """ZeroRedundancyOptimizer (stage 1) or fully_shard (2, 3): reused when parlab's zero rank code ran it."""
     if "reference" in value:
         return {**value["reference"], "reused": True}
-    from parlab.runs.zero import train_torch_reference
-
     return train_torch_reference(opts, make_batches(opts.gpt_config(), opts.batch, opts.steps, opts.seed))
 
 

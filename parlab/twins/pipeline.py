@@ -1,8 +1,9 @@
 """The twin of pipeline parallelism: torch.distributed.pipelining running parlab's very stages.
 
-parlab writes the schedule as data (parlab/schedules.py) and runs it with its own executor (parlab/pipeline.py:
-receive, compute, send, per action). PyTorch's pipelining has the same two halves: a `PipelineStage` wraps a
-module that holds one stage, and a `Schedule*` object runs the micro-batches through the stages in its order:
+parlab writes the schedule as data (parlab/schemes/pipeline/schedules.py) and runs it with its own executor
+(parlab/schemes/pipeline/executor.py: receive, compute, send, per action). PyTorch's pipelining has the same two halves:
+a `PipelineStage` wraps a module that holds one stage, and a `Schedule*` object runs the micro-batches through the
+stages in its order:
 
     stage = PipelineStage(parlab_stage, stage_index=s, num_stages=p * v, device=torch.device("cpu"))
     schedule = Schedule1F1B(stage, n_microbatches=m, loss_fn=lm_loss)      # the loss on the last stage
@@ -20,9 +21,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from parlab.check import Verdict, compare
-from parlab.models import build_model, lm_loss, make_batches, make_optimizer
-from parlab.twins import Twin
+from parlab.core.check import Verdict, compare
+from parlab.core.models import build_model, lm_loss, make_batches, make_optimizer
+from parlab.twins.twin import Twin
 
 # parlab's schedule name -> torch.distributed.pipelining's class name
 TORCH_SCHEDULES = {
@@ -52,7 +53,7 @@ def pp_rank(opts, value) -> dict:
     import torch.distributed.pipelining as pipelining
     from torch.distributed.pipelining import PipelineStage
 
-    from parlab.pipeline import build_stages
+    from parlab.schemes.pipeline.executor import build_stages
 
     cfg, schedule, rank = opts.gpt_config(), opts.make_schedule(), dist.get_rank()
     stages = build_stages(build_model(cfg, opts.seed), schedule, rank, opts.split or None)

@@ -1,6 +1,6 @@
 """The twin's traffic, counted like parlab's: every collective PyTorch issues, as a parlab `Event`.
 
-parlab's schemes call `parlab.comm`, which records each call. PyTorch's own implementations (DDP, FSDP2, DTensor,
+parlab's schemes call `parlab.core.comm`, which records each call. PyTorch's own implementations (DDP, FSDP2, DTensor,
 pipelining) call torch.distributed from deep inside, and DTensor and FSDP2 even skip the Python layer (functional
 collectives go straight to C++). Every one of them still passes through PyTorch's dispatcher as an operator
 (`c10d.allreduce_`, `_c10d_functional.all_gather_into_tensor`, `c10d.send`, ...), so a dispatch mode sees them all:
@@ -9,7 +9,7 @@ collectives go straight to C++). Every one of them still passes through PyTorch'
         loss.backward()                   # DDP's bucket all-reduces, FSDP2's reduce-scatters, ...
     events[0].kind, events[0].bytes       # "all_reduce", 4096
 
-Bytes follow parlab.comm's convention (the payload this rank hands over): all_gather counts this rank's input,
+Bytes follow parlab.core.comm's convention (the payload this rank hands over): all_gather counts this rank's input,
 reduce_scatter the whole input, send/recv the tensor. The events carry no timing worth drawing (start = end).
 """
 
@@ -22,8 +22,8 @@ from contextlib import contextmanager
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from parlab.grading.probe import _tensors  # every tensor in a call's arguments
-from parlab.trace import Event, Trace
+from parlab.core.probe import _tensors  # every tensor in a call's arguments
+from parlab.core.trace import Event, Trace
 
 # Operator name (without namespace or trailing underscore) -> parlab's kind, for both c10d and functional ops.
 KINDS = {

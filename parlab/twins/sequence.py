@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from parlab import comm
-from parlab.check import Verdict, compare
-from parlab.twins import Twin
+from parlab.core import comm
+from parlab.core.check import Verdict, compare
 from parlab.twins.record import unrecorded
+from parlab.twins.twin import Twin
 
 CP_TOL = 1e-6  # context_parallel's ring vs exact attention, float64 (PITFALLS: ~2.5e-7 seen)
 
@@ -53,7 +53,7 @@ def layout_of(opts) -> str:
 
 def gather_sequence(block: torch.Tensor, layout: str) -> torch.Tensor:
     """Every rank's block [B, nh, T/P, hs] back to the whole sequence [B, nh, T, hs] (untraced, for comparing)."""
-    from parlab.ring_attention import zigzag_merge
+    from parlab.schemes.sequence.ring_attention import zigzag_merge
 
     blocks = [torch.empty_like(block) for _ in range(dist.get_world_size())]
     with unrecorded():
@@ -63,17 +63,17 @@ def gather_sequence(block: torch.Tensor, layout: str) -> torch.Tensor:
 
 def parlab_attention(opts, q, k, v, causal: bool) -> torch.Tensor:
     """parlab's sequence-parallel attention of the scheme on this rank's block; the whole output, gathered."""
-    from parlab.ring_attention import ring_attention, sequence_split
+    from parlab.schemes.sequence.ring_attention import ring_attention, sequence_split
 
     if not hasattr(opts, "method"):  # USP: its two-level attention is checked against exact attention here
-        from parlab.models import causal_attention
+        from parlab.core.models import causal_attention
 
         return causal_attention(q, k, v)
     P, r, layout = dist.get_world_size(), dist.get_rank(), layout_of(opts)
     mine = [sequence_split(t, r, P, dim=2, layout=layout) for t in (q, k, v)]
     with off_parlab_trace():
         if opts.method == "ulysses":
-            from parlab.ulysses import ulysses_attention
+            from parlab.schemes.sequence.ulysses import ulysses_attention
 
             out = ulysses_attention(*mine, causal=causal)
         else:

@@ -28,10 +28,10 @@ import types
 import torch
 import torch.distributed as dist
 
-from parlab.check import Verdict, compare
-from parlab.models import causal_attention, lm_loss, make_batches, make_optimizer
-from parlab.twins import Twin
+from parlab.core.check import Verdict, compare
+from parlab.core.models import causal_attention, lm_loss, make_batches, make_optimizer
 from parlab.twins.record import unrecorded
+from parlab.twins.twin import Twin
 
 
 def tp_plan(layers: int, sequence_parallel: bool = False) -> dict:
@@ -116,7 +116,7 @@ def tp_rank(opts, value) -> dict:
     """torch's tensor parallelism (Megatron SP too, for method megatron-sp) on the reference GPT."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from parlab.models import build_model
+    from parlab.core.models import build_model
 
     cfg = opts.gpt_config()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
@@ -135,7 +135,7 @@ def parallelize_module_(model, mesh, plan) -> None:
 
 def tp_compare(opts, results, outs) -> list[Verdict]:
     """parlab's slices gathered to full shape (as its own report does) vs torch's DTensors' full values."""
-    from parlab.runs.tensor_parallel import gather_full
+    from parlab.schemes.tensor_parallel import gather_full
 
     dims, K, dtype = results[0]["split_dims"], opts.steps, opts.gpt_config().torch_dtype
     ours = {k: gather_full([r[k] for r in results], dims) for k in ("grads", "params")}
@@ -175,7 +175,7 @@ def hybrid_rank(opts, value) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from parlab.models import build_model
+    from parlab.core.models import build_model
 
     # Gathering a 2-D sharded parameter for the comparison takes two all-gathers; torch warns about it, per rank.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -195,7 +195,7 @@ def hybrid_rank(opts, value) -> dict:
 
 def hybrid_compare(opts, results, outs) -> list[Verdict]:
     """Replica 0's parameters gathered over tp, and the loss (mean over the replicas), vs torch's."""
-    from parlab.runs.tensor_parallel import gather_full
+    from parlab.schemes.tensor_parallel import gather_full
 
     ranks0 = list(range(opts.tp))  # replica 0's tp group (pp = 1)
     params = gather_full([results[r]["params"] for r in ranks0], results[0]["split_dims"])

@@ -7,7 +7,7 @@
 
 # ANSWER: survive
 def survive(launch_run, P):
-    from parlab.launch import RankError
+    from parlab.runtime.errors import RankError
 
     while True:
         try:

@@ -6,7 +6,7 @@
 
 # ANSWER: survive
 def survive(launch_run, P):
-    from parlab.launch import RankError
+    from parlab.runtime.errors import RankError
 
     try:
         return launch_run(P, resume=False)

@@ -1,0 +1,135 @@
+"""A submission's score: the verdict lines of each check against the solution's, and the table of a class."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+
+from parlab.grading.markers import VERDICT_RE, answer_name, mask
+from parlab.grading.official import OfficialLab
+
+
+@dataclass
+class CheckResult:
+    check: str
+    passed: bool
+    points: int
+    max_points: int
+    detail: str = ""  # why it failed: the FAIL lines, the failing rank's error, a timeout
+
+
+@dataclass
+class NotebookGrade:
+    notebook: str
+    lab: str
+    checks: list[CheckResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # answer cells that raised or were missing, tampering, ...
+    error: str = ""  # the notebook could not be graded at all (unreadable, not a lab, the wrong lab)
+    seconds: float = 0.0
+    tampered: list[str] = field(default_factory=list)  # files under parlab/ or labs/ it changed (restored)
+    timings: list[list] = field(default_factory=list)  # [kind, name, seconds] per code cell, as the worker said
+
+    @property
+    def points(self) -> int:
+        return 0 if self.tampered else sum(c.points for c in self.checks)
+
+    @property
+    def max_points(self) -> int:
+        return sum(c.max_points for c in self.checks)
+
+    def to_dict(self) -> dict:
+        return {
+            "notebook": self.notebook,
+            "lab": self.lab,
+            "points": self.points,
+            "max_points": self.max_points,
+            "checks": [asdict(c) for c in self.checks],
+            "notes": self.notes,
+            "error": self.error or None,
+            "tampered": self.tampered,
+            "seconds": round(self.seconds, 2),
+            "timings": self.timings,
+        }
+
+    def fail_all(self, lab: OfficialLab, detail: str) -> NotebookGrade:
+        self.checks = [CheckResult(name, False, 0, points, detail) for name, points in lab.checks]
+        return self
+
+
+def score_lines(name: str, points: int, lines: list[str], expected: list[str]) -> CheckResult:
+    """Score one check from the verdict lines the grader computed, against the solution's."""
+    got = [mask(line.rstrip()) for line in lines if VERDICT_RE.search(line.rstrip())]  # the rest is information
+    fails = [line for line in got if not line.endswith(": PASS")]
+    if fails:
+        detail = "; ".join(fails[:3]) + (f" (+{len(fails) - 3} more)" if len(fails) > 3 else "")
+    elif not got:
+        detail = "no verdict"
+    elif got != expected:
+        missing = [line for line in expected if line not in got]
+        extra = [line for line in got if line not in expected]
+        detail = f"verdicts differ from the solution's: missing {missing[:2]}, unexpected {extra[:2]}"
+    else:
+        return CheckResult(name, True, points, points)
+    return CheckResult(name, False, 0, points, detail)
+
+
+def assemble(submission, lab: OfficialLab):
+    """The notebook that is executed: the lab as handed out, with the submission's answer cells in it.
+
+    Returns (notebook, notes). An answer cell missing from the submission stays as handed out (it raises).
+    """
+    nb = copy.deepcopy(lab.handout)
+    submitted, notes = {}, []
+    for cell in submission.cells:
+        name = answer_name(cell)
+        if name is not None and name in submitted:
+            notes.append(f"answer cell {name!r} appears more than once: the first one is graded")
+        elif name is not None and isinstance(cell.get("source"), str):
+            submitted[name] = cell.source
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None  # nothing stored is trusted
+        name = answer_name(cell)
+        if name is None:
+            continue
+        if name in submitted:
+            cell.source = submitted[name]
+        else:
+            notes.append(f"answer cell {name!r} not found in the submission")
+    return nb, notes
+
+
+def format_table(grades: list[NotebookGrade], sandbox: str = "") -> str:
+    """The score table: one row per check, a total per notebook, and the total over all notebooks."""
+    rows = [("notebook", "lab", "check", "result", "points")]
+    details = {}
+    for g in grades:
+        if g.error and not g.checks:
+            rows.append((g.notebook, g.lab, "-", "ERROR", "0/0"))
+            details[len(rows) - 1] = [g.error]
+        elif g.error:
+            g_notes = [g.error]
+            details.setdefault(len(rows), g_notes)
+        for c in g.checks:
+            result = "PASS" if c.passed and not g.tampered else "FAIL"
+            points = 0 if g.tampered else c.points
+            rows.append((g.notebook, g.lab, c.check, result, f"{points}/{c.max_points}"))
+            lines = details.pop(len(rows) - 1, []) + ([c.detail] if c.detail else [])
+            if lines:
+                details[len(rows) - 1] = lines
+        rows.append((g.notebook, g.lab, "total", "", f"{g.points}/{g.max_points}"))
+        if g.notes:
+            details[len(rows) - 1] = g.notes
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = []
+    for index, row in enumerate(rows):
+        lines.append("  ".join(text.ljust(width) for text, width in zip(row, widths, strict=True)).rstrip())
+        if index == 0:
+            lines.append("  ".join("-" * width for width in widths))
+        for detail in details.get(index, []):
+            lines.append(f"    {detail}")
+    points, max_points = sum(g.points for g in grades), sum(g.max_points for g in grades)
+    lines.append(f"TOTAL {points}/{max_points} points over {len(grades)} notebook(s)")
+    if sandbox:
+        lines.append(f"sandbox: {sandbox}")
+    return "\n".join(lines)

@@ -1,0 +1,232 @@
+"""A lesson's figures as files for a slide deck: `python -m parlab figures --lesson 03 --out DIR`.
+
+Each plotly figure of notebooks/NN_*.ipynb becomes
+    DIR/NN_figKK_<title>.html   standalone and interactive (hover, zoom): plotly.js is inside the file, so it opens
+                                offline, from disk, with no server
+    DIR/NN_figKK_<title>.png    and .svg, where a static renderer works here (plotly's kaleido, which drives a
+                                Chromium: Debian's /usr/bin/chromium is used when BROWSER_PATH is not set)
+and DIR/index.html links them all. Where no static renderer works, the command says why and writes the HTML only.
+
+Where the figures come from: by default the outputs stored in the notebook (what nbval checks; no execution, a
+second); with --execute the notebook is run first (nbclient, a fresh kernel) and its new outputs are used. Figures
+shown inside a widget (an `interact`) are taken from the widget state saved with the notebook, for the value the
+widget was saved at.
+
+No torch here: this command starts fast and works without the rank server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository: notebooks/ beside parlab/
+NOTEBOOKS = ROOT / "notebooks"
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+STATIC_FORMATS = ("png", "svg")
+WIDTH, HEIGHT = 1000, 500  # pixels of a static figure that does not say its own size
+
+
+@dataclass
+class Figure:
+    cell: int  # index of the notebook cell that showed it
+    spec: dict  # the plotly figure as JSON ({"data": [...], "layout": {...}})
+    in_widget: bool = False
+
+    @property
+    def title(self) -> str:
+        title = (self.spec.get("layout") or {}).get("title") or {}
+        text = title.get("text", "") if isinstance(title, dict) else str(title)
+        return re.sub(r"<[^>]+>", " ", text).strip()
+
+
+def lesson_notebook(lesson: str, folder: Path = NOTEBOOKS) -> Path:
+    """notebooks/NN_*.ipynb for "03", "3" or a name ("pipeline" matches 03_pipeline_parallel.ipynb)."""
+    key = f"{int(lesson):02d}_" if lesson.isdigit() else lesson.lower()
+    found = sorted(p for p in folder.glob("*.ipynb") if (p.name.startswith(key) if key[0].isdigit() else key in p.name))
+    if not found:
+        names = ", ".join(p.stem for p in sorted(folder.glob("*.ipynb")))
+        raise ValueError(f"no lesson {lesson!r} in {folder} (lessons: {names})")
+    return found[0]
+
+
+def _widget_outputs(model_id: str, state: dict, seen: set) -> list[dict]:
+    """The outputs held by an Output widget at or under `model_id` (an interact is a box holding one)."""
+    if model_id in seen or model_id not in state:
+        return []
+    seen.add(model_id)
+    model = state[model_id].get("state", {})
+    outputs = list(model.get("outputs", []))
+    for child in model.get("children", []):
+        outputs += _widget_outputs(str(child).removeprefix("IPY_MODEL_"), state, seen)
+    return outputs
+
+
+def notebook_figures(nb: dict) -> list[Figure]:
+    """Every plotly figure a notebook shows, in cell order: its outputs, then those inside its widgets."""
+    state = nb.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    found = []
+    for index, cell in enumerate(nb["cells"]):
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if PLOTLY_MIME in data:
+                found.append(Figure(index, data[PLOTLY_MIME]))
+            elif WIDGET_MIME in data:
+                for inner in _widget_outputs(data[WIDGET_MIME]["model_id"], state, set()):
+                    if PLOTLY_MIME in inner.get("data", {}):
+                        found.append(Figure(index, inner["data"][PLOTLY_MIME], in_widget=True))
+    return found
+
+
+def read_notebook(path: Path, execute: bool = False, timeout: int = 600) -> dict:
+    """The notebook as JSON; with execute, after running it in a fresh kernel in its own folder."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    if execute:
+        from nbclient import NotebookClient
+
+        NotebookClient(
+            nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+        ).execute()
+    return json.loads(nbformat.writes(nb))
+
+
+def _slug(text: str, limit: int = 40) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return slug[:limit].rstrip("-") or "figure"
+
+
+def static_renderer() -> str | None:
+    """None if PNG/SVG export can work here, else why not (in words). Points kaleido at Debian's Chromium."""
+    import importlib.util
+
+    if importlib.util.find_spec("kaleido") is None:
+        return "plotly's static renderer (kaleido) is not installed: pip install 'parlab[present]'"
+    if not os.environ.get("BROWSER_PATH"):
+        browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+        if browser is None:
+            return "kaleido needs a Chromium or Chrome: apt-get install chromium (or set BROWSER_PATH)"
+        os.environ["BROWSER_PATH"] = browser
+    return None
+
+
+def export(
+    lesson: str,
+    out: Path,
+    formats: tuple[str, ...] = ("html", *STATIC_FORMATS),
+    execute: bool = False,
+    folder: Path = NOTEBOOKS,
+) -> tuple[list[Path], list[str]]:
+    """Write the lesson's figures to `out`; returns (files written, notes for the user)."""
+    import plotly.io as pio
+
+    path = lesson_notebook(lesson, folder)
+    figures = notebook_figures(read_notebook(path, execute))
+    out.mkdir(parents=True, exist_ok=True)
+    prefix = path.stem.split("_")[0]
+    written, notes, stems = [], [], []
+    for k, figure in enumerate(figures, start=1):
+        stem = f"{prefix}_fig{k:02d}_{_slug(figure.title)}"
+        stems.append((stem, figure))
+        if "html" in formats:
+            target = out / f"{stem}.html"
+            target.write_text(pio.to_html(figure.spec, include_plotlyjs=True, full_html=True, validate=False))
+            written.append(target)
+    static = [f for f in formats if f in STATIC_FORMATS]
+    if static and figures:
+        why = static_renderer()
+        if why is None:
+            try:
+                specs = [figure.spec for _, figure in stems for _ in static]
+                targets = [out / f"{stem}.{fmt}" for stem, _ in stems for fmt in static]
+                # The size the notebook drew it at (kaleido's own default, 700 x 500, squeezes subplots together);
+                # PNGs at twice the pixels, sharp on a projector.
+                layouts = [(figure.spec.get("layout") or {}) for _, figure in stems for _ in static]
+                sizes = [(lay.get("width") or WIDTH, lay.get("height") or HEIGHT) for lay in layouts]
+                renders = list(zip(specs, targets, sizes, strict=True))
+                missing = _write_static(renders)
+                for _ in range(2):  # those not written (seen in a run of the suite, twice in a row once), each alone
+                    retry = [render for render in renders if render[1] in missing]
+                    missing = [target for render in retry for target in _write_static([render])]
+                written += [t for t in targets if t not in missing]
+                if missing:
+                    why = (f"static export failed: kaleido wrote no file for {len(missing)} of {len(targets)} "
+                           f"(first: {missing[0].name}; plotly does not pass kaleido's errors on)")  # fmt: skip
+            except Exception as exc:  # a renderer that is installed but cannot start (no display, sandbox, ...)
+                why = f"static export failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if why is not None:
+            notes.append(f"no {'/'.join(static).upper()} written: {why}")
+    if "html" in formats:
+        written.append(_index(out, path, stems, static if not notes else []))
+    if not figures:
+        notes.append(f"{path.name} has no stored plotly figures (run it, or pass --execute)")
+    return written, notes
+
+
+def _write_static(renders: list[tuple[dict, Path, tuple[int, int]]]) -> list[Path]:
+    """Render each (spec, target, (width, height)) with kaleido, PNG or SVG by the target's name, at scale 2;
+    returns the targets not written.
+
+    plotly's write_images asks kaleido to go on past a failed render and drops the errors kaleido returns (plotly 6),
+    so a figure that failed is seen only as a file that is not there."""
+    import plotly.io as pio
+
+    specs, targets, sizes = (list(column) for column in zip(*renders, strict=True))
+    for target in targets:
+        target.unlink(missing_ok=True)  # (a file left by an earlier export would hide a failure)
+    pio.write_images(specs, targets, scale=2, validate=False, width=[w for w, _ in sizes], height=[h for _, h in sizes])
+    return [t for t in targets if not (t.exists() and t.stat().st_size > 0)]
+
+
+def _index(out: Path, notebook: Path, stems: list[tuple[str, Figure]], static: list[str]) -> Path:
+    """DIR/index.html: one line per figure, linking its files."""
+    rows = []
+    for stem, figure in stems:
+        links = " ".join(f'<a href="{stem}.{fmt}">{fmt}</a>' for fmt in ("html", *static))
+        where = f"cell {figure.cell}" + (" (inside a widget)" if figure.in_widget else "")
+        rows.append(f"<li>{html.escape(figure.title or stem)} <small>({where})</small> {links}</li>")
+    page = f"<!doctype html><meta charset=utf-8><title>{notebook.stem}</title><h1>Figures of {notebook.name}</h1>"
+    target = out / "index.html"
+    target.write_text(page + "<ol>" + "".join(rows) + "</ol>\n")
+    return target
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lesson", required=True, help="lesson number or name (03, 3, pipeline)")
+    parser.add_argument("--out", required=True, type=Path, help="folder to write the figures to (created)")
+    parser.add_argument(
+        "--format",
+        default="html,png,svg",
+        help="comma-separated: html (interactive, standalone), png, svg (default: all three)",
+    )
+    parser.add_argument("--execute", action="store_true", help="run the notebook first instead of reading its outputs")
+
+
+def main(args: argparse.Namespace) -> int:
+    """`python -m parlab figures`: the files written, one per line, then any note; exit status 2 on bad input."""
+    import sys
+
+    formats = tuple(f.strip().lower() for f in args.format.split(",") if f.strip())
+    bad = [f for f in formats if f not in ("html", *STATIC_FORMATS)]
+    if bad or not formats:
+        print(f"parlab: error: --format {args.format!r}: choose from html, png, svg", file=sys.stderr)
+        return 2
+    try:
+        written, notes = export(args.lesson, args.out, formats, args.execute)
+    except ValueError as exc:
+        print(f"parlab: error: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    for note in notes:
+        print(f"parlab: {note}", file=sys.stderr)
+    return 0
