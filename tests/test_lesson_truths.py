@@ -89,7 +89,7 @@ def test_offload_lesson_states_the_library_figures_and_the_papers():
     psi = 10_000_000_000
     cpu = offload_memory([psi], 1, "cpu", 2, 4)["steady_total"]
     assert cpu == {"device": 2 * psi, "host": 16 * psi, "disk": 0}
-    printed = _stdout(_cell_with(cells, "offload.offload_memory([psi], 1, target, 2, 4)"))
+    printed = _stdout(_cell_with(cells, "offload_memory([psi], 1, target, 2, 4)"))
     assert "cpu : device 20 GB, host 160 GB, disk 0 GB" in printed
     assert "the paper's cpu: device 20 GB, host 140 GB" in printed
     closing = _source(cells[-1])

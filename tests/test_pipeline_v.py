@@ -117,7 +117,7 @@ BASE = {"world_size": 4, "dtype": "float64", "steps": 1, "seed": 0}
 def test_bad_input_is_rejected_before_launch(changes, message, monkeypatch):
     import parlab.runs.registry
 
-    monkeypatch.setattr(parlab.runs, "launch", lambda *a, **k: pytest.fail("launched despite bad input"))
+    monkeypatch.setattr(parlab.runs.registry, "launch", lambda *a, **k: pytest.fail("launched despite bad input"))
     with pytest.raises(ValueError, match=message):
         parlab.runs.registry.run_scheme("pp", **{**BASE, **changes})
 
