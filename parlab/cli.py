@@ -115,8 +115,16 @@ def plan(args: argparse.Namespace) -> int:
         return _error(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
     if args.experts < 0 or not 1 <= args.top_k <= max(args.experts, 1) or min(args.cp) < 1:
         return _error(f"--experts {args.experts} --top-k {args.top_k} --cp {args.cp}: need 1 <= k <= E, cp >= 1")
-    model = ModelSpec(args.layers, args.hidden, args.heads, args.seq, args.vocab, tied=not args.untied,
-                      experts=args.experts, top_k=args.top_k)  # fmt: skip
+    model = ModelSpec(
+        args.layers,
+        args.hidden,
+        args.heads,
+        args.seq,
+        args.vocab,
+        tied=not args.untied,
+        experts=args.experts,
+        top_k=args.top_k,
+    )
     cluster = Cluster(args.devices, args.memory * 1e9, args.devices_per_node)
     found = plans(model, cluster, args.batch, args.micro_batch, cps=tuple(args.cp), recomputes=tuple(args.recompute))
     if not found:

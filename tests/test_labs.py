@@ -492,3 +492,11 @@ def test_a_wrong_prediction_is_not_shown_the_answer():
     assert wrong[-2].endswith(": FAIL") and "within 0.5% of theory" in wrong[-2]
     right = prediction_lines("bytes", 4570, 4576, 4576, rtol=0.005)
     assert "theory 4" in right[0] and right[-2].endswith(": PASS") and right[-1].endswith(": PASS")
+
+
+def test_lab06s_judge_accounts_bytes_as_the_library_does():
+    """Lab 06's judge computes device and host bytes of any placement itself; at the placements the library has
+    (ZeRO-2 on the device, ZeRO-Offload's host), they equal parlab.schemes.zero.theory.offload_memory's."""
+    from parlab.grading.labs import lab06_offload
+
+    assert lab06_offload.library_accounting_agrees()

@@ -57,8 +57,9 @@ def check_folder(path: str | Path | None) -> None:
     if path.is_file():
         raise ValueError(f"folder {str(path)!r} is a file, not a folder: give a new or empty folder")
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise ValueError(f"folder {str(path)!r} exists and is not empty: the run removes its folder afterwards; "
-                         "give a new one")  # fmt: skip
+        raise ValueError(
+            f"folder {str(path)!r} exists and is not empty: the run removes its folder afterwards; give a new one"
+        )
     for parent in path.parents:  # the nearest part of the path that exists must be a folder
         if parent.exists():
             if not parent.is_dir():

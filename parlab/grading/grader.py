@@ -233,9 +233,14 @@ class Grader:
             command = self.sandbox.wrap(worker, scratch, visible)
             with open(scratch / "worker.log", "ab") as log, self.lock:  # started and registered at once
                 process = subprocess.Popen(
-                    command, env=env, cwd=scratch, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                    command,
+                    env=env,
+                    cwd=scratch,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
                     start_new_session=True,
-                )  # fmt: skip
+                )
                 self.running.add(process.pid)
             hard_timeout = False
             try:

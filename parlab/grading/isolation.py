@@ -61,22 +61,34 @@ class Sandbox:
     def _args(bwrap: str, scratch: Path, visible: list[Path] = ()) -> list[str]:
         args = [
             bwrap,
-            "--ro-bind", "/", "/",  # everything read-only ...
-            "--dev", "/dev",
-            "--proc", "/proc",
-            "--tmpfs", "/tmp",  # ... a private /tmp ...
-        ]  # fmt: skip
+            "--ro-bind",
+            "/",
+            "/",  # everything read-only ...
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--tmpfs",
+            "/tmp",  # ... a private /tmp ...
+        ]
         tmp = Path(tempfile.gettempdir()).resolve()
         for path in sorted({Path(p).resolve() for p in visible}):  # ... in which what must be seen stays visible
             if path == tmp or tmp in path.parents or Path("/tmp") in path.parents:
                 args += ["--ro-bind", str(path), str(path)]
         args += [
-            "--bind", str(scratch), str(scratch),  # ... and the scratch folder writable
-            "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--die-with-parent", "--new-session",
-            "--chdir", str(scratch),
+            "--bind",
+            str(scratch),
+            str(scratch),  # ... and the scratch folder writable
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--die-with-parent",
+            "--new-session",
+            "--chdir",
+            str(scratch),
             "--",
-        ]  # fmt: skip
+        ]
         return args
 
     def wrap(self, command: list[str], scratch: Path, visible: list[Path] = ()) -> list[str]:

@@ -13,8 +13,7 @@ parlab/runs/checkpoint.py. This module holds the lesson's arithmetic tables and 
 
 from __future__ import annotations
 
-import math
-
+from parlab.schemes.faults.checkpoint import checkpoint_bytes
 from parlab.schemes.faults.failures import job_mtbf, wasted_fraction, young_interval
 
 HOUR = 3600.0
@@ -39,8 +38,15 @@ def draw_mtbf(device_mtbf_hours: float = DEVICE_MTBF_HOURS):
 
     ns = [2**k for k in range(0, 18)]
     hours = [job_mtbf(device_mtbf_hours, n) for n in ns]
-    fig = go.Figure(go.Scatter(x=ns, y=hours, mode="lines+markers", line={"color": plots.SERIES_COLORS["parlab"]},
-                               hovertemplate="%{x} devices<br>a failure every %{y:.2f} h<extra></extra>"))  # fmt: skip
+    fig = go.Figure(
+        go.Scatter(
+            x=ns,
+            y=hours,
+            mode="lines+markers",
+            line={"color": plots.SERIES_COLORS["parlab"]},
+            hovertemplate="%{x} devices<br>a failure every %{y:.2f} h<extra></extra>",
+        )
+    )
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     title = f"A job fails n times as often as one device (MTBF {device_mtbf_hours:,.0f} h each)"
@@ -85,9 +91,8 @@ def checkpoint_bytes_rows(report: dict, psi: int, elem_bytes: int = 8) -> list[d
     """What each survivor of a failure run read back (bytes, measured by parlab.schemes.faults.checkpoint.Reader),
     beside the formula: the state (weights, m, v: 3 Psi elements) divided among the ranks that hold distinct parts."""
     layout = "dp" if report["scheme"] in ("dp", "dp-naive") else "zero"
-    P = report["restarted_on"]
-    state = 3 * psi * elem_bytes if report.get("optimizer", "adam") == "adam" else psi * elem_bytes
-    theory = state if layout == "dp" else state / P
+    state_bytes = (3 if report.get("optimizer", "adam") == "adam" else 1) * elem_bytes  # (weights, m, v) or weights
+    theory = checkpoint_bytes(psi, report["restarted_on"], layout, state_bytes)
     return [
         {"rank": r, "read_bytes": b, "formula_bytes": theory} for r, b in enumerate(report["checkpoint_bytes_per_rank"])
     ]
@@ -107,13 +112,29 @@ def draw_failure(report: dict):
     dotted = {"color": plots.SERIES_COLORS["single device"], "dash": "dot"}
     fig.add_trace(go.Scatter(x=steps, y=report["loss_uninterrupted"], name=f"uninterrupted ({P} ranks)", line=dotted))
     before = report["loss_uninterrupted"][: at - 1]
-    fig.add_trace(go.Scatter(x=steps[: at - 1], y=before, name=f"before the failure ({report['world_size']} ranks)",
-                             mode="lines+markers", line={"color": plots.rank_color(0)}))  # fmt: skip
-    fig.add_vline(x=at, line={"color": plots.rank_color(5), "dash": "dash"},
-                  annotation_text=f"rank {report['killed_rank']} dies in step {at}")  # fmt: skip
-    fig.add_trace(go.Scatter(x=steps[resumed:], y=report["loss_after_restart"], mode="lines+markers",
-                             name=f"restart from step {resumed} ({report['restarted_on']} ranks)",
-                             line={"color": plots.rank_color(2)}))  # fmt: skip
+    fig.add_trace(
+        go.Scatter(
+            x=steps[: at - 1],
+            y=before,
+            name=f"before the failure ({report['world_size']} ranks)",
+            mode="lines+markers",
+            line={"color": plots.rank_color(0)},
+        )
+    )
+    fig.add_vline(
+        x=at,
+        line={"color": plots.rank_color(5), "dash": "dash"},
+        annotation_text=f"rank {report['killed_rank']} dies in step {at}",
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=steps[resumed:],
+            y=report["loss_after_restart"],
+            mode="lines+markers",
+            name=f"restart from step {resumed} ({report['restarted_on']} ranks)",
+            line={"color": plots.rank_color(2)},
+        )
+    )
     return plots.style(fig, "A rank dies; training resumes from the last checkpoint", "step", "loss (nats)")
 
 
@@ -128,13 +149,3 @@ def async_rows(report: dict) -> list[dict]:
         }
         for w in workers
     ]
-
-
-def expected_failures(devices: int, days: float, device_mtbf_hours: float = DEVICE_MTBF_HOURS) -> float:
-    """How many failures a job of `devices` sees in `days` (a Poisson count's mean)."""
-    return days * 24 / job_mtbf(device_mtbf_hours, devices)
-
-
-def chance_of_no_failure(devices: int, hours: float, device_mtbf_hours: float = DEVICE_MTBF_HOURS) -> float:
-    """The probability that `hours` of a job on `devices` see no failure at all: exp(-hours / MTBF_job)."""
-    return math.exp(-hours / job_mtbf(device_mtbf_hours, devices))

@@ -159,8 +159,10 @@ def export(
                     missing = [target for render in retry for target in _write_static([render])]
                 written += [t for t in targets if t not in missing]
                 if missing:
-                    why = (f"static export failed: kaleido wrote no file for {len(missing)} of {len(targets)} "
-                           f"(first: {missing[0].name}; plotly does not pass kaleido's errors on)")  # fmt: skip
+                    why = (
+                        f"static export failed: kaleido wrote no file for {len(missing)} of {len(targets)} "
+                        f"(first: {missing[0].name}; plotly does not pass kaleido's errors on)"
+                    )
             except Exception as exc:  # a renderer that is installed but cannot start (no display, sandbox, ...)
                 why = f"static export failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if why is not None:

@@ -99,8 +99,17 @@ def build_and_run(dp=1, pp=2, cp=1, tp=2, zero=0, sequence_parallel=True, cp_met
     combination that cannot run prints the reason `check_parallel_dims` gives, before any process starts."""
     from parlab.runs.hybrid import HybridOptions, run_hybrid
 
-    chosen = dict(dp=dp, pp=pp, cp=cp, tp=tp, zero=zero, sequence_parallel=sequence_parallel,
-                  cp_method=cp_method, schedule=schedule, steps=1)  # fmt: skip
+    chosen = dict(
+        dp=dp,
+        pp=pp,
+        cp=cp,
+        tp=tp,
+        zero=zero,
+        sequence_parallel=sequence_parallel,
+        cp_method=cp_method,
+        schedule=schedule,
+        steps=1,
+    )
     try:
         opts = HybridOptions.make(**chosen)
         opts.validate()
@@ -111,8 +120,10 @@ def build_and_run(dp=1, pp=2, cp=1, tp=2, zero=0, sequence_parallel=True, cp_met
         return None
     _, report = run_hybrid(**chosen)
     failed = [line for line in report["verdicts"] if not line.endswith("PASS")]
-    print(f"{report['world_size']} ranks: one step {'equal to one device' if report['passed'] else 'DIFFERS'}"
-          f" (max |err| {report['max_abs_err']:.0e}); every axis' bytes as theory: {not failed}")  # fmt: skip
+    print(
+        f"{report['world_size']} ranks: one step {'equal to one device' if report['passed'] else 'DIFFERS'}"
+        f" (max |err| {report['max_abs_err']:.0e}); every axis' bytes as theory: {not failed}"
+    )
     for key, theory in report["comm"]["per_axis_theory"].items():
         print(f"  {key:20s} payload per rank {theory}")
     mesh_figure(report).show()
@@ -127,8 +138,10 @@ def mesh_builder():
     from parlab.schemes.pipeline.schedules import SCHEDULES
     from parlab.views.widgets import interact
 
-    sizes = {axis: Dropdown(options=BUILDER_SIZES, value=v, description=axis) for axis, v in
-             (("dp", 1), ("pp", 2), ("cp", 1), ("tp", 2))}  # fmt: skip
+    sizes = {
+        axis: Dropdown(options=BUILDER_SIZES, value=v, description=axis)
+        for axis, v in (("dp", 1), ("pp", 2), ("cp", 1), ("tp", 2))
+    }
     return interact(
         build_and_run,
         **sizes,
@@ -148,20 +161,44 @@ def axis_traffic_figure(report: dict):
     from parlab.views.plots import kind_color, style
 
     measured, theory = report["comm"]["per_axis_measured"], report["comm"]["per_axis_theory"]
-    what = {"dp": "gradients over the replicas", "pp": "activations and gradients", "tp": "inside each layer",
-            "cp": "attention over the sequence", "dp_cp": "gradients over dp x cp"}  # fmt: skip
+    what = {
+        "dp": "gradients over the replicas",
+        "pp": "activations and gradients",
+        "tp": "inside each layer",
+        "cp": "attention over the sequence",
+        "dp_cp": "gradients over dp x cp",
+    }
     keys = list(measured)  # "dp all_reduce", "pp send", "tp all_reduce", ...
     titles = [f"{key.split()[0]}: {key.split()[1].replace('_', '-')} ({what[key.split()[0]]})" for key in keys]
     fig = make_subplots(rows=len(keys), cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.08)
     ranks = [f"rank {r}" for r in range(report["world_size"])]
     for row, key in enumerate(keys, start=1):
         hover = "%{x}: %{y} payload bytes measured<extra></extra>"
-        fig.add_trace(go.Bar(name=f"{key} measured", x=ranks, y=measured[key], marker_color=kind_color(key.split()[1]),
-                             hovertemplate=hover), row=row, col=1)  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                name=f"{key} measured",
+                x=ranks,
+                y=measured[key],
+                marker_color=kind_color(key.split()[1]),
+                hovertemplate=hover,
+            ),
+            row=row,
+            col=1,
+        )
         marker = {"color": "black", "symbol": "line-ew-open", "size": 28, "line": {"width": 3}}
-        fig.add_trace(go.Scatter(name="theory", showlegend=row == 1, x=ranks, y=theory[key], mode="markers",
-                                 marker=marker, hovertemplate="%{x}: %{y} payload bytes in theory<extra></extra>"),
-                      row=row, col=1)  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                name="theory",
+                showlegend=row == 1,
+                x=ranks,
+                y=theory[key],
+                mode="markers",
+                marker=marker,
+                hovertemplate="%{x}: %{y} payload bytes in theory<extra></extra>",
+            ),
+            row=row,
+            col=1,
+        )
         fig.update_yaxes(title_text="payload bytes", row=row, col=1)
     title = f"Payload bytes each rank handed over on each axis in {report['steps']} steps"
     return style(fig, title, height=180 + 190 * len(keys))

@@ -18,8 +18,13 @@ from parlab.schemes.zero.theory import offload_memory
 
 PLACE_COLORS = {"device": "#4C78A8", "host": "#F58518", "disk": "#54A24B"}
 COPY_KINDS = ("offload", "upload", "disk_read", "disk_write")
-MOMENTS = ("after forward", "during backward", "before the optimizer step", "during the optimizer step",
-           "after the step")  # fmt: skip
+MOMENTS = (
+    "after forward",
+    "during backward",
+    "before the optimizer step",
+    "during the optimizer step",
+    "after the step",
+)
 
 
 def _moment(label: str) -> str:
@@ -66,11 +71,19 @@ def draw_memory_by_place(ledgers: dict[str, list[dict]], step: int = 1, unit: fl
             values = [sum(table[m][place].values()) / unit for m in moments]
             hover = [", ".join(f"{k} {v:,}" for k, v in table[m][place].items()) or "nothing" for m in moments]
             fig.add_trace(
-                go.Bar(x=moments, y=values, name=place, marker_color=PLACE_COLORS[place], showlegend=col == 1,
-                       legendgroup=place, customdata=hover,
-                       hovertemplate=f"{place}: %{{y:.1f}} KB<br>%{{customdata}} bytes<extra>{target}</extra>"),
-                row=1, col=col,
-            )  # fmt: skip
+                go.Bar(
+                    x=moments,
+                    y=values,
+                    name=place,
+                    marker_color=PLACE_COLORS[place],
+                    showlegend=col == 1,
+                    legendgroup=place,
+                    customdata=hover,
+                    hovertemplate=f"{place}: %{{y:.1f}} KB<br>%{{customdata}} bytes<extra>{target}</extra>",
+                ),
+                row=1,
+                col=col,
+            )
     fig.update_layout(barmode="stack")
     fig.update_xaxes(tickangle=-30)
     title = f"Where the training state lives during step {step + 1}, rank 0 (bytes counted from its tensors and files)"
@@ -106,8 +119,10 @@ def overlaps(trace: Trace, rank: int = 0) -> dict[str, tuple[int, int]]:
         label = "Adam " + previous.label.removeprefix("state ")  # the Adam span of the unit before
         before = min((a for a in adam if a.label == label), key=lambda a: abs(a.start - read.start))
         ahead += read.start < before.end and before.start < read.end  # in flight while the unit before is stepped
-    return {"gradient copies started during backward": (during, len(offloads)),
-            "state reads in flight during the previous unit's Adam": (ahead, len(reads))}  # fmt: skip
+    return {
+        "gradient copies started during backward": (during, len(offloads)),
+        "state reads in flight during the previous unit's Adam": (ahead, len(reads)),
+    }
 
 
 def draw_copy_seconds(traces: dict[str, Trace], rank: int = 0):
@@ -121,8 +136,15 @@ def draw_copy_seconds(traces: dict[str, Trace], rank: int = 0):
     for kind in kinds:
         ms = [copy_seconds(trace, rank).get(kind, 0.0) * 1e3 for trace in traces.values()]
         hover = f"{plots.kind_label(kind)}: %{{y:.2f}} ms per step<extra>%{{x}}</extra>"
-        fig.add_trace(go.Bar(x=list(traces), y=ms, name=plots.kind_label(kind), marker_color=plots.kind_color(kind),
-                             hovertemplate=hover))  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                x=list(traces),
+                y=ms,
+                name=plots.kind_label(kind),
+                marker_color=plots.kind_color(kind),
+                hovertemplate=hover,
+            )
+        )
     fig.update_layout(barmode="group")
     return plots.style(fig, f"Time per step in each copy, rank {rank} (measured)", "target", "ms per step")
 
@@ -145,9 +167,15 @@ def draw_budget(psi: float, N: int, b_c: int, b_m: int, device_budget_gb: float)
     fig = go.Figure()
     tables = {t: offload_memory([int(psi)], N, t, b_c, b_m)["steady_total"] for t in ("none", "cpu", "disk")}
     for place in PLACES:
-        fig.add_trace(go.Bar(x=list(tables), y=[tables[t][place] / 1e9 for t in tables], name=place,
-                             marker_color=PLACE_COLORS[place],
-                             hovertemplate=f"{place}: %{{y:.2f}} GB per rank<extra>%{{x}}</extra>"))  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                x=list(tables),
+                y=[tables[t][place] / 1e9 for t in tables],
+                name=place,
+                marker_color=PLACE_COLORS[place],
+                hovertemplate=f"{place}: %{{y:.2f}} GB per rank<extra>%{{x}}</extra>",
+            )
+        )
     fig.add_hline(y=device_budget_gb, line_dash="dash", annotation_text=f"device budget {device_budget_gb:g} GB")
     fig.update_layout(barmode="group")
     title = f"Psi = {psi / 1e9:g} B parameters on N = {N}: bytes per rank by place (formulas)"

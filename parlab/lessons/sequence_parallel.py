@@ -88,7 +88,7 @@ def check_attention(results: Results, method: str, layout: str, causal: bool, se
             ref,
             show=False,
             against="sdpa on the whole sequence",
-        )  # fmt: skip
+        )
         for i, (name, ref) in enumerate(zip(names, (out.detach(), q.grad, k.grad, v.grad), strict=True))
     ]
 
@@ -133,8 +133,15 @@ def draw_ring_step(steps: dict, step: int, causal: bool = True):
         y = P - 1 - r
         shapes.append(_rect(0, y * n / P, 2.6, (y + 0.9) * n / P, rank_color(src)))
         held = ", ".join(f"c{c}" for c in chunks_of(src, P, layout))
-        notes.append(dict(x=1.3, y=(y + 0.45) * n / P, text=f"K/V of rank {src}<br>({held})", showarrow=False,
-                          font={"color": "white"}))  # fmt: skip
+        notes.append(
+            dict(
+                x=1.3,
+                y=(y + 0.45) * n / P,
+                text=f"K/V of rank {src}<br>({held})",
+                showarrow=False,
+                font={"color": "white"},
+            )
+        )
         notes.append(dict(x=-0.1, y=(y + 0.45) * n / P, text=f"rank {r}", showarrow=False, xanchor="right"))
     x0 = 4.0
     done = {(q, k): (rank, s) for rank, s, q, k in steps["tiles"] if s <= step}
@@ -153,14 +160,39 @@ def draw_ring_step(steps: dict, step: int, causal: bool = True):
     shapes += current
     fig = go.Figure()
     for r in range(P):
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"rank {r}",
-                                 marker={"size": 14, "symbol": "square", "color": rank_color(r)}))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                name=f"rank {r}",
+                marker={"size": 14, "symbol": "square", "color": rank_color(r)},
+            )
+        )
     # Panel titles anchored away from each other (K/V ends at its panel's right edge, tiles start at their left
     # edge), on two lines: at any font size neither runs into the other.
-    notes.append(dict(x=2.6, y=n + 0.1, text="<b>K/V block</b><br><b>held</b>", showarrow=False, xanchor="right",
-                      yanchor="bottom", name="panel title"))  # fmt: skip
-    notes.append(dict(x=x0, y=n + 0.1, text="<b>score tiles done</b><br>(query row, key column)", showarrow=False,
-                      xanchor="left", yanchor="bottom", name="panel title"))  # fmt: skip
+    notes.append(
+        dict(
+            x=2.6,
+            y=n + 0.1,
+            text="<b>K/V block</b><br><b>held</b>",
+            showarrow=False,
+            xanchor="right",
+            yanchor="bottom",
+            name="panel title",
+        )
+    )
+    notes.append(
+        dict(
+            x=x0,
+            y=n + 0.1,
+            text="<b>score tiles done</b><br>(query row, key column)",
+            showarrow=False,
+            xanchor="left",
+            yanchor="bottom",
+            name="panel title",
+        )
+    )
     fig.update_layout(shapes=shapes, annotations=notes)
     chunk_ticks = [x0 + k + 0.5 for k in range(n)]
     fig.update_xaxes(range=[-1.2, x0 + n + 0.2], tickvals=chunk_ticks, ticktext=[f"k{k}" for k in range(n)])
@@ -224,20 +256,45 @@ def comm_rows(reports: dict[str, dict]) -> list[tuple[str, str, int | float, int
     for method, rep in reports.items():
         c = rep["comm"]
         if method == "megatron-sp":
-            rows.append((method, "all-gather payload, layers", c["layers_all_gather_per_step"][0],
-                         c["layers_theory"]["all_gather"]))  # fmt: skip
-            rows.append((method, "reduce-scatter payload, layers", c["layers_reduce_scatter_per_step"][0],
-                         c["layers_theory"]["reduce_scatter"]))  # fmt: skip
-            rows.append((method, "on the wire (ring), layers", c["layers_sent_per_step"][0],
-                         c["tp_all_reduce_sent_per_step"]))  # fmt: skip
+            rows.append(
+                (
+                    method,
+                    "all-gather payload, layers",
+                    c["layers_all_gather_per_step"][0],
+                    c["layers_theory"]["all_gather"],
+                )
+            )
+            rows.append(
+                (
+                    method,
+                    "reduce-scatter payload, layers",
+                    c["layers_reduce_scatter_per_step"][0],
+                    c["layers_theory"]["reduce_scatter"],
+                )
+            )
+            rows.append(
+                (method, "on the wire (ring), layers", c["layers_sent_per_step"][0], c["tp_all_reduce_sent_per_step"])
+            )
         elif method == "ulysses":
             rows.append((method, "all-to-all payload", c["all_to_all_per_step"][0], c["all_to_all_per_step_theory"]))
         else:
             for item in ("kv fwd", "kv bwd", "dkv bwd"):
-                rows.append((method, f"send {item} (payload = wire)", c["send_per_step"][item][0],
-                             c["send_per_step_theory"][item]))  # fmt: skip
-        rows.append((method, "gradient all-reduce payload", c["grad_all_reduce_per_step"][0],
-                     c["grad_all_reduce_per_step_theory"]))  # fmt: skip
+                rows.append(
+                    (
+                        method,
+                        f"send {item} (payload = wire)",
+                        c["send_per_step"][item][0],
+                        c["send_per_step_theory"][item],
+                    )
+                )
+        rows.append(
+            (
+                method,
+                "gradient all-reduce payload",
+                c["grad_all_reduce_per_step"][0],
+                c["grad_all_reduce_per_step_theory"],
+            )
+        )
     return rows
 
 
@@ -315,9 +372,16 @@ def memory_figure(measured: dict[str, list[int]], seqs, world_size: int):
     colors = {"single device": "#000000", "megatron-sp": "#E69F00", "ulysses": "#009E73", "ring": "#0072B2"}
     fig = go.Figure()
     for method, values in measured.items():
-        fig.add_trace(go.Scatter(x=list(seqs), y=values, name=method, mode="lines+markers",
-                                 line={"color": colors[method]},
-                                 hovertemplate="T=%{x}: %{y} bytes<extra>" + method + "</extra>"))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=list(seqs),
+                y=values,
+                name=method,
+                mode="lines+markers",
+                line={"color": colors[method]},
+                hovertemplate="T=%{x}: %{y} bytes<extra>" + method + "</extra>",
+            )
+        )
     fig.update_xaxes(type="log", tickvals=list(seqs))
     fig.update_yaxes(type="log")
     title = f"Activation memory per rank (saved for backward, 1 layer), {world_size} ranks"
@@ -378,13 +442,25 @@ def draw_usp(results: Results, ulysses: int, ring: int, heads: int, seq: int, la
     fig = go.Figure()
     for r in range(P):
         name = f"rank {r} (ring {r // ulysses}, ulysses {r % ulysses})"
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
-                                 marker={"size": 14, "symbol": "square", "color": rank_color(r)}))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                name=name,
+                marker={"size": 14, "symbol": "square", "color": rank_color(r)},
+            )
+        )
     fig.update_layout(shapes=shapes, annotations=notes)
     every = max(1, seq // ring // ulysses)  # a tick per T/P tokens
     ticks = [(k * (seq + GAP) + t + 0.5, str(t)) for k in range(2) for t in range(0, seq, every)]
-    fig.update_xaxes(range=[-3, 2 * seq + GAP + 0.5], tickvals=[x for x, _ in ticks], ticktext=[t for _, t in ticks],
-                     showgrid=False, zeroline=False)  # fmt: skip
+    fig.update_xaxes(
+        range=[-3, 2 * seq + GAP + 0.5],
+        tickvals=[x for x, _ in ticks],
+        ticktext=[t for _, t in ticks],
+        showgrid=False,
+        zeroline=False,
+    )
     fig.update_yaxes(range=[-0.3, heads + 1.2], showticklabels=False, showgrid=False, zeroline=False)
     title = f"USP, ulysses {ulysses} x ring {ring} ({layout}), {heads} heads, T = {seq}: who holds which (head, token)"
     return style(fig, title, "token position", None, height=260 + 40 * heads)
@@ -411,9 +487,16 @@ def usp_comm_figure(reports: dict[str, dict]):
 
     rows = usp_comm_rows(reports)
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=[r[0] for r in rows], y=[r[1] for r in rows], name="all-to-all payload (ulysses axis)",
-                         marker_color="#009E73"))  # fmt: skip
-    fig.add_trace(go.Bar(x=[r[0] for r in rows], y=[r[2] for r in rows], name="ring sends (ring axis)",
-                         marker_color="#0072B2"))  # fmt: skip
+    fig.add_trace(
+        go.Bar(
+            x=[r[0] for r in rows],
+            y=[r[1] for r in rows],
+            name="all-to-all payload (ulysses axis)",
+            marker_color="#009E73",
+        )
+    )
+    fig.add_trace(
+        go.Bar(x=[r[0] for r in rows], y=[r[2] for r in rows], name="ring sends (ring axis)", marker_color="#0072B2")
+    )
     fig.update_layout(barmode="stack")
     return style(fig, "Measured bytes per rank per training step, 4 ranks", None, "bytes per rank per step", height=420)

@@ -111,17 +111,19 @@ def recompute_table(cfg: GPTConfig | None = None, batch: int = 2) -> list[dict]:
         same = torch.equal(run["loss"], runs["none"]["loss"]) and all(
             torch.equal(g, runs["none"]["grads"][n]) for n, g in run["grads"].items()
         )
-        rows.append({
-            "mode": mode,
-            "measured": measure_layer(cfg, batch, mode),
-            "formula": formula_bytes(cfg, batch, mode),
-            "korthikanti_fp16": korthikanti_bytes(cfg, batch, mode),
-            "model_saved": run["saved"],
-            "forward_flops": run["forward_flops"],
-            "recomputed_flops": run["backward_flops"] - runs["none"]["backward_flops"],
-            "recomputed_flops_theory": cfg.layers * recompute_flops_theory(cfg, batch, mode),
-            "bit_for_bit": same,
-        })  # fmt: skip
+        rows.append(
+            {
+                "mode": mode,
+                "measured": measure_layer(cfg, batch, mode),
+                "formula": formula_bytes(cfg, batch, mode),
+                "korthikanti_fp16": korthikanti_bytes(cfg, batch, mode),
+                "model_saved": run["saved"],
+                "forward_flops": run["forward_flops"],
+                "recomputed_flops": run["backward_flops"] - runs["none"]["backward_flops"],
+                "recomputed_flops_theory": cfg.layers * recompute_flops_theory(cfg, batch, mode),
+                "bit_for_bit": same,
+            }
+        )
     return rows
 
 
@@ -158,7 +160,7 @@ def measure_parallel_forms(cfg: GPTConfig | None = None, batch: int = 2, world_s
             "measured": measured[form],
             "formula": formula_bytes(cfg, batch, "none", form, world_size),
             "korthikanti_fp16": korthikanti_bytes(cfg, batch, "none", form, world_size),
-        }  # fmt: skip
+        }
         for form in ("tp", "tp+sp")
     }
 
@@ -175,15 +177,38 @@ def recompute_figure(rows: list[dict], times: dict[str, float] | None = None) ->
     modes = [r["mode"] for r in rows]
     right = "time of one forward + backward (ms)" if times else "recomputed FLOPs (% of the forward)"
     fig = make_subplots(rows=1, cols=2, subplot_titles=("activations kept per layer (bytes)", right))
-    fig.add_trace(go.Bar(x=modes, y=[r["measured"] for r in rows], name="measured (saved by autograd)",
-                         marker_color="#7B3294"), row=1, col=1)  # fmt: skip
+    fig.add_trace(
+        go.Bar(x=modes, y=[r["measured"] for r in rows], name="measured (saved by autograd)", marker_color="#7B3294"),
+        row=1,
+        col=1,
+    )
     marker = {"symbol": "line-ew-open", "size": 40, "line": {"width": 3}, "color": "black"}
-    fig.add_trace(go.Scatter(x=modes, y=[r["formula"] for r in rows], mode="markers", marker=marker,
-                             name="formula (Korthikanti, adapted)"), row=1, col=1)  # fmt: skip
+    fig.add_trace(
+        go.Scatter(
+            x=modes,
+            y=[r["formula"] for r in rows],
+            mode="markers",
+            marker=marker,
+            name="formula (Korthikanti, adapted)",
+        ),
+        row=1,
+        col=1,
+    )
     extra = [100 * r["recomputed_flops"] / r["forward_flops"] for r in rows]
     labels = [f"+{e:.0f}% FLOPs" for e in extra]
     y = [1000 * times[m] for m in modes] if times else extra
-    fig.add_trace(go.Bar(x=modes, y=y, text=labels, name="cost", marker_color="#E69F00", showlegend=False,
-                         textposition="outside", textangle=0),
-                  row=1, col=2)  # fmt: skip
+    fig.add_trace(
+        go.Bar(
+            x=modes,
+            y=y,
+            text=labels,
+            name="cost",
+            marker_color="#E69F00",
+            showlegend=False,
+            textposition="outside",
+            textangle=0,
+        ),
+        row=1,
+        col=2,
+    )
     return style(fig, "Activation recomputation: memory kept against compute paid", None, None, height=430)

@@ -70,8 +70,9 @@ def twin_lines(report: dict, rank: int = 0) -> list[str]:
     lines = [f"{report['scheme']} vs {twin['name']}:"] + [f"  {line}" for line in twin["verdicts"]]
     if twin["comm"] is not None:
         ours = {k: v for k, v in report["comm"].items() if isinstance(v, list) and len(v) == report["world_size"]}
-        kinds = sorted(set(ours) & {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv"}
-                       | set(twin["comm"]))  # fmt: skip
+        kinds = sorted(
+            set(ours) & {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv"} | set(twin["comm"])
+        )
         lines.append(f"  bytes handed to torch.distributed by rank {rank}:  {'parlab':>10s} {'twin':>10s}")
         for kind in kinds:
             mine, its = ours.get(kind, [0] * 99)[rank], twin["comm"].get(kind, [0] * 99)[rank]
@@ -113,8 +114,14 @@ def _placements_rank() -> list[dict]:
         y = distribute_tensor(x, mesh, [Shard(1)], src_data_rank=None) @ distribute_tensor(
             w, mesh, [Shard(0)], src_data_rank=None
         )
-    rows.append({"change": "Shard(1) @ Shard(0) (the matmul)", "collectives": ", ".join(e.kind for e in events)
-                 or "none", "local shape": list(y.to_local().shape), "placement": str(y.placements[0])})  # fmt: skip
+    rows.append(
+        {
+            "change": "Shard(1) @ Shard(0) (the matmul)",
+            "collectives": ", ".join(e.kind for e in events) or "none",
+            "local shape": list(y.to_local().shape),
+            "placement": str(y.placements[0]),
+        }
+    )
     with recording() as events:
         full = y.full_tensor()  # Partial -> Replicate: here the reduction happens
     same = bool(torch.allclose(full, x @ w, atol=1e-12))
@@ -159,8 +166,11 @@ def collective_mismatch() -> dict:
     Returns what rank 0 saw: the error torch raised (each rank's op and shape, parsed from its text) and the
     collectives its flight recorder holds (DETAIL's own fingerprint all-gathers among them)."""
     out = launch(_mismatch_rank, 2, echo=False, timeout=60)[0]
-    found = re.findall(r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=\d+, "
-                       r"OpType=(\w+), TensorShape=\[([\d, ]*)\]", out["error"])  # fmt: skip
+    found = re.findall(
+        r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=\d+, "
+        r"OpType=(\w+), TensorShape=\[([\d, ]*)\]",
+        out["error"],
+    )
     return {
         "detected": out["error"].split(".")[0],
         "ranks": {int(r): f"{op} of shape [{shape}]" for r, op, shape in found},

@@ -207,8 +207,9 @@ def ps_failure_report(opts, results: Results) -> dict:
     updates, dead = server["updates"], server["dead"]
     batches = make_batches(cfg, opts.batch, K, opts.seed)
     model = build_model(cfg, opts.seed)
-    replay = replay_on_one_device(model, make_optimizer(model.parameters(), opts.optimizer, opts.lr), batches,
-                                  updates, N)  # fmt: skip
+    replay = replay_on_one_device(
+        model, make_optimizer(model.parameters(), opts.optimizer, opts.lr), batches, updates, N
+    )
     expected = N * K - (K - (opts.at_step - 1))
     verdict = compare(
         f"async with a dead worker: server's parameters after {len(updates)} updates",

@@ -61,8 +61,15 @@ class MoEOptions(ModelOptions):
             raise ValueError(f"aux_weight={self.aux_weight} must be >= 0")
 
     def moe_config(self) -> MoEConfig:
-        return MoEConfig(self.experts, self.top_k, self.capacity_factor, self.drop, self.aux_weight,
-                         self.moe_every, groups=self.world_size)  # fmt: skip
+        return MoEConfig(
+            self.experts,
+            self.top_k,
+            self.capacity_factor,
+            self.drop,
+            self.aux_weight,
+            self.moe_every,
+            groups=self.world_size,
+        )
 
     def gpt_config(self) -> GPTConfig:
         cfg = super().gpt_config()
@@ -99,20 +106,34 @@ def moe_report(opts: MoEOptions, results: Results) -> dict:
     coords = [mesh_coords(r, opts.axes) for r in range(W)]
     verdicts = []
     loss = [sum(r["losses"][k] for r in results) / W for k in range(K)]  # equal rows per rank: mean of means
-    verdicts.append(compare(f"loss (aux included) of each of {K} steps", torch.tensor(loss, dtype=dtype),
-                            torch.tensor(reference.losses, dtype=dtype), show=False))  # fmt: skip
+    verdicts.append(
+        compare(
+            f"loss (aux included) of each of {K} steps",
+            torch.tensor(loss, dtype=dtype),
+            torch.tensor(reference.losses, dtype=dtype),
+            show=False,
+        )
+    )
     ref_routing = reference_routing(cfg, batches[0][0], opts.seed)
     aux1 = sum(r["aux"][0] for r in results) / W
-    verdicts.append(compare("aux loss of step 1", torch.tensor([aux1], dtype=dtype),
-                            torch.tensor([ref_routing["aux"]], dtype=dtype), show=False))  # fmt: skip
+    verdicts.append(
+        compare(
+            "aux loss of step 1",
+            torch.tensor([aux1], dtype=dtype),
+            torch.tensor([ref_routing["aux"]], dtype=dtype),
+            show=False,
+        )
+    )
     for replica in range(opts.dp):  # each replica holds every expert once, over its ep ranks
         ranks = [r for r in range(W) if coords[r]["dp"] == replica]
         grads = {n: g for r in ranks for n, g in results[r]["grads"].items()}
         params = {n: p for r in ranks for n, p in results[r]["params"].items()}
-        verdicts.append(compare(f"replica {replica}: gradients of step 1, gathered", grads, reference.grads,
-                                show=False))  # fmt: skip
-        verdicts.append(compare(f"replica {replica}: parameters after {K} steps, gathered", params,
-                                reference.params, show=False))  # fmt: skip
+        verdicts.append(
+            compare(f"replica {replica}: gradients of step 1, gathered", grads, reference.grads, show=False)
+        )
+        verdicts.append(
+            compare(f"replica {replica}: parameters after {K} steps, gathered", params, reference.params, show=False)
+        )
 
     # Routing: what the ranks measured, against one device routing the same groups.
     load = [[sum(layer["load"][e] for step in r["stats"] for layer in step) for e in range(E)] for r in results]
@@ -125,17 +146,30 @@ def moe_report(opts: MoEOptions, results: Results) -> dict:
             for e, rows in zip(mine, layer["rows_per_expert"], strict=True):
                 received[e] += rows
     counts = [
-        check_equal("step 1: assignments per expert differing from one device", sum(
-            a != b for a, b in zip(load1, ref_routing["load"], strict=True)), 0, show=False),
-        check_equal("step 1: dropped assignments, all ranks (one device's)", dropped_per_step[0],
-                    ref_routing["dropped"], show=False),
-    ]  # fmt: skip
+        check_equal(
+            "step 1: assignments per expert differing from one device",
+            sum(a != b for a, b in zip(load1, ref_routing["load"], strict=True)),
+            0,
+            show=False,
+        ),
+        check_equal(
+            "step 1: dropped assignments, all ranks (one device's)",
+            dropped_per_step[0],
+            ref_routing["dropped"],
+            show=False,
+        ),
+    ]
 
     # Bytes: what each rank handed to all_to_all_single (the trace) against what its split sizes call for.
     measured = results.trace.bytes_per_rank().get("all_to_all", [0] * W)
-    theory = [sum(all_to_all_payload(sum(layer["send_splits"]), sum(layer["recv_splits"]), cfg.hidden,
-                                     cfg.dtype_bytes, E) for step in r["stats"] for layer in step)
-              for r in results]  # fmt: skip
+    theory = [
+        sum(
+            all_to_all_payload(sum(layer["send_splits"]), sum(layer["recv_splits"]), cfg.hidden, cfg.dtype_bytes, E)
+            for step in r["stats"]
+            for layer in step
+        )
+        for r in results
+    ]
     wrong = sum(m != t for m, t in zip(measured, theory, strict=True))
     counts.append(check_equal("ranks whose all-to-all bytes differ from their split sizes", wrong, 0, show=False))
     tokens = opts.batch // W * cfg.seq_len  # per rank
@@ -167,7 +201,7 @@ def moe_report(opts: MoEOptions, results: Results) -> dict:
             "total": sum(dropped_per_step),
             "per_step": dropped_per_step,
             "assignments_per_step": W * tokens * opts.top_k * moe_per_step,
-        },  # fmt: skip
+        },
         all_to_all_bytes=measured,
         all_to_all_theory=theory,
         all_to_all_balanced={

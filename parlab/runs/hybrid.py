@@ -65,8 +65,9 @@ class HybridOptions(ModelOptions):
     drop: bool = option(True, "drop the tokens past an expert's capacity (--no-drop: every expert takes all)")
     aux_weight: float = option(0.01, "weight of the load-balancing loss in the training loss", bounds="[0, 100]")
     moe_every: int = option(1, "an MoE FFN in every block (1) or every other block (2)")
-    optimizer: str = option("auto", "sgd or adam (auto: adam with --zero, ZeRO's own; else sgd)",
-                            choices=["auto", "sgd", "adam"])  # fmt: skip
+    optimizer: str = option(
+        "auto", "sgd or adam (auto: adam with --zero, ZeRO's own; else sgd)", choices=["auto", "sgd", "adam"]
+    )
     lr: float = option(0.0, "learning rate (0: 0.1 for sgd, 0.01 for adam)", bounds="[0, 100]")
 
     def __post_init__(self):
@@ -96,8 +97,16 @@ class HybridOptions(ModelOptions):
             return cfg
         layout, chunks = ("zigzag", 2 * self.cp) if self.cp_method == "zigzag" else ("contiguous", self.cp)
         seq_groups = reference_seq_groups(self.seq, self.cp, layout) if self.cp > 0 and self.seq % chunks == 0 else ()
-        moe = MoEConfig(self.experts, self.top_k, self.capacity_factor, self.drop, self.aux_weight, self.moe_every,
-                        groups=max(self.dp * self.microbatches, 1), seq_groups=seq_groups)  # fmt: skip
+        moe = MoEConfig(
+            self.experts,
+            self.top_k,
+            self.capacity_factor,
+            self.drop,
+            self.aux_weight,
+            self.moe_every,
+            groups=max(self.dp * self.microbatches, 1),
+            seq_groups=seq_groups,
+        )
         return GPTConfig(**{**cfg.__dict__, "moe": moe})
 
     @property
@@ -106,10 +115,20 @@ class HybridOptions(ModelOptions):
 
     def validate(self) -> None:
         super().validate()
-        check_parallel_dims(self.gpt_config(), self.sizes, world_size=self.world_size, batch=self.batch,
-                            microbatches=self.microbatches, schedule=self.schedule, virtual=self.v, zero=self.zero,
-                            sequence_parallel=self.sequence_parallel, cp_method=self.cp_method,
-                            optimizer=self.optimizer, ulysses=self.ulysses)  # fmt: skip
+        check_parallel_dims(
+            self.gpt_config(),
+            self.sizes,
+            world_size=self.world_size,
+            batch=self.batch,
+            microbatches=self.microbatches,
+            schedule=self.schedule,
+            virtual=self.v,
+            zero=self.zero,
+            sequence_parallel=self.sequence_parallel,
+            cp_method=self.cp_method,
+            optimizer=self.optimizer,
+            ulysses=self.ulysses,
+        )
 
     def forward_flops(self) -> float:
         """One paced F action (`--pace h100`): a micro-batch of b = B/(dp m) sequences through one stage's
@@ -168,8 +187,11 @@ def gathered_model(opts: HybridOptions, results: Results, replica: int) -> tuple
             grads |= gather_full([results[r]["grads"] for r in slices], dims)
         if opts.ep > 1:  # the experts, each held by one rank of this replica's ep group (replicated over tp)
             n = replica * opts.cp // opts.ep  # the ep group of dp_cp index replica x C
-            group = [r for r, c in enumerate(coords) if c["pp"] == pp_rank and c["tp"] == 0
-                     and (c["dp"] * opts.cp + c["cp"]) // opts.ep == n]  # fmt: skip
+            group = [
+                r
+                for r, c in enumerate(coords)
+                if c["pp"] == pp_rank and c["tp"] == 0 and (c["dp"] * opts.cp + c["cp"]) // opts.ep == n
+            ]
             params |= {k: w for r in group for k, w in results[r]["params"].items() if is_expert_param(k)}
             grads |= {k: g for r in group for k, g in results[r]["grads"].items() if is_expert_param(k)}
     return grads, params
@@ -189,24 +211,37 @@ def hybrid_report(opts: HybridOptions, results: Results) -> dict:
     verdicts = []
     for replica in range(opts.dp):
         grads, params = gathered_model(opts, results, replica)
-        verdicts.append(compare(f"replica {replica}: gradients of step 1, gathered", grads, reference.grads,
-                                show=False))  # fmt: skip
-        verdicts.append(compare(f"replica {replica}: parameters after {K} steps", params, reference.params,
-                                show=False))  # fmt: skip
+        verdicts.append(
+            compare(f"replica {replica}: gradients of step 1, gathered", grads, reference.grads, show=False)
+        )
+        verdicts.append(compare(f"replica {replica}: parameters after {K} steps", params, reference.params, show=False))
     schedule = opts.make_schedule()
     last = [r for r in _ranks(coords, tp=0) if results[r]["losses"] is not None]  # last stage: each dp, cp place
     loss = [sum(results[r]["losses"][k] for r in last) / len(last) for k in range(K)]  # means over equal shares
     dtype = cfg.torch_dtype
     moe = moe_checks(opts, results, coords) if cfg.moe else {}
     loss = [lm + cfg.moe.aux_weight * a for lm, a in zip(loss, moe["aux"], strict=True)] if moe else loss
-    verdicts.insert(0, compare(f"loss of each of {K} steps" + (" (aux included)" if moe else ""),
-                               torch.tensor(loss, dtype=dtype), torch.tensor(reference.losses, dtype=dtype),
-                               show=False))  # fmt: skip
+    verdicts.insert(
+        0,
+        compare(
+            f"loss of each of {K} steps" + (" (aux included)" if moe else ""),
+            torch.tensor(loss, dtype=dtype),
+            torch.tensor(reference.losses, dtype=dtype),
+            show=False,
+        ),
+    )
     verdicts += moe.get("verdicts", [])
 
-    theory = hybrid_comm_theory(cfg, schedule, opts.batch, opts.sizes, zero=opts.zero,
-                                sequence_parallel=opts.sequence_parallel, cp_method=opts.cp_method,
-                                ulysses=opts.ulysses)  # fmt: skip
+    theory = hybrid_comm_theory(
+        cfg,
+        schedule,
+        opts.batch,
+        opts.sizes,
+        zero=opts.zero,
+        sequence_parallel=opts.sequence_parallel,
+        cp_method=opts.cp_method,
+        ulysses=opts.ulysses,
+    )
     events = [e for e in results.trace.events if not e.is_compute and not e.label.startswith("check")]
     # An axis as large as the world is torch's default group, which has no mesh name: its calls are that axis'.
     whole = [a for a, n in opts.axes.items() if n == P > 1]
@@ -219,18 +254,28 @@ def hybrid_report(opts: HybridOptions, results: Results) -> dict:
             measured.setdefault(f"{e.axis} {e.kind}", [0] * P)[e.rank] += e.bytes
     expected = {key: [theory[c["pp"]].get(key, 0) * K for c in coords] for row in theory for key in row}
     if opts.ep > 1:  # the ep all-to-alls: what each call's split sizes call for, over all steps
-        expected["ep all_to_all"] = [ep_all_to_all_bytes([rows for step in r["moe"] for rows in step["a2a_rows"]],
-                                                         cfg) for r in results]  # fmt: skip
+        expected["ep all_to_all"] = [
+            ep_all_to_all_bytes([rows for step in r["moe"] for rows in step["a2a_rows"]], cfg) for r in results
+        ]
     counts = []
     for key in sorted(set(measured) | set(expected)):
         got, want = measured.get(key, [0] * P), expected.get(key, [0] * P)
         wrong = sum(a != b for a, b in zip(got, want, strict=True))
-        counts.append(check_equal(f"{key.split()[0]} axis: ranks whose {key.split()[1]} bytes differ from theory",
-                                  wrong, 0, show=False))  # fmt: skip
+        counts.append(
+            check_equal(
+                f"{key.split()[0]} axis: ranks whose {key.split()[1]} bytes differ from theory", wrong, 0, show=False
+            )
+        )
     allowed = {"dp", "pp", "cp", "tp", "dp_cp", "ep", "edp", "ulysses", "ring"}
     stray = [e for e in events if e.axis not in allowed]
-    counts.append(check_equal("calls on no mesh axis (every call must be on dp, pp, cp, tp, dp_cp or a sub-axis)",
-                              len(stray), 0, show=False))  # fmt: skip
+    counts.append(
+        check_equal(
+            "calls on no mesh axis (every call must be on dp, pp, cp, tp, dp_cp or a sub-axis)",
+            len(stray),
+            0,
+            show=False,
+        )
+    )
     counts += moe.get("counts", [])
     pb_theory = [hybrid_param_bytes(cfg, schedule, c["pp"], opts.sizes, opts.zero) for c in coords]
     pb = [r["param_bytes"] for r in results]
@@ -255,7 +300,7 @@ def hybrid_report(opts: HybridOptions, results: Results) -> dict:
             "schedule": opts.schedule,
             "virtual": opts.v,
             "experts": opts.experts,
-        },  # fmt: skip
+        },
         moe=moe.get("report", {}),
         bytes_per_rank={"params": pb, "params_theory": pb_theory},
         state_bytes=[r["state_bytes"] for r in results],
@@ -287,7 +332,7 @@ def moe_checks(opts: HybridOptions, results: Results, coords: list[dict]) -> dic
                 torch.tensor([ref["aux"]], dtype=dtype),
                 show=False,
             )
-        ],  # fmt: skip
+        ],
         "counts": [
             check_equal(
                 "step 1: experts whose assignments differ from one device's",
@@ -296,7 +341,7 @@ def moe_checks(opts: HybridOptions, results: Results, coords: list[dict]) -> dic
                 show=False,
             ),
             check_equal("step 1: dropped assignments, all ranks (one device's)", dropped, ref["dropped"], show=False),
-        ],  # fmt: skip
+        ],
         "report": {
             "experts": E,
             "ep": opts.ep,
@@ -305,7 +350,7 @@ def moe_checks(opts: HybridOptions, results: Results, coords: list[dict]) -> dic
             "dropped_step1": dropped,
             "reference": ref,
             "a2a_rows_per_rank": a2a,
-        },  # fmt: skip
+        },
     }
 
 

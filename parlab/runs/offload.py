@@ -46,13 +46,17 @@ def parse_bytes(text: str | int) -> int:
 
 @dataclass
 class OffloadOptions(ModelOptions):
-    target: str = option("cpu", "where Adam's state lives: cpu (host memory) or disk (memory-mapped files); "
-                         "none: on the device (ZeRO-2)", choices=list(TARGETS))  # fmt: skip
+    target: str = option(
+        "cpu",
+        "where Adam's state lives: cpu (host memory) or disk (memory-mapped files); none: on the device (ZeRO-2)",
+        choices=list(TARGETS),
+    )
     device_budget: int = option(0, "device memory per rank, e.g. 64KB (0: no limit)", parse=parse_bytes)
     host_budget: int = option(0, "host memory per rank (0: no limit)", parse=parse_bytes)
     disk_budget: int = option(0, "disk per rank (0: no limit)", parse=parse_bytes)
-    folder: str = option("", "disk target: a new or empty folder for the files, removed after the run (default: a "
-                         "new temporary folder)")  # fmt: skip
+    folder: str = option(
+        "", "disk target: a new or empty folder for the files, removed after the run (default: a new temporary folder)"
+    )
     reference: bool = option(True, "also train without offload (target none) and compare (--no-reference skips)")
     optimizer: str = option("adam", "offload steps Adam (written out): adam only", choices=["adam"])
     lr: float = option(1e-3, "learning rate", bounds="(0, 100]")
@@ -108,8 +112,9 @@ def offload_rank(opts: OffloadOptions) -> dict:
     cfg = opts.gpt_config()
     batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)  # global [B, T], the same on every rank
     folder = opts.folder or None
-    out = train_offload(build_model(cfg, opts.seed).to(device()), batches, target=opts.target, lr=opts.lr,
-                        folder=folder)  # fmt: skip
+    out = train_offload(
+        build_model(cfg, opts.seed).to(device()), batches, target=opts.target, lr=opts.lr, folder=folder
+    )
     out["reference_from"] = time.perf_counter()
     if opts.reference and opts.target != "none":
         ref = train_offload(build_model(cfg, opts.seed).to(device()), batches, target="none", lr=opts.lr)
@@ -145,15 +150,24 @@ def offload_report(opts: OffloadOptions, results: Results) -> dict:
     loss_parallel = [sum(r["losses"][k] for r in results) / P for k in range(K)]
     params = [r["params"] for r in results]
     verdicts = [
-        compare(f"loss of each of {K} steps", torch.tensor(loss_parallel, dtype=dtype),
-                torch.tensor(single.losses, dtype=dtype), show=False),
+        compare(
+            f"loss of each of {K} steps",
+            torch.tensor(loss_parallel, dtype=dtype),
+            torch.tensor(single.losses, dtype=dtype),
+            show=False,
+        ),
         compare(f"parameters after {K} steps, every rank", params, [single.params] * P, show=False),
-    ]  # fmt: skip
+    ]
     if opts.reference and target != "none":
         verdicts.append(
-            compare("parameters vs the same run without offload (target none), every rank", params,
-                    [r["none"]["params"] for r in results], show=False, against="the run without offload")
-        )  # fmt: skip
+            compare(
+                "parameters vs the same run without offload (target none), every rank",
+                params,
+                [r["none"]["params"] for r in results],
+                show=False,
+                against="the run without offload",
+            )
+        )
 
     # Bytes by place: what each rank held before the optimizer step (= formula) and at its peak (<= formula).
     memory = opts.memory()
@@ -161,14 +175,19 @@ def offload_report(opts: OffloadOptions, results: Results) -> dict:
     for place in PLACES:
         steady = [sum(r["steady"][place].values()) for r in results]
         theory = memory["steady_total"][place]
-        checks += [check_equal(f"{place} bytes before the step, rank {r}", steady[r], theory, show=False)
-                   for r in range(P)]  # fmt: skip
-        lines.append(f"{place} bytes before the optimizer step, per rank: measured {steady} = formula {theory:,}: "
-                     f"{'PASS' if all(n == theory for n in steady) else 'FAIL'}")  # fmt: skip
+        checks += [
+            check_equal(f"{place} bytes before the step, rank {r}", steady[r], theory, show=False) for r in range(P)
+        ]
+        lines.append(
+            f"{place} bytes before the optimizer step, per rank: measured {steady} = formula {theory:,}: "
+            f"{'PASS' if all(n == theory for n in steady) else 'FAIL'}"
+        )
         peak, bound = max(sum(r["peak"][place].values()) for r in results), memory["peak_total"][place]
         checks.append(check_equal(f"{place} peak within the formula", peak <= bound, True, show=False))
-        lines.append(f"{place} bytes at the peak, every rank: measured {peak:,} <= formula {bound:,}: "
-                     f"{'PASS' if peak <= bound else 'FAIL'}")  # fmt: skip
+        lines.append(
+            f"{place} bytes at the peak, every rank: measured {peak:,} <= formula {bound:,}: "
+            f"{'PASS' if peak <= bound else 'FAIL'}"
+        )
 
     # Bytes each copy and collective moved per step, per rank, against theory (the final check gather excluded).
     trace = offload_trace(results)
@@ -179,9 +198,11 @@ def offload_report(opts: OffloadOptions, results: Results) -> dict:
     for kind, theory in offload_theory(opts).items():
         per_step = [n / K for n in moved[kind]]
         checks += [check_equal(f"{kind} bytes per step, rank {r}", per_step[r], theory, show=False) for r in range(P)]
-        lines.append(f"{kind} bytes per step, per rank: measured {per_step[0]:g} (every rank: "
-                     f"{'same' if len(set(per_step)) == 1 else per_step}) = theory {theory:g}: "
-                     f"{'PASS' if all(n == theory for n in per_step) else 'FAIL'}")  # fmt: skip
+        lines.append(
+            f"{kind} bytes per step, per rank: measured {per_step[0]:g} (every rank: "
+            f"{'same' if len(set(per_step)) == 1 else per_step}) = theory {theory:g}: "
+            f"{'PASS' if all(n == theory for n in per_step) else 'FAIL'}"
+        )
 
     # The disk folder: the ranks removed their files; the parent removes the folder, and checks it is gone.
     removed = True
@@ -189,8 +210,10 @@ def offload_report(opts: OffloadOptions, results: Results) -> dict:
         files_left = len(list(Path(opts.folder).rglob("*")))  # the ranks are done: their close() ran
         shutil.rmtree(opts.folder, ignore_errors=True)
         removed = not Path(opts.folder).exists()
-        folder_checks = [check_equal("files the ranks left in the disk folder", files_left, 0, show=False),
-                         check_equal("disk folder removed after the run", removed, True, show=False)]  # fmt: skip
+        folder_checks = [
+            check_equal("files the ranks left in the disk folder", files_left, 0, show=False),
+            check_equal("disk folder removed after the run", removed, True, show=False),
+        ]
         checks += folder_checks
         lines += [c.line for c in folder_checks]
 
@@ -205,7 +228,7 @@ def offload_report(opts: OffloadOptions, results: Results) -> dict:
             **trace.bytes_per_rank(),
             "per_step": {k: [n / K for n in v] for k, v in moved.items()},
             "theory_per_step": offload_theory(opts),
-        },  # fmt: skip
+        },
         lines=lines,
         target=target,
         steps=K,
@@ -237,8 +260,9 @@ def run_offload(world_size: int = 4, target: str = "cpu", **options) -> tuple[Re
         results, report = launch_scheme("offload", world_size=world_size, target=target, **options)
     else:
         with offload_folder(folder):
-            results, report = launch_scheme("offload", world_size=world_size, target=target, folder=str(folder),
-                                            **options)  # fmt: skip
+            results, report = launch_scheme(
+                "offload", world_size=world_size, target=target, folder=str(folder), **options
+            )
         report["disk_folder_removed"] = not folder.exists()
     return Results(list(results), offload_trace(results), results.stdout, results.seconds, results.seed), report
 

@@ -51,9 +51,10 @@ class PSOptions(FaultOptions, ModelOptions):
     straggler: int | None = option(None, "the worker rank (1..world-1) to slow down (default: none)")
     slowdown: float = option(1.0, "the straggler's step takes this many times its compute time", bounds="[1, 1000]")
     dp: bool = option(True, "also train the same workers with an all-reduce, no server (--no-dp skips it)")
+    # At most 1.5 s: launch's hang watch stops ranks stuck for 2 s.
     heartbeat: float = option(
         1.0, "with --kill-rank: seconds without a gradient before a worker is declared dead", bounds="(0, 1.5]"
-    )  # fmt: skip  (launch's hang watch stops ranks stuck for 2 s)
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -61,8 +62,10 @@ class PSOptions(FaultOptions, ModelOptions):
             raise ValueError(f"mode={self.mode!r} must be one of {MODES}")
         check_setup(self.world_size, self.straggler, self.slowdown, self.batch)
         if self.kill_rank is not None and (self.mode != "async" or self.kill_rank == SERVER):
-            raise ValueError("--kill-rank with ps: a worker (1..world-1) of --mode async (a dead server, or a dead "
-                             "worker under sync, stops everyone: see dp and zero for restarts)")  # fmt: skip
+            raise ValueError(
+                "--kill-rank with ps: a worker (1..world-1) of --mode async (a dead server, or a dead "
+                "worker under sync, stops everyone: see dp and zero for restarts)"
+            )
 
 
 def eval_batch(opts: PSOptions, rows: int = 64):

@@ -36,8 +36,10 @@ class USPOptions(ModelOptions):
         super().validate()
         check_usp(self.heads, self.seq, self.ulysses, self.ring, self.world_size, self.layout)
         if self.recompute != "none":
-            raise ValueError(f"recompute={self.recompute!r} is not applied by usp (its GPT runs the blocks' layers "
-                             "itself, not the reference Block that recomputes); dp, pp and zero take it")  # fmt: skip
+            raise ValueError(
+                f"recompute={self.recompute!r} is not applied by usp (its GPT runs the blocks' layers "
+                "itself, not the reference Block that recomputes); dp, pp and zero take it"
+            )
 
 
 def usp_rank(opts: USPOptions) -> dict:
@@ -68,27 +70,35 @@ def usp_report(opts: USPOptions, results: Results) -> dict:
             torch.tensor(losses, dtype=cfg.torch_dtype),
             torch.tensor(ref.losses, dtype=cfg.torch_dtype),
             show=False,
-        ),  # fmt: skip
+        ),
         compare("every gradient of step 1", results[0]["grads"], ref.grads, show=False),
         compare(f"parameters after {steps} {opts.optimizer} steps", results[0]["params"], ref.params, show=False),
     ]
-    verdicts.append(check_equal(
-        "ranks whose parameters differ from rank 0's after training",
-        sum(any(not torch.equal(r["params"][n], t) for n, t in results[0]["params"].items()) for r in results[1:]),
-        0, show=False))  # fmt: skip
+    verdicts.append(
+        check_equal(
+            "ranks whose parameters differ from rank 0's after training",
+            sum(any(not torch.equal(r["params"][n], t) for n, t in results[0]["params"].items()) for r in results[1:]),
+            0,
+            show=False,
+        )
+    )
     per_call = usp_bytes_per_call(B, cfg.heads, cfg.seq_len, cfg.head_size, opts.ulysses, opts.ring, cfg.dtype_bytes)
     theory = {"ulysses": L * per_call["ulysses"], "ring": L * per_call["ring"]}
     measured = {
         "ulysses": axis_bytes(trace, "ulysses", "all_to_all", steps, P),
         "ring": axis_bytes(trace, "ring", "send", steps, P),
     }
-    grads = [per_step(sum(e.bytes for e in trace.select(kind="all_reduce", rank=r) if e.label == "grads"), steps)
-             for r in range(P)]  # fmt: skip
+    grads = [
+        per_step(sum(e.bytes for e in trace.select(kind="all_reduce", rank=r) if e.label == "grads"), steps)
+        for r in range(P)
+    ]
     tiles = [sum(e.extra.get("attn") == "fwd" for e in trace.select(kind="compute", rank=r)) for r in range(P)]
     tiles = [per_step(t, steps * L) for t in tiles]
     expected_tiles = [tiles_theory(opts.ring, opts.layout)[r // opts.ulysses] for r in range(P)]
-    for axis, what in (("ulysses", "all-to-all payload (8 per layer: q, k, v, out; fwd and bwd)"),
-                       ("ring", "send bytes (K/V fwd and bwd, dK/dV bwd)")):  # fmt: skip
+    for axis, what in (
+        ("ulysses", "all-to-all payload (8 per layer: q, k, v, out; fwd and bwd)"),
+        ("ring", "send bytes (K/V fwd and bwd, dK/dV bwd)"),
+    ):
         verdicts += [
             check_equal(f"{axis} axis: {what} per step, rank 0", measured[axis][0], theory[axis], show=False),
             check_equal(
@@ -96,7 +106,7 @@ def usp_report(opts: USPOptions, results: Results) -> dict:
                 sum(b != measured[axis][0] for b in measured[axis]),
                 0,
                 show=False,
-            ),  # fmt: skip
+            ),
         ]
     verdicts += [
         check_equal(
@@ -104,13 +114,13 @@ def usp_report(opts: USPOptions, results: Results) -> dict:
             grads[0],
             grad_sync_theory(cfg, "ring", P),
             show=False,
-        ),  # fmt: skip
+        ),
         check_equal(
             "ranks whose attention tiles per forward differ from ring attention's over R",
             sum(t != e for t, e in zip(tiles, expected_tiles, strict=True)),
             0,
             show=False,
-        ),  # fmt: skip
+        ),
     ]
     comm = {
         **trace.bytes_per_rank(),

@@ -165,9 +165,12 @@ def zero_report(opts: ZeROOptions, results: Results) -> dict:
     zkw = opts.zero_kwargs()
     if opts.mixed_precision:
         single = mixed_precision_single_device(
-            build_model(cfg, opts.seed), batches, lr=opts.lr, compute_dtype=zkw["compute_dtype"],
+            build_model(cfg, opts.seed),
+            batches,
+            lr=opts.lr,
+            compute_dtype=zkw["compute_dtype"],
             loss_scale=zkw["loss_scale"],
-        )  # fmt: skip
+        )
         single_losses, single_params = single["losses"], single["params"]
     else:
         single = train_single_device(cfg, batches, opts.seed, "adam", opts.lr)
@@ -269,7 +272,7 @@ def _numeric_verdicts(opts, loss_ours, loss_ref, params_ours, params_ref, agains
                 show=False,
                 against=against,
                 tol=1e-10 if opts.dtype == "float64" else 1e-5,
-            ),  # fmt: skip
+            ),
             compare(f"parameters after {K} steps, every rank", params_ours, params_ref, show=False, against=against),
         ]
     quantiles = []
@@ -278,11 +281,23 @@ def _numeric_verdicts(opts, loss_ours, loss_ref, params_ours, params_ref, agains
         quantiles.append(torch.quantile(errors, MIXED_QUANTILE).item())
     dtype = str(opts.grad_dtype()).removeprefix("torch.")
     return [
-        compare(f"loss of each of {K} steps ({dtype} compute)", losses(loss_ours), losses(loss_ref), MIXED_LOSS_TOL,
-                show=False, against=against),  # fmt: skip
-        compare(f"parameters after {K} steps, {MIXED_QUANTILE:.0%} of the elements ({dtype} compute), every rank",
-                torch.tensor(quantiles), torch.zeros(len(quantiles)), MIXED_PARAM_TOL, show=False, against=against),
-    ]  # fmt: skip
+        compare(
+            f"loss of each of {K} steps ({dtype} compute)",
+            losses(loss_ours),
+            losses(loss_ref),
+            MIXED_LOSS_TOL,
+            show=False,
+            against=against,
+        ),
+        compare(
+            f"parameters after {K} steps, {MIXED_QUANTILE:.0%} of the elements ({dtype} compute), every rank",
+            torch.tensor(quantiles),
+            torch.zeros(len(quantiles)),
+            MIXED_PARAM_TOL,
+            show=False,
+            against=against,
+        ),
+    ]
 
 
 def run_zero(world_size: int = 4, **options) -> tuple[Results, dict]:

@@ -64,8 +64,9 @@ class AllToAll(torch.autograd.Function):
     def backward(ctx, grad):
         out_splits, in_splits = ctx.splits
         grad_in = grad.new_empty(sum(in_splits), grad.shape[1])
-        comm.all_to_all_single(grad_in, grad.contiguous(), in_splits, out_splits, group=ctx.group,
-                               label=f"{ctx.label} bwd")  # fmt: skip
+        comm.all_to_all_single(
+            grad_in, grad.contiguous(), in_splits, out_splits, group=ctx.group, label=f"{ctx.label} bwd"
+        )
         return grad_in, None, None, None, None
 
 
@@ -156,8 +157,14 @@ def layer_stats(model: nn.Module) -> list[dict]:
     rows = []
     for layer in moe_layers(model):
         tokens = layer.stats["assignments"] // layer.cfg.top_k
-        rows.append({**layer.stats, **getattr(layer, "stats_ep", {}), "capacity": capacity(tokens, layer.cfg),
-                     "aux": layer.aux_loss.item()})  # fmt: skip
+        rows.append(
+            {
+                **layer.stats,
+                **getattr(layer, "stats_ep", {}),
+                "capacity": capacity(tokens, layer.cfg),
+                "aux": layer.aux_loss.item(),
+            }
+        )
     return rows
 
 

@@ -107,14 +107,14 @@ def pp_compare(opts, results, outs) -> list[Verdict]:
             merged(outs, "grads"),
             show=False,
             against=what,
-        ),  # fmt: skip
+        ),
         compare(
             f"parlab's parameters after {K} steps",
             merged(results, "params"),
             merged(outs, "params"),
             show=False,
             against=what,
-        ),  # fmt: skip
+        ),
     ]
 
 

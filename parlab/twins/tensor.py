@@ -189,8 +189,9 @@ def hybrid_rank(opts, value) -> dict:
         fully_shard(model, mesh=mesh["dp"])
     rows = opts.batch // opts.dp
     replica = mesh["dp"].get_local_rank()
-    return train_dtensor(model, opts, make_batches(cfg, opts.batch, opts.steps, opts.seed),
-                         slice(replica * rows, (replica + 1) * rows))  # fmt: skip
+    return train_dtensor(
+        model, opts, make_batches(cfg, opts.batch, opts.steps, opts.seed), slice(replica * rows, (replica + 1) * rows)
+    )
 
 
 def hybrid_compare(opts, results, outs) -> list[Verdict]:

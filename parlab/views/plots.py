@@ -122,8 +122,13 @@ def _template():
     template = go.layout.Template(pio.templates["plotly_white"])
     if _theme == "default":
         return template
-    axis = {"linecolor": t["ink"], "linewidth": 2, "gridcolor": t["grid"], "tickfont": {"color": t["ink"]},
-            "title": {"font": {"color": t["ink"]}}}  # fmt: skip
+    axis = {
+        "linecolor": t["ink"],
+        "linewidth": 2,
+        "gridcolor": t["grid"],
+        "tickfont": {"color": t["ink"]},
+        "title": {"font": {"color": t["ink"]}},
+    }
     template.layout.update(font={"size": t["font"], "color": t["ink"]}, xaxis=axis, yaxis=axis)
     template.layout.annotationdefaults = {"font": {"size": t["font"] - 2, "color": t["ink"]}}
     template.data.scatter = [go.Scatter(line={"width": t["line"]}, marker={"size": t["marker"]})]
@@ -315,10 +320,22 @@ def chunk_grid(
 
     def arrow(x, y_from, y_to, text=""):
         return dict(
-            x=x, y=y_to, ax=x, ay=y_from, xref="x", yref="y", axref="x", ayref="y", text=text,
-            showarrow=True, arrowhead=3, arrowsize=1.5, arrowwidth=2.5, arrowcolor="#D62728",
+            x=x,
+            y=y_to,
+            ax=x,
+            ay=y_from,
+            xref="x",
+            yref="y",
+            axref="x",
+            ayref="y",
+            text=text,
+            showarrow=True,
+            arrowhead=3,
+            arrowsize=1.5,
+            arrowwidth=2.5,
+            arrowcolor="#D62728",
             font={"color": "#D62728"},
-        )  # fmt: skip
+        )
 
     row_middle = lambda r: rows - 1 - r + 0.45  # noqa: E731
     for from_rank, chunk, to_rank in arrows:

@@ -191,13 +191,31 @@ def _frame_bars(groups: list[list[Event]], t: float, scale: float) -> list[go.Ba
 
 
 def _frame_layout(trace: Trace, t: float, kind: str, scale: float) -> dict:
-    now = {"type": "line", "x0": t * scale, "x1": t * scale, "y0": 0, "y1": 1, "yref": "paper",
-           "line": {"color": "#D62728", "width": 3}}  # fmt: skip
+    now = {
+        "type": "line",
+        "x0": t * scale,
+        "x1": t * scale,
+        "y0": 0,
+        "y1": 1,
+        "yref": "paper",
+        "line": {"color": "#D62728", "width": 3},
+    }
     text = f"<b>at {t * scale:.1f} {'ms' if scale == 1e3 else 's' if scale == 1 else 'us'}</b><br>" + "<br>".join(
         state_at(trace, t, kind)
     )
-    state = {"x": 0, "y": 0, "xref": "paper", "yref": "paper", "xanchor": "left", "yanchor": "top", "yshift": -130,
-             "align": "left", "showarrow": False, "text": text, "font": {"size": plots.FONT_SIZE - 3}}  # fmt: skip
+    state = {
+        "x": 0,
+        "y": 0,
+        "xref": "paper",
+        "yref": "paper",
+        "xanchor": "left",
+        "yanchor": "top",
+        "yshift": -130,
+        "align": "left",
+        "showarrow": False,
+        "text": text,
+        "font": {"size": plots.FONT_SIZE - 3},
+    }
     return {"shapes": [now], "annotations": [state]}
 
 
@@ -211,7 +229,7 @@ def _animate(frames, duration: int) -> dict:
                 "fromcurrent": True,
                 "transition": {"duration": 0},
             },
-        ],  # fmt: skip
+        ],
         "method": "animate",
     }
 
@@ -219,11 +237,28 @@ def _animate(frames, duration: int) -> dict:
 def _buttons() -> dict:
     speeds = [{**_animate(None, int(FRAME_MS / s)), "label": f"▶ {name}"} for name, s in SPEEDS.items()]
     pause = {**_animate([None], 0), "label": "❚❚ pause"}
-    return {"type": "buttons", "direction": "left", "buttons": [*speeds, pause], "x": 0, "y": 0, "xanchor": "left",
-            "yanchor": "top", "pad": {"t": 60}, "showactive": False}  # fmt: skip
+    return {
+        "type": "buttons",
+        "direction": "left",
+        "buttons": [*speeds, pause],
+        "x": 0,
+        "y": 0,
+        "xanchor": "left",
+        "yanchor": "top",
+        "pad": {"t": 60},
+        "showactive": False,
+    }
 
 
 def _slider(names: list[str], unit: str) -> dict:
     steps = [{**_animate([name], 0), "label": name} for name in names]
-    return {"steps": steps, "active": len(names) - 1, "x": 0.33, "len": 0.67, "y": 0, "yanchor": "top",
-            "pad": {"t": 50}, "currentvalue": {"prefix": f"step to ({unit}): "}}  # fmt: skip
+    return {
+        "steps": steps,
+        "active": len(names) - 1,
+        "x": 0.33,
+        "len": 0.67,
+        "y": 0,
+        "yanchor": "top",
+        "pad": {"t": 50},
+        "currentvalue": {"prefix": f"step to ({unit}): "},
+    }

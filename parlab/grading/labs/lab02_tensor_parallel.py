@@ -133,7 +133,7 @@ def judge_conjugates(data) -> list[str]:
             [res["total"] for res in ranks],
             [ref["z"].sum(0)] * P,
             show=False,
-        ).line,  # fmt: skip
+        ).line,
         compare("g backward: dL/dz on every rank", [res["grad_z"] for res in ranks], [ref["gz"]] * P, show=False).line,
         calls_line(
             f"g forward, every rank: one all-reduce of z ({activation} bytes), nothing else",
@@ -369,10 +369,12 @@ def collect_layer_bytes(predicted: dict) -> dict:
 
 def judge_layer_bytes(data) -> list[str]:
     theory, predicted, measured = layer_theory(), data["predicted"], data["measured"]
-    lines = prediction_lines("all-reduce payload per rank, one layer, one step", predicted["payload_bytes"],
-                             theory["payload"], measured[0])  # fmt: skip
+    lines = prediction_lines(
+        "all-reduce payload per rank, one layer, one step", predicted["payload_bytes"], theory["payload"], measured[0]
+    )
     same = all(m == measured[0] for m in measured)
     lines.append(f"every rank handed the same payload to its all-reduces: {'PASS' if same else 'FAIL'}")
-    lines += prediction_lines("ring all-reduce bytes sent per rank, one layer, one step", predicted["wire_bytes"],
-                              theory["wire"])  # fmt: skip
+    lines += prediction_lines(
+        "ring all-reduce bytes sent per rank, one layer, one step", predicted["wire_bytes"], theory["wire"]
+    )
     return lines

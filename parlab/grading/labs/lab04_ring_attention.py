@@ -115,8 +115,15 @@ def attend(q, k, v, diagonal: bool = False):
     lse = torch.logsumexp(scores, dim=-1)  # [..., Tq]
     out = torch.exp(scores - lse.unsqueeze(-1)) @ v
     if _LOG is not None:
-        _LOG.append({"q": _which(q, "q"), "k": _which(k, "k"), "diagonal": bool(diagonal), "start": start,
-                     "end": time.perf_counter()})  # fmt: skip
+        _LOG.append(
+            {
+                "q": _which(q, "q"),
+                "k": _which(k, "k"),
+                "diagonal": bool(diagonal),
+                "start": start,
+                "end": time.perf_counter(),
+            }
+        )
     return out, lse
 
 
@@ -174,11 +181,15 @@ def _recording(chunks: dict):
 def _comm_events(since: float) -> list[dict]:
     """This rank's traced sends and receives issued after `since`: issued (start) and waited for (end)."""
     return [
-        {"kind": e.kind, "peer": -1 if e.peer is None else int(e.peer), "start": e.start,
-         "end": -1.0 if e.end is None else e.end}
+        {
+            "kind": e.kind,
+            "peer": -1 if e.peer is None else int(e.peer),
+            "start": e.start,
+            "end": -1.0 if e.end is None else e.end,
+        }
         for e in comm.trace_events()
         if e.kind in ("send", "recv") and e.start >= since
-    ]  # fmt: skip
+    ]
 
 
 def _p2p_wrong(calls, r: int) -> list[str]:
@@ -249,8 +260,9 @@ def _run_ring(ring_step) -> dict:
     tiles = _recording({"q": [chunk(q, j, n) for j in range(P)], "k": [chunk(k, j, n) for j in range(P)]})
     since = time.perf_counter()
     with probe.recording() as calls, library_calls() as called:
-        out, lse, starts = ring_forward(chunk(q, r, n).clone(), chunk(k, r, n).clone(), chunk(v, r, n).clone(),
-                                        ring_step)  # fmt: skip
+        out, lse, starts = ring_forward(
+            chunk(q, r, n).clone(), chunk(k, r, n).clone(), chunk(v, r, n).clone(), ring_step
+        )
     return {
         "out": _tensor(out, [B, NH, n, HS]),
         "lse": _tensor(lse, [B, NH, n]),
@@ -303,8 +315,15 @@ def judge_ring(data) -> list[str]:
         what = f"rank {r}: K/V sent only to rank {right}, received only from rank {left}, no collective"
         lines.append(f"{what}: PASS" if not wrong else f"{what}: found {'; '.join(wrong)}: FAIL")
         expected = torch.cat([blocks[(r - s) % P] for s in range(P)])  # step s: the block of rank r-s
-        lines.append(compare(f"rank {r}: what it sent, step by step (K then V)", _sent(calls), expected, show=False,
-                             against="the ring's blocks").line)  # fmt: skip
+        lines.append(
+            compare(
+                f"rank {r}: what it sent, step by step (K then V)",
+                _sent(calls),
+                expected,
+                show=False,
+                against="the ring's blocks",
+            ).line
+        )
         wrong = _overlap_wrong(ranks[r])
         what = f"rank {r}: at every step the K/V transfer was in flight while the tile computed"
         lines.append(f"{what}: PASS" if not wrong else f"{what}: {'; '.join(wrong[:2])}: FAIL")
@@ -397,8 +416,11 @@ def _tiles_wrong(got: list, expected: set) -> str:
     missing = sorted(t[:2] for t in expected - set(tiles))
     extra = sorted(t[:2] for t in set(tiles) - expected if t[0] >= 0 and t[1] >= 0)
     wrong = [f"{unknown} not one chunk by one chunk"] if unknown else []
-    wrong += [f"{what} {pairs[:3]}" for what, pairs in (("twice", twice), ("missing", missing), ("extra or masked "
-              "wrong", extra)) if pairs]  # fmt: skip
+    wrong += [
+        f"{what} {pairs[:3]}"
+        for what, pairs in (("twice", twice), ("missing", missing), ("extra or masked wrong", extra))
+        if pairs
+    ]
     return ", ".join(wrong)
 
 
@@ -416,8 +438,15 @@ def judge_causal(data) -> list[str]:
             for i, c in enumerate(layout[r]):
                 pieces[c] = chunk(out, i, size)
         got = torch.cat([pieces[c] for c in range(P * n)], dim=-2)
-        lines.append(compare(f"{name}: output, the ranks' chunks in sequence order", got, reference, show=False,
-                             against="causal sdpa on the whole sequence").line)  # fmt: skip
+        lines.append(
+            compare(
+                f"{name}: output, the ranks' chunks in sequence order",
+                got,
+                reference,
+                show=False,
+                against="causal sdpa on the whole sequence",
+            ).line
+        )
         expected = _causal_tiles(layout)
         wrong = [f"rank {r}: {w}" for r in range(P) if (w := _tiles_wrong(ranks[r][name]["tiles"], expected[r]))]
         what = f"{name}: each rank computed exactly its causal tiles, once each, masked only on the diagonal"

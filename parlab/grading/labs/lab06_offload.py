@@ -112,8 +112,14 @@ def _analyse_step(entries: list, shards: list[int], r: int) -> dict:
     for i, e in enumerate(entries):
         if e["op"] == "wait":
             waits.setdefault(e["copy"], i)
-    downs = {k: [(i, e) for i, e in enumerate(entries) if e["op"] == "to_host"
-                 and e["src"] == ["device", U + k, 0, shards[k]]] for k in range(U)}  # fmt: skip
+    downs = {
+        k: [
+            (i, e)
+            for i, e in enumerate(entries)
+            if e["op"] == "to_host" and e["src"] == ["device", U + k, 0, shards[k]]
+        ]
+        for k in range(U)
+    }
     units = []
     for k in range(U):
         if len(downs[k]) != 1:
@@ -126,8 +132,9 @@ def _analyse_step(entries: list, shards: list[int], r: int) -> dict:
             continue
         ai, ae = adams[0]
         size = ae["grad"][3] - ae["grad"][2]
-        on_host = all(ae[x] is not None and ae[x][0] == "host" and ae[x][3] - ae[x][2] == size
-                      for x in ("master", "m", "v"))  # fmt: skip
+        on_host = all(
+            ae[x] is not None and ae[x][0] == "host" and ae[x][3] - ae[x][2] == size for x in ("master", "m", "v")
+        )
         distinct = on_host and len({tuple(ae[x][:3]) for x in ("master", "m", "v", "grad")}) == 4
         # unit k's piece of the master weights: where its gradient sits in the gradient Adam read
         mine = None
@@ -168,19 +175,33 @@ def _step_lines(res: dict, r: int, overlap: bool) -> list[str]:
     in_order = sum(u["down"][1] < u["adam"] < u["up"][0] for u in done)
     every = U * len(steps)
     lines = [
-        check_equal(f"rank {r}: units stepped by Adam on host memory (master, m, v) and copied back from the "
-                    "master, per step x steps", host_adam, every, show=False).line,
-        check_equal(f"rank {r}: units whose gradient was waited for before their Adam, and whose parameter copy "
-                    "was issued after it", in_order, every, show=False).line,
-        check_equal(f"rank {r}: bytes copied to the host by init_state (the master weights)", init_down,
-                    BYTES * S, show=False).line,
-        check_equal(f"rank {r}: bytes copied to the host per step (the gradient shard)", down, BYTES * S,
-                    show=False).line,
-        check_equal(f"rank {r}: bytes copied to the device per step (the parameter slice)", up, BYTES * S,
-                    show=False).line,
-        check_equal(f"rank {r}: copies not waited for when init_state or the step returned", pending, 0,
-                    show=False).line,
-    ]  # fmt: skip
+        check_equal(
+            f"rank {r}: units stepped by Adam on host memory (master, m, v) and copied back from the "
+            "master, per step x steps",
+            host_adam,
+            every,
+            show=False,
+        ).line,
+        check_equal(
+            f"rank {r}: units whose gradient was waited for before their Adam, and whose parameter copy "
+            "was issued after it",
+            in_order,
+            every,
+            show=False,
+        ).line,
+        check_equal(
+            f"rank {r}: bytes copied to the host by init_state (the master weights)", init_down, BYTES * S, show=False
+        ).line,
+        check_equal(
+            f"rank {r}: bytes copied to the host per step (the gradient shard)", down, BYTES * S, show=False
+        ).line,
+        check_equal(
+            f"rank {r}: bytes copied to the device per step (the parameter slice)", up, BYTES * S, show=False
+        ).line,
+        check_equal(
+            f"rank {r}: copies not waited for when init_state or the step returned", pending, 0, show=False
+        ).line,
+    ]
     if not overlap:
         return lines
     ahead, behind = 0, 0
@@ -194,11 +215,16 @@ def _step_lines(res: dict, r: int, overlap: bool) -> list[str]:
                 behind += us[k]["adam"] < issued and waited > us[k + 1]["adam"]  # in flight when Adam k+1 began
     pairs = (U - 1) * len(analysed)
     lines += [
-        check_equal(f"rank {r}: unit k+1's gradient copy in flight during Adam on unit k (issued before, waited "
-                    "for after)", ahead, pairs, show=False).line,
-        check_equal(f"rank {r}: unit k's parameter copy still in flight when Adam on unit k+1 began", behind, pairs,
-                    show=False).line,
-    ]  # fmt: skip
+        check_equal(
+            f"rank {r}: unit k+1's gradient copy in flight during Adam on unit k (issued before, waited for after)",
+            ahead,
+            pairs,
+            show=False,
+        ).line,
+        check_equal(
+            f"rank {r}: unit k's parameter copy still in flight when Adam on unit k+1 began", behind, pairs, show=False
+        ).line,
+    ]
     return lines
 
 
@@ -265,8 +291,9 @@ def judge_offload_bytes(data) -> list[str]:
     S = sum(-(-n // PREDICT_N) for n in numels)  # rank 0's shard: its padded slice of every unit
     host, device, moved = data["predicted"]
     lines = prediction_lines("host bytes of rank 0 before the optimizer step", host, 4 * b_m * S, data["host"])
-    lines += prediction_lines("device bytes of rank 0 before the optimizer step", device, b_c * PREDICT_N * S,
-                              data["device"])  # fmt: skip
+    lines += prediction_lines(
+        "device bytes of rank 0 before the optimizer step", device, b_c * PREDICT_N * S, data["device"]
+    )
     lines += prediction_lines("bytes rank 0's copy engine moves per step", moved, 2 * b_c * S, data["moved"])
     return lines
 
@@ -308,19 +335,55 @@ def budget_configs() -> list[dict]:
     gpt = _gpt_numels()
     S4 = sum(-(-n // 4) for n in gpt)
     return [
-        {"what": f"this lab's run: the GPT on N=2, float64, budget {BUDGET:,} B", "numels": gpt, "N": 2, "b_c": 8,
-         "b_m": 8, "budget": BUDGET},
-        {"what": "the GPT on N=4, b_c=4, b_m=8, everything fits exactly", "numels": gpt, "N": 4, "b_c": 4,
-         "b_m": 8, "budget": 4 * 4 * S4 + 4 * 8 * S4},
-        {"what": "the GPT on N=4, b_c=4, b_m=8, only the parameters fit", "numels": gpt, "N": 4, "b_c": 4,
-         "b_m": 8, "budget": 4 * 4 * S4},
-        {"what": "the GPT on N=4, b_c=4, b_m=8, one byte less than the parameters", "numels": gpt, "N": 4,
-         "b_c": 4, "b_m": 8, "budget": 4 * 4 * S4 - 1},
-        {"what": "1B parameters in units of 400M, 300M, 300M on N=1, b_c=2, b_m=4, budget 11.6 GB",
-         "numels": [400_000_000, 300_000_000, 300_000_000], "N": 1, "b_c": 2, "b_m": 4, "budget": 11_600_000_000},
-        {"what": "10B parameters in 10 units of 1B on N=4, b_c=2, b_m=4, a 32 GB device",
-         "numels": [1_000_000_000] * 10, "N": 4, "b_c": 2, "b_m": 4, "budget": 32_000_000_000},
-    ]  # fmt: skip
+        {
+            "what": f"this lab's run: the GPT on N=2, float64, budget {BUDGET:,} B",
+            "numels": gpt,
+            "N": 2,
+            "b_c": 8,
+            "b_m": 8,
+            "budget": BUDGET,
+        },
+        {
+            "what": "the GPT on N=4, b_c=4, b_m=8, everything fits exactly",
+            "numels": gpt,
+            "N": 4,
+            "b_c": 4,
+            "b_m": 8,
+            "budget": 4 * 4 * S4 + 4 * 8 * S4,
+        },
+        {
+            "what": "the GPT on N=4, b_c=4, b_m=8, only the parameters fit",
+            "numels": gpt,
+            "N": 4,
+            "b_c": 4,
+            "b_m": 8,
+            "budget": 4 * 4 * S4,
+        },
+        {
+            "what": "the GPT on N=4, b_c=4, b_m=8, one byte less than the parameters",
+            "numels": gpt,
+            "N": 4,
+            "b_c": 4,
+            "b_m": 8,
+            "budget": 4 * 4 * S4 - 1,
+        },
+        {
+            "what": "1B parameters in units of 400M, 300M, 300M on N=1, b_c=2, b_m=4, budget 11.6 GB",
+            "numels": [400_000_000, 300_000_000, 300_000_000],
+            "N": 1,
+            "b_c": 2,
+            "b_m": 4,
+            "budget": 11_600_000_000,
+        },
+        {
+            "what": "10B parameters in 10 units of 1B on N=4, b_c=2, b_m=4, a 32 GB device",
+            "numels": [1_000_000_000] * 10,
+            "N": 4,
+            "b_c": 2,
+            "b_m": 4,
+            "budget": 32_000_000_000,
+        },
+    ]
 
 
 def run_plan(places: list[str], batches) -> dict:
@@ -398,11 +461,15 @@ def judge_budget(data) -> list[str]:
             continue
         need = plan_bytes(*args, plan)
         fits = need["device"] <= config["budget"]
-        lines.append(f"{what}: device bytes per rank {need['device']:,} within the budget {config['budget']:,}: "
-                     f"{'PASS' if fits else 'FAIL'}")  # fmt: skip
+        lines.append(
+            f"{what}: device bytes per rank {need['device']:,} within the budget {config['budget']:,}: "
+            f"{'PASS' if fits else 'FAIL'}"
+        )
         fewest = need["moved"] == best
-        lines.append(f"{what}: bytes moved per step {need['moved']:,}, the fewest any placement that fits moves "
-                     f"({best:,}): {'PASS' if fewest else 'FAIL'}")  # fmt: skip
+        lines.append(
+            f"{what}: bytes moved per step {need['moved']:,}, the fewest any placement that fits moves "
+            f"({best:,}): {'PASS' if fewest else 'FAIL'}"
+        )
     ranks = data["ranks"]
     if ranks is None:
         return lines + ["measured run of this lab's plan: FAIL"]
@@ -411,21 +478,31 @@ def judge_budget(data) -> list[str]:
     reference = _reference_params()
     for r, res in enumerate(ranks):
         lines += [
-            compare(f"rank {r}: parameters after {STEPS} steps, your placement", res["params"], reference,
-                    show=False).line,
-            check_equal(f"rank {r}: device bytes before the optimizer step, measured = your plan's",
-                        max(h["device"] for h in res["held"]), need["device"], show=False).line,
-            check_equal(f"rank {r}: host bytes before the optimizer step, measured = your plan's",
-                        max(h["host"] for h in res["held"]), need["host"], show=False).line,
-            check_equal(f"rank {r}: bytes moved per step, measured = your plan's", max(res["moved"]), need["moved"],
-                        show=False).line,
-        ]  # fmt: skip
+            compare(
+                f"rank {r}: parameters after {STEPS} steps, your placement", res["params"], reference, show=False
+            ).line,
+            check_equal(
+                f"rank {r}: device bytes before the optimizer step, measured = your plan's",
+                max(h["device"] for h in res["held"]),
+                need["device"],
+                show=False,
+            ).line,
+            check_equal(
+                f"rank {r}: host bytes before the optimizer step, measured = your plan's",
+                max(h["host"] for h in res["held"]),
+                need["host"],
+                show=False,
+            ).line,
+            check_equal(
+                f"rank {r}: bytes moved per step, measured = your plan's", max(res["moved"]), need["moved"], show=False
+            ).line,
+        ]
     return lines
 
 
 def library_accounting_agrees() -> bool:
-    """The judge's accounting at its two ends is parlab.schemes.zero.offload's own (targets none and cpu): for the
-    docs/tests."""
+    """The judge's accounting at its two ends is the library's own (offload_memory, targets none and cpu):
+    tests/test_labs.py checks it."""
     gpt = _gpt_numels()
     for n, b_c, b_m in [(2, 8, 8), (3, 4, 8)]:
         U = len(gpt)

@@ -122,8 +122,9 @@ def logged_adam(device: Memory, host: Memory, log: list):
     def adam(master: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int) -> None:
         """parlab.schemes.zero.stages.adam_step(master, grad, m, v, t, LR) in place, logged with the place of each
         tensor."""
-        places = {name: place_of(x, [device, host]) for name, x in [("master", master), ("grad", grad), ("m", m),
-                                                                     ("v", v)]}  # fmt: skip
+        places = {
+            name: place_of(x, [device, host]) for name, x in [("master", master), ("grad", grad), ("m", m), ("v", v)]
+        }
         log.append({"op": "adam", "t": int(t), **places})
         adam_step(master, grad, m, v, t, LR)
 

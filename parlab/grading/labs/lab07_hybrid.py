@@ -164,10 +164,12 @@ def full_weights(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The L blocks' full weights (W1: [F, H], W2: [H, F]), the same on every rank."""
     gen = torch.Generator().manual_seed(seed)
     return [
-        (torch.randn(F, H, generator=gen, dtype=torch.float64) / H**0.5,
-         torch.randn(H, F, generator=gen, dtype=torch.float64) / F**0.5)
+        (
+            torch.randn(F, H, generator=gen, dtype=torch.float64) / H**0.5,
+            torch.randn(H, F, generator=gen, dtype=torch.float64) / F**0.5,
+        )
         for _ in range(L)
-    ]  # fmt: skip
+    ]
 
 
 def full_batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,10 +198,12 @@ def stage_blocks(mesh: DeviceMesh) -> tuple[list[int], list[tuple[torch.Tensor, 
     k = F // T
     weights = full_weights()
     blocks = [
-        (weights[i][0][t * k : (t + 1) * k].clone().requires_grad_(),  # [F/T, H]
-         weights[i][1][:, t * k : (t + 1) * k].clone().requires_grad_())  # [H, F/T]
+        (
+            weights[i][0][t * k : (t + 1) * k].clone().requires_grad_(),  # [F/T, H]
+            weights[i][1][:, t * k : (t + 1) * k].clone().requires_grad_(),
+        )  # [H, F/T]
         for i in ids
-    ]  # fmt: skip
+    ]
     return ids, blocks
 
 
@@ -213,14 +217,16 @@ def run_step(hybrid_step, layouts: list[dict[str, int]]) -> list[dict]:
         x.requires_grad_()  # x stands for an embedding's output: its gradient is wanted too
         with recording() as calls:
             loss = hybrid_step(mesh, blocks, x, target)
-        out.append({
-            "coords": dict(mesh.coords),
-            "groups": {axis: sorted(mesh.ranks(axis)) for axis in ("dp", "pp", "tp")},
-            "ids": ids,
-            "loss": None if loss is None else torch.as_tensor(loss, dtype=torch.float64).detach().reshape(()),
-            "grads": [[w.grad for w in block] for block in blocks],
-            "calls": calls,
-        })  # fmt: skip
+        out.append(
+            {
+                "coords": dict(mesh.coords),
+                "groups": {axis: sorted(mesh.ranks(axis)) for axis in ("dp", "pp", "tp")},
+                "ids": ids,
+                "loss": None if loss is None else torch.as_tensor(loss, dtype=torch.float64).detach().reshape(()),
+                "grads": [[w.grad for w in block] for block in blocks],
+                "calls": calls,
+            }
+        )
     return out
 
 
@@ -326,8 +332,11 @@ def collect_traffic(predicted: dict, hybrid_step) -> dict:
 
 def judge_traffic(data) -> list[str]:
     theory = step_theory(TRAFFIC_MESH, mesh_coords(0, TRAFFIC_MESH))
-    theory = {"tp_bytes": theory["tp"], "pp_bytes": sum(b for op, _, b in theory["pp"] if op == "send"),
-              "dp_bytes": theory["dp"]}  # fmt: skip
+    theory = {
+        "tp_bytes": theory["tp"],
+        "pp_bytes": sum(b for op, _, b in theory["pp"] if op == "send"),
+        "dp_bytes": theory["dp"],
+    }
     labels = {
         "tp_bytes": "rank 0: bytes all-reduced on tp in one step",
         "pp_bytes": "rank 0: bytes sent on pp in one step",

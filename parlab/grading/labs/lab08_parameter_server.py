@@ -152,10 +152,12 @@ def judge_sync(data) -> list[str]:
         mine = [m for m in messages if m[1] == w]
         sent = sum(b for kind, _, b in mine if kind == "send")
         received = sum(b for kind, _, b in mine if kind == "recv")
-        lines.append(check_equal(f"server: bytes sent to worker {w} (theta, K+1 times)", sent, (K + 1) * G,
-                                 show=False).line)  # fmt: skip
-        lines.append(check_equal(f"server: bytes received from worker {w} (K gradients)", received, K * G,
-                                 show=False).line)  # fmt: skip
+        lines.append(
+            check_equal(f"server: bytes sent to worker {w} (theta, K+1 times)", sent, (K + 1) * G, show=False).line
+        )
+        lines.append(
+            check_equal(f"server: bytes received from worker {w} (K gradients)", received, K * G, show=False).line
+        )
     # Synchrony: the j-th theta sent to any worker comes after j gradients from every worker.
     pushes, early = dict.fromkeys(range(1, P), 0), 0
     sends = dict.fromkeys(range(1, P), 0)
@@ -165,8 +167,9 @@ def judge_sync(data) -> list[str]:
         elif kind == "send" and peer in sends:
             early += min(pushes.values()) < sends[peer]
             sends[peer] += 1
-    lines.append(check_equal("server: theta_{v+1} sent before all N gradients of step v had arrived", early, 0,
-                             show=False).line)  # fmt: skip
+    lines.append(
+        check_equal("server: theta_{v+1} sent before all N gradients of step v had arrived", early, 0, show=False).line
+    )
     return lines
 
 
@@ -193,8 +196,9 @@ def judge_sync_updates(data) -> list[str]:
     updates, gradients, server_bytes = data["predicted"]
     lines = prediction_lines(f"updates the server applies in {K} steps", updates, K, data["applied"])
     lines += prediction_lines(f"gradients the server receives in {K} steps", gradients, N * K, data["gradients"])
-    lines += prediction_lines("bytes through the server's link (sent + received)", server_bytes,
-                              N * (2 * K + 1) * G, data["server_bytes"])  # fmt: skip
+    lines += prediction_lines(
+        "bytes through the server's link (sent + received)", server_bytes, N * (2 * K + 1) * G, data["server_bytes"]
+    )
     return lines
 
 
@@ -233,20 +237,39 @@ def read_staleness(log: list[tuple[str, int]]) -> list[int]:
 
 WRITTEN_LOGS = {
     "two gradients per update, a pull between them": [
-        ("pull", 1), ("pull", 2), ("push", 2), ("pull", 2), ("push", 1), ("update", 0), ("push", 2),
-        ("pull", 1), ("update", 0), ("pull", 2), ("push", 1), ("update", 0),
+        ("pull", 1),
+        ("pull", 2),
+        ("push", 2),
+        ("pull", 2),
+        ("push", 1),
+        ("update", 0),
+        ("push", 2),
+        ("pull", 1),
+        ("update", 0),
+        ("pull", 2),
+        ("push", 1),
+        ("update", 0),
     ],
     "a worker pulls twice before it pushes": [
-        ("pull", 1), ("pull", 2), ("push", 1), ("update", 0), ("pull", 1), ("pull", 1), ("push", 2),
-        ("update", 0), ("push", 1), ("update", 0),
+        ("pull", 1),
+        ("pull", 2),
+        ("push", 1),
+        ("update", 0),
+        ("pull", 1),
+        ("pull", 1),
+        ("push", 2),
+        ("update", 0),
+        ("push", 1),
+        ("update", 0),
     ],
     "four workers, one slow": [
         *[("pull", w) for w in (1, 2, 3, 4)],
         *[e for w in (1, 2, 3) for e in (("push", w), ("update", 0), ("pull", w))],
         *[e for w in (2, 1, 3, 2) for e in (("push", w), ("update", 0), ("pull", w))],
-        ("push", 4), ("update", 0),
+        ("push", 4),
+        ("update", 0),
     ],
-}  # fmt: skip
+}
 
 
 def _library_runs(batches) -> dict:
@@ -256,8 +279,14 @@ def _library_runs(batches) -> dict:
     for mode in ("sync", "async"):
         model = build_model(CFG, seed=0)
         start = len(comm.trace_events())
-        result = train_parameter_server(model, make_optimizer(model.parameters(), "sgd", LR), batches, mode=mode,
-                                        straggler=STRAGGLER, slowdown=SLOWDOWN)  # fmt: skip
+        result = train_parameter_server(
+            model,
+            make_optimizer(model.parameters(), "sgd", LR),
+            batches,
+            mode=mode,
+            straggler=STRAGGLER,
+            slowdown=SLOWDOWN,
+        )
         if result["role"] != "server":
             continue
         messages, updates = [], []
@@ -299,8 +328,10 @@ def judge_staleness(data) -> list[str]:
             first = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), min(len(got), n))
             mine = got[first] if first < len(got) else "none"
             theirs = expected[first] if first < n else "none"
-            lines.append(f"{what}: the staleness of each of the {n} gradients ({len(got)} given; gradient {first}: "
-                         f"yours {mine}, the log's {theirs}): FAIL")  # fmt: skip
+            lines.append(
+                f"{what}: the staleness of each of the {n} gradients ({len(got)} given; gradient {first}: "
+                f"yours {mine}, the log's {theirs}): FAIL"
+            )
     return lines
 
 
@@ -367,10 +398,19 @@ def _judge_ssp_run(s: int, ranks: list[dict]) -> list[str]:
         # the first moment it was allowed: w had pushed c gradients and every worker at least c - s
         first = next((i for i, h in enumerate(history) if h[peer] >= c and min(h.values()) >= c - s), None)
         late += first is not None and first < received
-    lines.append(check_equal(f"{tag}: replies sent before the worker's push, or before every worker had pushed c - s "
-                             "gradients", broken, 0, show=False).line)  # fmt: skip
-    lines.append(check_equal(f"{tag}: replies held past the first receive after which they were allowed", late, 0,
-                             show=False).line)  # fmt: skip
+    lines.append(
+        check_equal(
+            f"{tag}: replies sent before the worker's push, or before every worker had pushed c - s gradients",
+            broken,
+            0,
+            show=False,
+        ).line
+    )
+    lines.append(
+        check_equal(
+            f"{tag}: replies held past the first receive after which they were allowed", late, 0, show=False
+        ).line
+    )
     complete = all(sent[w] == K + 1 for w in sent) and per_worker == [K] * N
     lines.append(f"{tag}: each worker's K+1 pulls answered: {'PASS' if complete else 'FAIL'}")
     if not complete:
@@ -385,14 +425,29 @@ def _judge_ssp_run(s: int, ranks: list[dict]) -> list[str]:
     tau = [reads_at - reads[(w, c)] for reads_at, (w, c) in _applied(order, reads)]
     bound = (N - 1) * (2 * s + 1)
     lines += [
-        compare(f"{tag}: server's parameters after {N * K} gradients", server["theta"], versions[-1], show=False,
-                against=against).line,
-        compare(f"{tag}: loss of each of the {N * K} gradients, as the workers computed it", ours, theirs,
-                show=False, against=against).line,
-        compare(f"{tag}: every worker's last pull", [ranks[w]["theta"] for w in range(1, P)], last, show=False,
-                against=against).line,
+        compare(
+            f"{tag}: server's parameters after {N * K} gradients",
+            server["theta"],
+            versions[-1],
+            show=False,
+            against=against,
+        ).line,
+        compare(
+            f"{tag}: loss of each of the {N * K} gradients, as the workers computed it",
+            ours,
+            theirs,
+            show=False,
+            against=against,
+        ).line,
+        compare(
+            f"{tag}: every worker's last pull",
+            [ranks[w]["theta"] for w in range(1, P)],
+            last,
+            show=False,
+            against=against,
+        ).line,
         f"{tag}: every gradient's staleness within (N-1)(2s+1) = {bound}: {'PASS' if max(tau) <= bound else 'FAIL'}",
-    ]  # fmt: skip
+    ]
     return lines
 
 

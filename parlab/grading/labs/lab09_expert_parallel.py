@@ -151,9 +151,14 @@ def dispatch_rank(dispatch) -> dict:
         received, recv_counts, order = dispatch(x, chosen, E)
         (received * upstream(rank, received.shape[0])).sum().backward()
     grad = x.grad if x.grad is not None else torch.zeros_like(x)
-    return {"received": received.detach().clone(), "recv_counts": torch.as_tensor(recv_counts).clone(),
-            "order": torch.as_tensor(order).clone(), "grad": grad.clone(),
-            "calls": calls, "comm": _a2a_inputs(start)}  # fmt: skip
+    return {
+        "received": received.detach().clone(),
+        "recv_counts": torch.as_tensor(recv_counts).clone(),
+        "order": torch.as_tensor(order).clone(),
+        "grad": grad.clone(),
+        "calls": calls,
+        "comm": _a2a_inputs(start),
+    }
 
 
 def layer_rank(combine, keep_within=None) -> dict:
@@ -207,8 +212,13 @@ def shuffle_reference() -> list[dict]:
                 for i in idx:
                     land[(s, i)] = len(rows)
                     rows.append(x[i])
-        out.append({"rows": torch.stack(rows) if rows else torch.zeros(0, H, dtype=torch.float64),
-                    "counts": counts, "land": land})  # fmt: skip
+        out.append(
+            {
+                "rows": torch.stack(rows) if rows else torch.zeros(0, H, dtype=torch.float64),
+                "counts": counts,
+                "land": land,
+            }
+        )
     return out
 
 
@@ -273,21 +283,41 @@ def judge_dispatch(data) -> list[str]:
         grads.append(g)
     lines = [
         compare("received rows, every rank", [r["received"] for r in ranks], [x["rows"] for x in ref], show=False).line,
-        compare("received counts [P, E/P], every rank", [r["recv_counts"].reshape(P, PER).double() for r in ranks],
-                [x["counts"].double() for x in ref], show=False).line,
+        compare(
+            "received counts [P, E/P], every rank",
+            [r["recv_counts"].reshape(P, PER).double() for r in ranks],
+            [x["counts"].double() for x in ref],
+            show=False,
+        ).line,
         compare("gradient of x (backward), every rank", [r["grad"] for r in ranks], grads, show=False).line,
-    ]  # fmt: skip
+    ]
     wrong = sum(len(r["calls"]) != 3 or any(c[0] not in A2A for c in r["calls"]) for r in ranks)
-    lines.append(check_equal("ranks not making exactly 3 all-to-alls (counts, rows; rows back) and nothing else",
-                             wrong, 0, show=False).line)  # fmt: skip
+    lines.append(
+        check_equal(
+            "ranks not making exactly 3 all-to-alls (counts, rows; rows back) and nothing else", wrong, 0, show=False
+        ).line
+    )
     M = [[sum(int(owner(int(e)) == d) for e in inputs[s][1]) for d in range(P)] for s in range(P)]
     wrong = sum(_row_splits(r["calls"]) != _expected_splits(M, rank, 2) for rank, r in enumerate(ranks))
-    lines.append(check_equal("ranks whose rows' split sizes (to and from each rank) are not the round-robin "
-                             "placement's", wrong, 0, show=False).line)  # fmt: skip
+    lines.append(
+        check_equal(
+            "ranks whose rows' split sizes (to and from each rank) are not the round-robin placement's",
+            wrong,
+            0,
+            show=False,
+        ).line
+    )
     expected = [[E * 8, ROWS[r] * H * 8, ref[r]["rows"].shape[0] * H * 8] for r in range(P)]
     wrong = sum([b for b, _ in r["comm"]] != exp for r, exp in zip(ranks, expected, strict=True))
-    lines.append(check_equal("ranks whose all-to-all payloads (bytes) are not [counts, the rows it routes, the rows "
-                             "its experts received]", wrong, 0, show=False).line)  # fmt: skip
+    lines.append(
+        check_equal(
+            "ranks whose all-to-all payloads (bytes) are not [counts, the rows it routes, the rows "
+            "its experts received]",
+            wrong,
+            0,
+            show=False,
+        ).line
+    )
     return lines
 
 
@@ -298,11 +328,19 @@ def collect_combine(combine) -> dict:
 def _layer_lines(ranks: list[dict], ref: list[dict], what: str) -> list[str]:
     return [
         compare(f"{what}: output y, every rank", [r["y"] for r in ranks], [x["y"] for x in ref], show=False).line,
-        compare(f"{what}: gradients of x and of the gates, every rank", [[r["dx"], r["dgates"]] for r in ranks],
-                [[x["dx"], x["dgates"]] for x in ref], show=False).line,
-        compare(f"{what}: gradients of the experts' weights, every rank", [r["dW"] for r in ranks],
-                [x["dW"] for x in ref], show=False).line,
-    ]  # fmt: skip
+        compare(
+            f"{what}: gradients of x and of the gates, every rank",
+            [[r["dx"], r["dgates"]] for r in ranks],
+            [[x["dx"], x["dgates"]] for x in ref],
+            show=False,
+        ).line,
+        compare(
+            f"{what}: gradients of the experts' weights, every rank",
+            [r["dW"] for r in ranks],
+            [x["dW"] for x in ref],
+            show=False,
+        ).line,
+    ]
 
 
 def _float_payloads(rank: dict) -> tuple[int, int]:
@@ -316,12 +354,24 @@ def _traffic_lines(ranks: list[dict], ref: list[dict], what: str) -> list[str]:
     """The row all-to-alls' split sizes and float64 payload of every rank against the placement's."""
     M = split_matrix(ref)
     wrong = sum(_row_splits(r["calls"]) != _expected_splits(M, rank, 4) for rank, r in enumerate(ranks))
-    lines = [check_equal(f"{what}: ranks whose rows' split sizes (dispatch, combine, and back) are not the "
-                         "round-robin placement's", wrong, 0, show=False).line]  # fmt: skip
+    lines = [
+        check_equal(
+            f"{what}: ranks whose rows' split sizes (dispatch, combine, and back) are not the round-robin placement's",
+            wrong,
+            0,
+            show=False,
+        ).line
+    ]
     need = [2 * (sum(M[r]) + sum(M[s][r] for s in range(P))) * H * 8 for r in range(P)]
     wrong = sum(_float_payloads(r)[0] != n for r, n in zip(ranks, need, strict=True))
-    lines.append(check_equal(f"{what}: ranks handing other float64 bytes to all-to-alls than their rows' (dropped "
-                             "rows must not travel)", wrong, 0, show=False).line)  # fmt: skip
+    lines.append(
+        check_equal(
+            f"{what}: ranks handing other float64 bytes to all-to-alls than their rows' (dropped rows must not travel)",
+            wrong,
+            0,
+            show=False,
+        ).line
+    )
     return lines
 
 
@@ -329,8 +379,15 @@ def judge_combine(data) -> list[str]:
     ranks, ref = data["ranks"], layer_reference()
     lines = _layer_lines(ranks, ref, "MoE layer")
     wrong = sum(len(r["calls"]) != 5 or any(c[0] not in A2A for c in r["calls"]) for r in ranks)
-    lines.append(check_equal("ranks not making exactly 5 all-to-alls (counts, dispatch, combine; combine and "
-                             "dispatch backward) and nothing else", wrong, 0, show=False).line)  # fmt: skip
+    lines.append(
+        check_equal(
+            "ranks not making exactly 5 all-to-alls (counts, dispatch, combine; combine and "
+            "dispatch backward) and nothing else",
+            wrong,
+            0,
+            show=False,
+        ).line
+    )
     return lines + _traffic_lines(ranks, ref, "MoE layer")
 
 
@@ -374,9 +431,9 @@ def judge_traffic(data) -> list[str]:
     payload = E * 8 + 2 * (sent + received) * H * 8  # counts; dispatch and combine, forward and backward
     wire = (sent - home + received - home) * H * 8  # forward: dispatch and combine, the rows to other ranks
     (p_pay, p_wire), (m_pay, m_wire) = data["predicted"], data["measured"]
-    return prediction_lines("payload rank 0 hands to all-to-alls, forward and backward", p_pay, payload, m_pay,
-                            rtol=0.005) + prediction_lines("float64 bytes leaving rank 0, forward", p_wire, wire,
-                                                           m_wire, rtol=0.005)  # fmt: skip
+    return prediction_lines(
+        "payload rank 0 hands to all-to-alls, forward and backward", p_pay, payload, m_pay, rtol=0.005
+    ) + prediction_lines("float64 bytes leaving rank 0, forward", p_wire, wire, m_wire, rtol=0.005)
 
 
 def collect_capacity(keep_within_capacity, combine) -> dict:
@@ -388,9 +445,11 @@ def judge_capacity(data) -> list[str]:
     load = torch.bincount(torch.cat([x["chosen"].flatten() for x in ref]), minlength=E)
     dropped = int((load - CAPACITY).clamp(min=0).sum())
     empty = int((CAPACITY - load).clamp(min=0).sum())
-    lines = [f"capacity {CAPACITY} per expert over the group: {P * TOKENS * K} assignments (P x N x k) for "
-             f"{E * CAPACITY} slots (E x C); load per expert {load.tolist()}: the busy experts drop {dropped}, "
-             f"the others leave {empty} slots empty"]  # fmt: skip
+    lines = [
+        f"capacity {CAPACITY} per expert over the group: {P * TOKENS * K} assignments (P x N x k) for "
+        f"{E * CAPACITY} slots (E x C); load per expert {load.tolist()}: the busy experts drop {dropped}, "
+        f"the others leave {empty} slots empty"
+    ]
     masks = [r["keep"].reshape(TOKENS, K) for r in ranks]
     wrong = sum(not torch.equal(m, x["keep"]) for m, x in zip(masks, ref, strict=True))
     lines.append(check_equal("ranks whose kept assignments differ from one device's", wrong, 0, show=False).line)

@@ -94,8 +94,9 @@ def collect_survive(survive) -> dict:
         _count(calls, world_size, resume)
         kill_rank, at_step = DEATHS.get(len(calls), (None, 0))
         plan = FaultPlan(root, every=2, kill_rank=kill_rank, at_step=at_step, resume=bool(resume))
-        return parlab.launch(resumable_rank, world_size, "zero", CFG, BATCHES, plan, optimizer="adam", lr=LR,
-                             stage=3, **LAUNCH)  # fmt: skip
+        return parlab.launch(
+            resumable_rank, world_size, "zero", CFG, BATCHES, plan, optimizer="adam", lr=LR, stage=3, **LAUNCH
+        )
 
     try:
         try:
@@ -144,8 +145,10 @@ def judge_survive(data) -> list[str]:
     other_calls = [tuple(c) for c in other["calls"]]
     ok = other_calls == [(4, False)] and other["raised"] == "ValueError"
     verdict = "PASS" if ok else "FAIL"
-    lines.append(f"a launch that fails before any rank starts (ValueError, no rank died): launches {other_calls}, "
-                 f"the caller got {other['raised']} (expected: [(4, False)], ValueError): {verdict}")  # fmt: skip
+    lines.append(
+        f"a launch that fails before any rank starts (ValueError, no rank died): launches {other_calls}, "
+        f"the caller got {other['raised']} (expected: [(4, False)], ValueError): {verdict}"
+    )
     return lines
 
 
@@ -303,11 +306,15 @@ def judge_reshard(data) -> list[str]:
                 read = {(int(q), n) for q, n in d["reads"] if n == name}
                 extra, missing = extra + len(read - needed), missing + len(needed - read)
         said = "all equal the checkpoint's" if not wrong else f"{wrong} wrong, first: {first}"
-        lines.append(f"M = {M}: every rank's rows of each matrix and whole vectors (weights, m, v): {said}: "
-                     f"{'PASS' if not wrong else 'FAIL'}")  # fmt: skip
+        lines.append(
+            f"M = {M}: every rank's rows of each matrix and whole vectors (weights, m, v): {said}: "
+            f"{'PASS' if not wrong else 'FAIL'}"
+        )
         ok = extra == 0 and missing == 0
-        lines.append(f"M = {M}: saved pieces read beyond those overlapping what each rank needs: {extra}, missing: "
-                     f"{missing}: {'PASS' if ok else 'FAIL'}")  # fmt: skip
+        lines.append(
+            f"M = {M}: saved pieces read beyond those overlapping what each rank needs: {extra}, missing: "
+            f"{missing}: {'PASS' if ok else 'FAIL'}"
+        )
     lines.append(_put_together(data))
     return lines
 
@@ -326,10 +333,16 @@ def _put_together(data) -> str:
         return f"M = {M}: the ranks' weights put back together: cannot ({type(exc).__name__}): FAIL"
     bad = [n for n in single if params[n].shape != single[n].shape]
     if bad:
-        return (f"M = {M}: the ranks' weights put back together: {bad[0]} has shape {list(params[bad[0]].shape)}, "
-                f"expected {list(single[bad[0]].shape)}: FAIL")  # fmt: skip
-    return compare(f"M = {M}: the ranks' weights put back together vs one device after {SAVED_AT} steps", params,
-                   single, show=False).line  # fmt: skip
+        return (
+            f"M = {M}: the ranks' weights put back together: {bad[0]} has shape {list(params[bad[0]].shape)}, "
+            f"expected {list(single[bad[0]].shape)}: FAIL"
+        )
+    return compare(
+        f"M = {M}: the ranks' weights put back together vs one device after {SAVED_AT} steps",
+        params,
+        single,
+        show=False,
+    ).line
 
 
 # ---- checkpoint_cost: a prediction

@@ -57,8 +57,11 @@ class Piece:
     flat: tuple[int, int] | None = None
 
     def index(self, rank: int) -> dict:
-        where = {"flat": list(self.flat)} if self.flat else {"offsets": list(self.offsets),
-                                                              "lengths": list(self.data.shape)}  # fmt: skip
+        where = (
+            {"flat": list(self.flat)}
+            if self.flat
+            else {"offsets": list(self.offsets), "lengths": list(self.data.shape)}
+        )
         return {"rank": rank, **where}
 
 
@@ -74,16 +77,19 @@ def step_folder(root: str | Path, step: int) -> Path:
     return Path(root) / f"step-{step:06d}"
 
 
-def save(root: str | Path, step: int, pieces: list[Piece], *, layout: str, extra: dict | None = None,
-         group=None) -> Path:  # fmt: skip
+def save(
+    root: str | Path, step: int, pieces: list[Piece], *, layout: str, extra: dict | None = None, group=None
+) -> Path:
     """Collective over `group` (default all ranks): every rank writes its pieces, then rank 0 the metadata.
 
     Returns the checkpoint folder. Every rank of the group must call it (a rank that holds nothing passes [])."""
     folder, rank = step_folder(root, step), comm.group_rank(group)
     folder.mkdir(parents=True, exist_ok=True)
     torch.save({p.name: p.data.clone() for p in pieces}, folder / f"rank{rank}.pt")  # clone: only the piece
-    index = {p.name: {"shape": list(p.shape), "dtype": str(p.data.dtype).removeprefix("torch."),
-                      "piece": p.index(rank)} for p in pieces}  # fmt: skip
+    index = {
+        p.name: {"shape": list(p.shape), "dtype": str(p.data.dtype).removeprefix("torch."), "piece": p.index(rank)}
+        for p in pieces
+    }
     (folder / f"rank{rank}.json").write_text(json.dumps(index))
     comm.barrier(group=group, label="checkpoint: every rank saved")  # no metadata before every piece is on disk
     if rank == 0:
@@ -92,8 +98,13 @@ def save(root: str | Path, step: int, pieces: list[Piece], *, layout: str, extra
             for name, entry in json.loads((folder / f"rank{r}.json").read_text()).items():
                 tensor = tensors.setdefault(name, {"shape": entry["shape"], "dtype": entry["dtype"], "pieces": []})
                 tensor["pieces"].append(entry["piece"])
-        meta = {"step": step, "world_size": comm.group_size(group), "layout": layout, "extra": extra or {},
-                "tensors": tensors}  # fmt: skip
+        meta = {
+            "step": step,
+            "world_size": comm.group_size(group),
+            "layout": layout,
+            "extra": extra or {},
+            "tensors": tensors,
+        }
         tmp = folder / "metadata.json.tmp"
         tmp.write_text(json.dumps(meta, indent=1))
         os.replace(tmp, folder / "metadata.json")  # atomic: the metadata is there whole, or not at all

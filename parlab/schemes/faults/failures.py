@@ -63,8 +63,18 @@ def die(rank: int, step: int, root: str) -> None:
     os._exit(KILLED_EXIT_CODE)
 
 
-def resumable_rank(scheme: str, cfg, batches, plan: FaultPlan, *, seed: int = 0, optimizer: str = "sgd",
-                   lr: float = 0.1, stage: int = 0, rows: int | None = None) -> dict:  # fmt: skip
+def resumable_rank(
+    scheme: str,
+    cfg,
+    batches,
+    plan: FaultPlan,
+    *,
+    seed: int = 0,
+    optimizer: str = "sgd",
+    lr: float = 0.1,
+    stage: int = 0,
+    rows: int | None = None,
+) -> dict:
     """Rank code: DP (scheme "dp") or ZeRO (scheme "zero", `stage`) training with sharded checkpoints.
 
     batches: the global batches [B, T] of the whole run (the same on every rank); rows: use only the first `rows`
@@ -112,8 +122,13 @@ def resumable_rank(scheme: str, cfg, batches, plan: FaultPlan, *, seed: int = 0,
             mine = pieces()
             with comm.span(f"checkpoint {k + 1}", kind="compute", step=k):
                 ckpt.save(plan.root, k + 1, mine, layout=layout, extra={"optimizer_step": t_of()})
-            saves.append({"step": k + 1, "seconds": time.perf_counter() - began,
-                          "bytes": sum(p.data.numel() * p.data.element_size() for p in mine)})  # fmt: skip
+            saves.append(
+                {
+                    "step": k + 1,
+                    "seconds": time.perf_counter() - began,
+                    "bytes": sum(p.data.numel() * p.data.element_size() for p in mine),
+                }
+            )
         comm.progress(k + 1, len(batches))
     params = trainer.full_params() if scheme == "zero" else {n: p.detach().clone() for n, p in model.named_parameters()}
     if scheme == "zero":
@@ -162,8 +177,13 @@ def async_server_with_failures(model: nn.Module, optimizer, steps: int, *, heart
         last_seen[w] = time.time()
         comm.send(theta, w, label=f"params v{v + 1} to {w}")
         read_version[w], v = v + 1, v + 1
-    return {"role": "server", "updates": updates, "applied": v, "dead": dead,
-            "params": {n: p.detach().clone() for n, p in model.named_parameters()}}  # fmt: skip
+    return {
+        "role": "server",
+        "updates": updates,
+        "applied": v,
+        "dead": dead,
+        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+    }
 
 
 # ------------------------------------------------------------------------------------------------- the theory

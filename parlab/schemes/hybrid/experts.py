@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -201,11 +200,6 @@ def block_numels(cfg, layer: int, tp: int, ep: int) -> tuple[int, int]:
 
 def is_moe_block(cfg, layer: int) -> bool:
     return cfg.moe is not None and cfg.moe.is_moe_layer(layer)
-
-
-def expert_bytes(cfg, layers: Sequence[range], tp: int, ep: int) -> int:
-    """Bytes of the expert weights a rank holds of its blocks."""
-    return sum(block_numels(cfg, i, tp, ep)[1] for r in layers for i in r) * cfg.dtype_bytes
 
 
 def ep_all_to_all_bytes(calls: list[tuple[int, int]], cfg) -> int:

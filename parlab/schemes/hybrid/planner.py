@@ -112,8 +112,16 @@ class Cluster:
         from parlab.core.hardware import profile
 
         hw = profile(name)
-        return cls(devices, memory, hw.gpus_per_node, hw.nvlink_bandwidth, hw.ib_bandwidth, flops=hw.peak_flops *
-                   hw.efficiency, intra_node_alpha=hw.nvlink_alpha, inter_node_alpha=hw.ib_alpha)  # fmt: skip
+        return cls(
+            devices,
+            memory,
+            hw.gpus_per_node,
+            hw.nvlink_bandwidth,
+            hw.ib_bandwidth,
+            flops=hw.peak_flops * hw.efficiency,
+            intra_node_alpha=hw.nvlink_alpha,
+            inter_node_alpha=hw.ib_alpha,
+        )
 
 
 @dataclass(frozen=True)

@@ -153,8 +153,16 @@ class HybridBlock(nn.Module):
         if a.cp_method == "ulysses":
             return ulysses_attention(q, k, v, causal=True, group=a.cp_group, label=label)
         if a.cp_method == "usp":  # all-to-all over the ulysses sub-axis, ring over the ring sub-axis, and back
-            return usp_attention(q, k, v, causal=True, ulysses_group=a.ulysses_group, ring_group=a.ring_group,
-                                 layout="contiguous", label=label)  # fmt: skip
+            return usp_attention(
+                q,
+                k,
+                v,
+                causal=True,
+                ulysses_group=a.ulysses_group,
+                ring_group=a.ring_group,
+                layout="contiguous",
+                label=label,
+            )
         return ring_attention(q, k, v, causal=True, group=a.cp_group, layout=a.layout, label=label)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -296,8 +296,10 @@ def train_hybrid(
         full = zero.full_params()  # a check's gather of the master shards (labelled "check: ...")
         by_unit = {n: p for u in zero.units for n, p in zip(u.names, u.params, strict=True)}
         out["params"] = {name_of[id(by_unit[n])]: w for n, w in full.items()}
-        out["units"] = [([name_of[id(p)] for p in u.params], [tuple(p.shape) for p in u.params], u.offset,
-                         u.shard_numel) for u in zero.units]  # fmt: skip
+        out["units"] = [
+            ([name_of[id(p)] for p in u.params], [tuple(p.shape) for p in u.params], u.offset, u.shard_numel)
+            for u in zero.units
+        ]
         held = zero.held()
         zero.remove()
     else:

@@ -67,9 +67,6 @@ class Schedule:
             return 2 * self.p - 1 - stage
         return stage % self.p
 
-    def chunk_of(self, stage: int) -> int:
-        return stage // self.p
-
     def __str__(self) -> str:
         width = max(len(a.label(self.v)) for acts in self.actions for a in acts) + 1
         lines = [f"{self.name}: p={self.p} stages, m={self.m} micro-batches, v={self.v} chunk(s) per rank"]

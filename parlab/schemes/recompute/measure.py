@@ -55,8 +55,13 @@ def measure_model(cfg: GPTConfig, batch: int, mode: str, seed: int = 0) -> dict:
     with FlopCounterMode(display=False) as bwd_flops:
         loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
-    return {"saved": saved.bytes, "forward_flops": fwd_flops.get_total_flops(),
-            "backward_flops": bwd_flops.get_total_flops(), "loss": loss.detach(), "grads": grads}  # fmt: skip
+    return {
+        "saved": saved.bytes,
+        "forward_flops": fwd_flops.get_total_flops(),
+        "backward_flops": bwd_flops.get_total_flops(),
+        "loss": loss.detach(),
+        "grads": grads,
+    }
 
 
 def recompute_flops_theory(cfg: GPTConfig, batch: int, mode: str) -> int:

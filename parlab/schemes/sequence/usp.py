@@ -78,8 +78,9 @@ def check_usp(heads: int, seq: int, ulysses: int, ring: int, world_size: int, la
 # ------------------------------------------------------------------------------------------------ the layout
 
 
-def usp_split(x: torch.Tensor, ring_index: int, ulysses_index: int, ring: int, ulysses: int, dim: int,
-              layout: str = "contiguous") -> torch.Tensor:  # fmt: skip
+def usp_split(
+    x: torch.Tensor, ring_index: int, ulysses_index: int, ring: int, ulysses: int, dim: int, layout: str = "contiguous"
+) -> torch.Tensor:
     """Rank (g, u)'s block of `x` along `dim`: piece u of U of ring block g (contiguous or zigzag over R)."""
     block = sequence_split(x, ring_index, ring, dim, layout)  # ring block g: T/R tokens
     if block.shape[dim] % ulysses:
@@ -96,8 +97,9 @@ def usp_merge(blocks: list[torch.Tensor], ring: int, ulysses: int, dim: int, lay
 # --------------------------------------------------------------------------------------------- the attention
 
 
-def usp_attention(q, k, v, causal: bool = True, ulysses_group=None, ring_group=None, layout: str = "contiguous",
-                  label: str = "") -> torch.Tensor:  # fmt: skip
+def usp_attention(
+    q, k, v, causal: bool = True, ulysses_group=None, ring_group=None, layout: str = "contiguous", label: str = ""
+) -> torch.Tensor:
     """Attention of this rank's block on the whole sequence: all-to-all over `ulysses_group`, ring attention over
     `ring_group`, all-to-all back. Differentiable (the all-to-alls' backward is their transpose; the ring's is
     its own backward pass).
@@ -128,8 +130,16 @@ class USPGPT(SequenceShardedGPT):
         self.ulysses_group, self.ring_group = ulysses_group, ring_group
 
     def attention(self, q, k, v, index: int):
-        return usp_attention(q, k, v, causal=True, ulysses_group=self.ulysses_group, ring_group=self.ring_group,
-                             layout=self.layout, label=f"attn {index}")  # fmt: skip
+        return usp_attention(
+            q,
+            k,
+            v,
+            causal=True,
+            ulysses_group=self.ulysses_group,
+            ring_group=self.ring_group,
+            layout=self.layout,
+            label=f"attn {index}",
+        )
 
 
 def train_usp(model: USPGPT, optimizer, batches, mesh) -> dict:
@@ -148,8 +158,9 @@ def train_usp(model: USPGPT, optimizer, batches, mesh) -> dict:
 # ------------------------------------------------------------------------------------------------- the theory
 
 
-def usp_bytes_per_call(batch: int, heads: int, seq: int, head_size: int, ulysses: int, ring: int,
-                       dtype_bytes: int) -> dict[str, int]:  # fmt: skip
+def usp_bytes_per_call(
+    batch: int, heads: int, seq: int, head_size: int, ulysses: int, ring: int, dtype_bytes: int
+) -> dict[str, int]:
     """Bytes one rank hands to torch.distributed per attention call (forward + backward), per axis.
 
     ulysses: 8 all-to-alls of its block [B, nh, T/P, hs]. ring: (R-1) + (R-1) K/V sends and R dK/dV sends of

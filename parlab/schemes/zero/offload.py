@@ -162,8 +162,9 @@ class OffloadAdam(ReduceScatterGrads):
     and gradients (default the model's dtype); master, m, v are in the model's dtype.
     """
 
-    def __init__(self, model, *, target="cpu", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, folder=None,
-                 compute_dtype=None, group=None):  # fmt: skip
+    def __init__(
+        self, model, *, target="cpu", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, folder=None, compute_dtype=None, group=None
+    ):
         if target not in TARGETS:
             raise ValueError(f"target={target!r} must be one of {TARGETS}")
         self.model, self.target, self.group = model, target, group

@@ -222,8 +222,19 @@ class ZeRO(ReduceScatterGrads):
     on overflow and that step is skipped). The master weights, m and v stay in the model's dtype.
     """
 
-    def __init__(self, model, stage, *, lr, betas=(0.9, 0.999), eps=1e-8, compute_dtype=None, loss_scale=None,
-                 prefetch=False, group=None):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        stage,
+        *,
+        lr,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        compute_dtype=None,
+        loss_scale=None,
+        prefetch=False,
+        group=None,
+    ):
         if stage not in STAGES:
             raise ValueError(f"stage={stage!r} must be one of {STAGES}")
         self.model, self.stage, self.group, self.prefetch = model, stage, group, prefetch
@@ -274,8 +285,9 @@ class ZeRO(ReduceScatterGrads):
         if u.gather_work is None and u.flat.untyped_storage().nbytes() == 0:
             u.flat.untyped_storage().resize_(u.flat.numel() * u.flat.element_size())  # allocate again
             shard = self.param_shard[u.offset : u.offset + u.shard_numel]  # [S_u] rank r's parameters
-            u.gather_work = comm.all_gather_into_tensor(u.flat, shard, group=self.group, async_op=True,
-                                                        label=f"{why} {u.name}")  # fmt: skip
+            u.gather_work = comm.all_gather_into_tensor(
+                u.flat, shard, group=self.group, async_op=True, label=f"{why} {u.name}"
+            )
             self.record(f"gathered {u.name}")
         if wait and u.gather_work is not None:
             u.gather_work.wait()
@@ -416,8 +428,7 @@ def train_zero(
     """
     N, rank = comm.group_size(group), comm.group_rank(group)
     loss_fn = loss_fn or (lambda model, x, y: lm_loss(model(x), y))
-    zero = ZeRO(model, stage, lr=lr, compute_dtype=compute_dtype, loss_scale=loss_scale, prefetch=prefetch,
-                group=group)  # fmt: skip
+    zero = ZeRO(model, stage, lr=lr, compute_dtype=compute_dtype, loss_scale=loss_scale, prefetch=prefetch, group=group)
     losses, skipped = [], 0
     for step, (x, y) in enumerate(batches):
         x_r, y_r = shard_batch(x, y, rank, N)  # [b, T] each

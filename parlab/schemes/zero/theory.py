@@ -80,6 +80,7 @@ def check_budget(need: dict[str, int], budget: dict[str, int], target: str) -> N
         lines = [f"{p}: needs {need[p]:,} bytes per rank, budget {budget[p]:,}" for p in short]
         where = ", ".join(f"{p} {n:,}" for p, n in need.items())
         raise ValueError(
-            f"the memory budget is too small for target {target!r}: " + "; ".join(lines)
+            f"the memory budget is too small for target {target!r}: "
+            + "; ".join(lines)
             + f" (the run needs, per rank: {where} bytes)"
-        )  # fmt: skip
+        )
