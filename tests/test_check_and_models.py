@@ -12,37 +12,37 @@ from parlab.core.models import GPTConfig, build_model, make_batches, synthetic_c
 
 def test_verdict_passes_within_the_dtype_tolerance_and_says_so():
     ref = torch.tensor([1.0, 2.0], dtype=torch.float64)
-    verdict = compare("x", ref + 1e-13, ref, show=False)
+    verdict = compare("x", ref + 1e-13, ref)
     assert verdict.passed
     assert verdict.line == "x: matches single device: max |err| 1.0e-13 <= tol 1e-10 (float64): PASS"
 
 
 def test_verdict_fails_and_raises_when_asked(capsys):
     ref = torch.zeros(3, dtype=torch.float32)
-    verdict = compare("y", ref + 1e-3, ref)
+    verdict = compare("y", ref + 1e-3, ref, show=True)
     assert not verdict.passed
     assert capsys.readouterr().out.strip().endswith("> tol 1e-05 (float32): FAIL")
     with pytest.raises(CheckFailed):
-        compare("y", ref + 1e-3, ref, show=False, raise_on_fail=True)
+        compare("y", ref + 1e-3, ref, raise_on_fail=True)
 
 
 def test_shape_mismatch_missing_keys_and_nan_fail_instead_of_crashing():
     ref = {"a": torch.zeros(4), "b": torch.zeros(2)}
-    assert "shape [3] vs [4]" in compare("s", {"a": torch.zeros(3), "b": torch.zeros(2)}, ref, show=False).line
-    assert "keys differ" in compare("k", {"a": torch.zeros(4)}, ref, show=False).line
-    nan = compare("n", {"a": torch.full((4,), math.nan), "b": torch.zeros(2)}, ref, show=False)
+    assert "shape [3] vs [4]" in compare("s", {"a": torch.zeros(3), "b": torch.zeros(2)}, ref).line
+    assert "keys differ" in compare("k", {"a": torch.zeros(4)}, ref).line
+    nan = compare("n", {"a": torch.full((4,), math.nan), "b": torch.zeros(2)}, ref)
     assert not nan.passed and "FAIL" in nan.line
 
 
 def test_nested_structures_take_the_worst_error():
     ref = [torch.zeros(2, dtype=torch.float64), {"w": torch.zeros(3, dtype=torch.float64)}]
     ours = [torch.zeros(2, dtype=torch.float64), {"w": torch.tensor([0.0, 5e-11, 2e-11], dtype=torch.float64)}]
-    assert compare("nested", ours, ref, show=False).max_abs_err == pytest.approx(5e-11)
+    assert compare("nested", ours, ref).max_abs_err == pytest.approx(5e-11)
 
 
 def test_count_check_is_exact():
-    assert check_equal("bytes", 96, 96, show=False).line == "bytes: measured 96 = theory 96: PASS"
-    assert not check_equal("bytes", 97, 96, show=False).passed
+    assert check_equal("bytes", 96, 96).line == "bytes: measured 96 = theory 96: PASS"
+    assert not check_equal("bytes", 97, 96).passed
 
 
 def test_model_is_deterministic_from_its_seed_and_ignores_the_global_rng():

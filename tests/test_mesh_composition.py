@@ -45,7 +45,9 @@ def test_dp_x_tp_matches_one_device_and_dp_talks_on_the_dp_axis_only():
     for dp_index, ranks in enumerate(([0, 1], [2, 3])):  # the TP pair of each DP replica
         assert [results[r]["coords"] for r in ranks] == [{"dp": dp_index, "tp": 0}, {"dp": dp_index, "tp": 1}]
         params = gather_full([results[r]["params"] for r in ranks], dims)
-        verdict = compare(f"DP x TP replica {dp_index}: parameters after {STEPS} steps", params, reference.params)
+        verdict = compare(
+            f"DP x TP replica {dp_index}: parameters after {STEPS} steps", params, reference.params, show=True
+        )
         assert verdict.passed and verdict.max_abs_err <= 1e-10, verdict.line
         grads = gather_full([results[r]["grads"] for r in ranks], dims)
         assert compare("gradients of step 1", grads, reference.grads).max_abs_err <= 1e-10
@@ -91,7 +93,9 @@ def test_dp_x_pp_matches_one_device_and_dp_talks_on_the_dp_axis_only():
     for dp_index, ranks in enumerate(([0, 1], [2, 3])):  # the two stages of each DP replica
         assert [results[r]["coords"] for r in ranks] == [{"dp": dp_index, "pp": 0}, {"dp": dp_index, "pp": 1}]
         params = {name: w for r in ranks for name, w in results[r]["params"].items()}
-        verdict = compare(f"DP x PP replica {dp_index}: parameters after {STEPS} steps", params, reference.params)
+        verdict = compare(
+            f"DP x PP replica {dp_index}: parameters after {STEPS} steps", params, reference.params, show=True
+        )
         assert verdict.passed and verdict.max_abs_err <= 1e-10, verdict.line
         grads = {name: g for r in ranks for name, g in results[r]["grads"].items()}
         assert compare("gradients of step 1", grads, reference.grads).max_abs_err <= 1e-10

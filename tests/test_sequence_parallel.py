@@ -84,7 +84,7 @@ def test_attention_on_4_ranks_matches_sdpa_float64(float64_run, method, layout, 
     ref = _reference(causal, torch.float64)
     for i, name in enumerate(("output", "dq", "dk", "dv")):
         got = _merge([r[(method, layout, causal)][i] for r in float64_run], layout)
-        verdict = compare(f"{method} {layout} causal={causal} {name}", got, ref[i], show=False)
+        verdict = compare(f"{method} {layout} causal={causal} {name}", got, ref[i])
         assert verdict.passed and verdict.max_abs_err <= 1e-10, verdict.line
 
 
@@ -109,7 +109,7 @@ def test_attention_float32_and_on_a_mesh_axis():
             for dp in range(4 // P):  # every sp group computes the whole attention
                 for i in range(4):
                     got = _merge([results[dp * P + s][(method, layout, causal)][i] for s in range(P)], layout)
-                    assert compare("attn", got, ref[i], show=False).passed, (dtype, axes, method, i)
+                    assert compare("attn", got, ref[i]).passed, (dtype, axes, method, i)
         if axes:
             peers = {(e.rank, e.peer) for e in results.trace.select(kind="send")}
             assert peers == {(0, 1), (1, 0), (2, 3), (3, 2)}  # the ring stays inside each sp group
@@ -141,9 +141,9 @@ def test_online_softmax_merge_and_a_merge_that_forgets_to_rescale():
         attend_tile(q, k[..., 6:, :], v[..., 6:, :], "full"),
     )
     out, lse = merge_partials(oa, la, ob, lb)
-    assert compare("merged", out, full, show=False).passed
-    assert compare("lse", lse, torch.logsumexp(q @ k.transpose(-2, -1) / 8**0.5, -1), show=False).passed
-    assert not compare("no rescale", (oa + ob) / 2, full, show=False).passed
+    assert compare("merged", out, full).passed
+    assert compare("lse", lse, torch.logsumexp(q @ k.transpose(-2, -1) / 8**0.5, -1)).passed
+    assert not compare("no rescale", (oa + ob) / 2, full).passed
 
 
 # ------------------------------------------------------------------------------------- the GPT, per method

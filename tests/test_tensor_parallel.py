@@ -57,8 +57,8 @@ def test_leaving_out_f_gives_a_partial_gradient_that_the_check_catches():
     full, inputs = build_model(cfg, 0), lesson.layer_inputs(cfg, 2, 0)
     x = inputs["x"].clone().requires_grad_()
     (full.blocks[0].mlp.fc(x) * inputs["dy_F"]).sum().backward()
-    assert not compare("without f", partial[0], x.grad, show=False).passed  # one rank's share is not dL/dx
-    assert compare("sum of the shares", sum(partial), x.grad, show=False).passed  # f's all-reduce restores it
+    assert not compare("without f", partial[0], x.grad).passed  # one rank's share is not dL/dx
+    assert compare("sum of the shares", sum(partial), x.grad).passed  # f's all-reduce restores it
 
 
 # ------------------------------------------------------------------------------------------------ the GEMM split
@@ -70,7 +70,7 @@ def test_gemm_split(split):
     results = lesson.show_gemm_split(split, P, M, K, N)
     A, B = lesson.gemm_inputs(M, K, N)
     for r, held in enumerate(results):
-        assert compare(f"C on rank {r}", held["C"], A @ B, show=False).passed
+        assert compare(f"C on rank {r}", held["C"], A @ B).passed
     bytes_ = results.trace.bytes_per_rank()
     if split == "columns":  # each rank contributes its [M, N/P] block to the all-gather
         assert bytes_ == {"all_gather": [M * N // P * 8] * P}

@@ -60,7 +60,7 @@ def test_usp_matches_sdpa_float64_where_ulysses_alone_cannot_run(usp_run, layout
     ref = _reference(causal)
     for i, name in enumerate(("output", "dq", "dk", "dv")):
         got = usp_merge([r[(layout, causal)][i] for r in usp_run], 2, 2, 2, layout)
-        verdict = compare(f"usp {layout} causal={causal} {name}", got, ref[i], show=False)
+        verdict = compare(f"usp {layout} causal={causal} {name}", got, ref[i])
         assert verdict.passed and verdict.max_abs_err <= 1e-10, verdict.line
 
 

@@ -108,7 +108,7 @@ def compare(
     reference: Any,
     tol: float | None = None,
     *,
-    show: bool = True,
+    show: bool = False,
     raise_on_fail: bool = False,
     against: str = "single device",
 ) -> Verdict:
@@ -116,7 +116,8 @@ def compare(
 
     tol: the largest acceptable max |err|; by default TOLERANCE for the reference's dtype.
     against: what the reference is, for the verdict line (another implementation, e.g. "torch DDP").
-    show: print the verdict line. raise_on_fail: raise CheckFailed if the verdict is FAIL.
+    show: also print the verdict line (a notebook cell's; code that collects verdicts leaves it off).
+    raise_on_fail: raise CheckFailed if the verdict is FAIL.
     """
     dtype = _dtype_of(reference)
     tol = TOLERANCE.get(dtype, 1e-5) if tol is None else tol
@@ -131,18 +132,27 @@ def compare(
 
 @dataclass(frozen=True)
 class CountCheck:
-    """An exact check of a counted figure (bytes, messages) against its theory: equal, or FAIL."""
+    """An exact check of a counted figure (bytes, messages) against its theory: equal, or FAIL.
+
+    relation "==" (the default): measured must equal the theory; ">=": measured must reach it (a bound, e.g. the
+    staleness an asynchronous server must at least see)."""
 
     what: str
     measured: int | float
     theory: int | float
+    relation: str = "=="
 
     @property
     def passed(self) -> bool:
-        return self.measured == self.theory
+        return self.measured >= self.theory if self.relation == ">=" else self.measured == self.theory
 
     @property
     def line(self) -> str:
+        if self.relation == ">=":
+            sign = ">=" if self.passed else "<"
+            return (
+                f"{self.what}: measured {self.measured:g} {sign} {self.theory:g}: {'PASS' if self.passed else 'FAIL'}"
+            )
         if self.passed:
             return f"{self.what}: measured {self.measured:g} = theory {self.theory:g}: PASS"
         return f"{self.what}: measured {self.measured:g} != theory {self.theory:g}: FAIL"
@@ -151,7 +161,7 @@ class CountCheck:
         return self.line
 
 
-def check_equal(what: str, measured: int | float, theory: int | float, *, show: bool = True) -> CountCheck:
+def check_equal(what: str, measured: int | float, theory: int | float, *, show: bool = False) -> CountCheck:
     """A counted figure (bytes, message counts) measured in the ranks must equal the theory exactly."""
     check = CountCheck(what, measured, theory)
     if show:

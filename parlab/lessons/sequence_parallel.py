@@ -86,7 +86,6 @@ def check_attention(results: Results, method: str, layout: str, causal: bool, se
             f"{method} ({layout}, causal={causal}) {name}",
             merge([r[i] for r in results]),
             ref,
-            show=False,
             against="sdpa on the whole sequence",
         )
         for i, (name, ref) in enumerate(zip(names, (out.detach(), q.grad, k.grad, v.grad), strict=True))

@@ -341,10 +341,10 @@ def check_layers(world_size: int = 4, dtype: str = "float64", seed: int = 0, bat
         ours = gather_full(flat, dims)
         params = dict(layer.named_parameters()) if isinstance(layer, nn.Module) else {}
         ref = {"y": y.detach(), **({"dx": x.grad} if x.requires_grad else {}), **{n: p.grad for n, p in params.items()}}
-        verdicts.append(compare(f"{name}: output and every gradient", ours, ref, show=False))
+        verdicts.append(compare(f"{name}: output and every gradient", ours, ref))
     measured = itemise_labels(results.trace)
     checks = [
-        check_equal(f"{name}: {label} payload bytes", measured.get(label, [0])[0], value, show=False)
+        check_equal(f"{name}: {label} payload bytes", measured.get(label, [0])[0], value)
         for name, labels in layer_comm_theory(cfg, batch, world_size).items()
         for label, value in labels.items()
     ]

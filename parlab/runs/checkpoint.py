@@ -19,6 +19,7 @@ Checkpoints go to a scratch folder (parlab/core/scratch.py) that is removed afte
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from contextlib import contextmanager
@@ -120,20 +121,17 @@ def failure_report(kind: str, opts, uninterrupted: Results) -> dict:
             f"after the restart on {P - 1} ranks: parameters, every survivor ({batch_note})",
             [r["params"] for r in restart],
             [single.params] * (P - 1),
-            show=False,
         ),
         compare(
             f"after the restart: loss of steps {resumed + 1}..{K}",
             torch.tensor(losses_after, dtype=dtype),
             torch.tensor(single.losses[resumed:], dtype=dtype),
-            show=False,
         ),
     ]
     vs_uninterrupted = compare(
         f"vs the uninterrupted run on {P} ranks: parameters",
         restart[0]["params"],
         uninterrupted[0]["params"],
-        show=False,
         against=f"uninterrupted {name}",
     )
     lines = [
@@ -215,7 +213,6 @@ def ps_failure_report(opts, results: Results) -> dict:
         f"async with a dead worker: server's parameters after {len(updates)} updates",
         server["params"],
         replay["params"],
-        show=False,
         against="one-device replay of the same update order",
     )
     ok = verdict.passed and sorted(int(w) for w in dead) == [opts.kill_rank] and len(updates) == expected
@@ -390,3 +387,13 @@ def elastic_main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     elastic_main()
+
+
+def failure_run(kind: str) -> tuple:
+    """(rank code, report) of `python -m parlab run KIND --kill-rank R`, in place of the scheme's own.
+
+    dp, zero: the launch is the uninterrupted run; the report makes the failure and the restart on the survivors
+    (two more launches) and compares. ps: the asynchronous server carries on without the silent worker."""
+    if kind == "ps":
+        return ps_failure_rank, ps_failure_report
+    return functools.partial(uninterrupted_rank, kind), functools.partial(failure_report, kind)

@@ -44,14 +44,12 @@ def ring_report(opts: RingOptions, results: Results) -> dict:
     element_size = dtype_bytes(opts.dtype)
     # The single-device reference: the plain sum of the ranks' inputs, computed here in one process.
     reference = torch.stack([r["input"] for r in results]).sum(dim=0)
-    verdicts = [
-        compare(f"ring all-reduce, rank {rank}", r["ring"], reference, show=False) for rank, r in enumerate(results)
-    ]
-    verdicts.append(compare("dist.all_reduce, rank 0", results[0]["all_reduce"], reference, show=False))
+    verdicts = [compare(f"ring all-reduce, rank {rank}", r["ring"], reference) for rank, r in enumerate(results)]
+    verdicts.append(compare("dist.all_reduce, rank 0", results[0]["all_reduce"], reference))
     comm_bytes = results.trace.bytes_per_rank()
     theory = ring_theory_bytes(numel, element_size, P)
     byte_checks = [
-        check_equal(f"bytes sent by rank {rank}", sent, theory[rank], show=False)
+        check_equal(f"bytes sent by rank {rank}", sent, theory[rank])
         for rank, sent in enumerate(comm_bytes.get("send", [0] * P))
     ]
     return run_report(

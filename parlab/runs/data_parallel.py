@@ -46,10 +46,6 @@ class DPOptions(FaultOptions, ModelOptions):
 
 def dp_rank(opts: DPOptions) -> dict:
     """Rank code: our DP (traced), then torch DDP on the same data (untraced) unless opts.ddp is False."""
-    if opts.kill_rank is not None:  # a failure injected: this launch is the uninterrupted run (runs/checkpoint.py)
-        from parlab.runs.checkpoint import uninterrupted_rank
-
-        return uninterrupted_rank("dp", opts)
     cfg = opts.gpt_config()
     batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)  # global [B, T], the same on every rank
     model = build_model(cfg, opts.seed)  # the same weights on every rank (same seed)
@@ -64,10 +60,6 @@ def dp_rank(opts: DPOptions) -> dict:
 
 def dp_report(opts: DPOptions, results: Results) -> dict:
     """Run the single-device reference on the same global batches and compare; count the bytes."""
-    if opts.kill_rank is not None:  # the failure and the restart on the survivors (runs/checkpoint.py)
-        from parlab.runs.checkpoint import failure_report
-
-        return failure_report("dp", opts, results)
     P, K, mode = opts.world_size, opts.steps, opts.mode
     cfg = opts.gpt_config()
     batches = make_batches(cfg, opts.batch, K, opts.seed)
@@ -81,11 +73,9 @@ def dp_report(opts: DPOptions, results: Results) -> dict:
     loss_parallel = [sum(r["losses"][k] for r in results) / P for k in range(K)]
     params = [r["params"] for r in results]
     verdicts = [
-        compare(f"loss of each of {K} steps", losses(loss_parallel), losses(single.losses), show=False),
-        compare(
-            "averaged gradients of step 1, every rank", [r["grads"] for r in results], [single.grads] * P, show=False
-        ),
-        compare(f"parameters after {K} steps, every rank", params, [single.params] * P, show=False),
+        compare(f"loss of each of {K} steps", losses(loss_parallel), losses(single.losses)),
+        compare("averaged gradients of step 1, every rank", [r["grads"] for r in results], [single.grads] * P),
+        compare(f"parameters after {K} steps, every rank", params, [single.params] * P),
     ]
     ddp_lines, loss_ddp = [], None
     if opts.ddp:
@@ -96,14 +86,12 @@ def dp_report(opts: DPOptions, results: Results) -> dict:
                 "torch DDP vs our DP: loss of each step",
                 losses(loss_parallel),
                 losses(loss_ddp),
-                show=False,
                 against="torch DDP",
             ),
             compare(
                 "torch DDP vs our DP: parameters, every rank",
                 params,
                 [d["params"] for d in ddp],
-                show=False,
                 against="torch DDP",
             ),
         ]
@@ -116,12 +104,10 @@ def dp_report(opts: DPOptions, results: Results) -> dict:
     per_step = [b / K for b in comm_bytes.get("all_reduce", [0] * P)]
     buckets_per_step = len(results[0]["buckets"])
     calls_per_step = [c / K for c in results.trace.count_per_rank("all_reduce")]
-    byte_checks = [
-        check_equal(f"all-reduce payload per step, rank {r}", per_step[r], grad_bytes, show=False) for r in range(P)
-    ]
+    byte_checks = [check_equal(f"all-reduce payload per step, rank {r}", per_step[r], grad_bytes) for r in range(P)]
     call_what = "buckets" if mode == "dp" else "parameter tensors"
     call_checks = [
-        check_equal(f"all-reduces per step, rank {r} (= {call_what})", calls_per_step[r], buckets_per_step, show=False)
+        check_equal(f"all-reduces per step, rank {r} (= {call_what})", calls_per_step[r], buckets_per_step)
         for r in range(P)
     ]
     checks = verdicts + byte_checks + call_checks
@@ -162,6 +148,7 @@ SCHEMES = [
         dp_rank,
         dp_report,
         fixed=(("mode", "dp"),),
+        failure="dp",
     ),
     Scheme(
         "dp-naive",
@@ -170,5 +157,6 @@ SCHEMES = [
         dp_rank,
         dp_report,
         fixed=(("mode", "dp-naive"),),
+        failure="dp",
     ),
 ]

@@ -111,7 +111,6 @@ def moe_report(opts: MoEOptions, results: Results) -> dict:
             f"loss (aux included) of each of {K} steps",
             torch.tensor(loss, dtype=dtype),
             torch.tensor(reference.losses, dtype=dtype),
-            show=False,
         )
     )
     ref_routing = reference_routing(cfg, batches[0][0], opts.seed)
@@ -121,19 +120,14 @@ def moe_report(opts: MoEOptions, results: Results) -> dict:
             "aux loss of step 1",
             torch.tensor([aux1], dtype=dtype),
             torch.tensor([ref_routing["aux"]], dtype=dtype),
-            show=False,
         )
     )
     for replica in range(opts.dp):  # each replica holds every expert once, over its ep ranks
         ranks = [r for r in range(W) if coords[r]["dp"] == replica]
         grads = {n: g for r in ranks for n, g in results[r]["grads"].items()}
         params = {n: p for r in ranks for n, p in results[r]["params"].items()}
-        verdicts.append(
-            compare(f"replica {replica}: gradients of step 1, gathered", grads, reference.grads, show=False)
-        )
-        verdicts.append(
-            compare(f"replica {replica}: parameters after {K} steps, gathered", params, reference.params, show=False)
-        )
+        verdicts.append(compare(f"replica {replica}: gradients of step 1, gathered", grads, reference.grads))
+        verdicts.append(compare(f"replica {replica}: parameters after {K} steps, gathered", params, reference.params))
 
     # Routing: what the ranks measured, against one device routing the same groups.
     load = [[sum(layer["load"][e] for step in r["stats"] for layer in step) for e in range(E)] for r in results]
@@ -150,13 +144,11 @@ def moe_report(opts: MoEOptions, results: Results) -> dict:
             "step 1: assignments per expert differing from one device",
             sum(a != b for a, b in zip(load1, ref_routing["load"], strict=True)),
             0,
-            show=False,
         ),
         check_equal(
             "step 1: dropped assignments, all ranks (one device's)",
             dropped_per_step[0],
             ref_routing["dropped"],
-            show=False,
         ),
     ]
 
@@ -171,7 +163,7 @@ def moe_report(opts: MoEOptions, results: Results) -> dict:
         for r in results
     ]
     wrong = sum(m != t for m, t in zip(measured, theory, strict=True))
-    counts.append(check_equal("ranks whose all-to-all bytes differ from their split sizes", wrong, 0, show=False))
+    counts.append(check_equal("ranks whose all-to-all bytes differ from their split sizes", wrong, 0))
     tokens = opts.batch // W * cfg.seq_len  # per rank
     moe_per_step = len(results[0]["stats"][0])
     checks = verdicts + counts

@@ -211,10 +211,8 @@ def hybrid_report(opts: HybridOptions, results: Results) -> dict:
     verdicts = []
     for replica in range(opts.dp):
         grads, params = gathered_model(opts, results, replica)
-        verdicts.append(
-            compare(f"replica {replica}: gradients of step 1, gathered", grads, reference.grads, show=False)
-        )
-        verdicts.append(compare(f"replica {replica}: parameters after {K} steps", params, reference.params, show=False))
+        verdicts.append(compare(f"replica {replica}: gradients of step 1, gathered", grads, reference.grads))
+        verdicts.append(compare(f"replica {replica}: parameters after {K} steps", params, reference.params))
     schedule = opts.make_schedule()
     last = [r for r in _ranks(coords, tp=0) if results[r]["losses"] is not None]  # last stage: each dp, cp place
     loss = [sum(results[r]["losses"][k] for r in last) / len(last) for k in range(K)]  # means over equal shares
@@ -227,7 +225,6 @@ def hybrid_report(opts: HybridOptions, results: Results) -> dict:
             f"loss of each of {K} steps" + (" (aux included)" if moe else ""),
             torch.tensor(loss, dtype=dtype),
             torch.tensor(reference.losses, dtype=dtype),
-            show=False,
         ),
     )
     verdicts += moe.get("verdicts", [])
@@ -262,9 +259,7 @@ def hybrid_report(opts: HybridOptions, results: Results) -> dict:
         got, want = measured.get(key, [0] * P), expected.get(key, [0] * P)
         wrong = sum(a != b for a, b in zip(got, want, strict=True))
         counts.append(
-            check_equal(
-                f"{key.split()[0]} axis: ranks whose {key.split()[1]} bytes differ from theory", wrong, 0, show=False
-            )
+            check_equal(f"{key.split()[0]} axis: ranks whose {key.split()[1]} bytes differ from theory", wrong, 0)
         )
     allowed = {"dp", "pp", "cp", "tp", "dp_cp", "ep", "edp", "ulysses", "ring"}
     stray = [e for e in events if e.axis not in allowed]
@@ -273,14 +268,13 @@ def hybrid_report(opts: HybridOptions, results: Results) -> dict:
             "calls on no mesh axis (every call must be on dp, pp, cp, tp, dp_cp or a sub-axis)",
             len(stray),
             0,
-            show=False,
         )
     )
     counts += moe.get("counts", [])
     pb_theory = [hybrid_param_bytes(cfg, schedule, c["pp"], opts.sizes, opts.zero) for c in coords]
     pb = [r["param_bytes"] for r in results]
     wrong = sum(a != b for a, b in zip(pb, pb_theory, strict=True))
-    counts.append(check_equal("ranks whose parameter bytes differ from theory", wrong, 0, show=False))
+    counts.append(check_equal("ranks whose parameter bytes differ from theory", wrong, 0))
     return run_report(
         "hybrid",
         P,
@@ -330,7 +324,6 @@ def moe_checks(opts: HybridOptions, results: Results, coords: list[dict]) -> dic
                 "aux loss of step 1 (sum over MoE layers)",
                 torch.tensor([aux[0]], dtype=dtype),
                 torch.tensor([ref["aux"]], dtype=dtype),
-                show=False,
             )
         ],
         "counts": [
@@ -338,9 +331,8 @@ def moe_checks(opts: HybridOptions, results: Results, coords: list[dict]) -> dic
                 "step 1: experts whose assignments differ from one device's",
                 sum(a != b for a, b in zip(load, ref["load"], strict=True)),
                 0,
-                show=False,
             ),
-            check_equal("step 1: dropped assignments, all ranks (one device's)", dropped, ref["dropped"], show=False),
+            check_equal("step 1: dropped assignments, all ranks (one device's)", dropped, ref["dropped"]),
         ],
         "report": {
             "experts": E,

@@ -154,9 +154,8 @@ def offload_report(opts: OffloadOptions, results: Results) -> dict:
             f"loss of each of {K} steps",
             torch.tensor(loss_parallel, dtype=dtype),
             torch.tensor(single.losses, dtype=dtype),
-            show=False,
         ),
-        compare(f"parameters after {K} steps, every rank", params, [single.params] * P, show=False),
+        compare(f"parameters after {K} steps, every rank", params, [single.params] * P),
     ]
     if opts.reference and target != "none":
         verdicts.append(
@@ -164,7 +163,6 @@ def offload_report(opts: OffloadOptions, results: Results) -> dict:
                 "parameters vs the same run without offload (target none), every rank",
                 params,
                 [r["none"]["params"] for r in results],
-                show=False,
                 against="the run without offload",
             )
         )
@@ -175,15 +173,13 @@ def offload_report(opts: OffloadOptions, results: Results) -> dict:
     for place in PLACES:
         steady = [sum(r["steady"][place].values()) for r in results]
         theory = memory["steady_total"][place]
-        checks += [
-            check_equal(f"{place} bytes before the step, rank {r}", steady[r], theory, show=False) for r in range(P)
-        ]
+        checks += [check_equal(f"{place} bytes before the step, rank {r}", steady[r], theory) for r in range(P)]
         lines.append(
             f"{place} bytes before the optimizer step, per rank: measured {steady} = formula {theory:,}: "
             f"{'PASS' if all(n == theory for n in steady) else 'FAIL'}"
         )
         peak, bound = max(sum(r["peak"][place].values()) for r in results), memory["peak_total"][place]
-        checks.append(check_equal(f"{place} peak within the formula", peak <= bound, True, show=False))
+        checks.append(check_equal(f"{place} peak within the formula", peak <= bound, True))
         lines.append(
             f"{place} bytes at the peak, every rank: measured {peak:,} <= formula {bound:,}: "
             f"{'PASS' if peak <= bound else 'FAIL'}"
@@ -197,7 +193,7 @@ def offload_report(opts: OffloadOptions, results: Results) -> dict:
             moved[e.kind][e.rank] += e.bytes
     for kind, theory in offload_theory(opts).items():
         per_step = [n / K for n in moved[kind]]
-        checks += [check_equal(f"{kind} bytes per step, rank {r}", per_step[r], theory, show=False) for r in range(P)]
+        checks += [check_equal(f"{kind} bytes per step, rank {r}", per_step[r], theory) for r in range(P)]
         lines.append(
             f"{kind} bytes per step, per rank: measured {per_step[0]:g} (every rank: "
             f"{'same' if len(set(per_step)) == 1 else per_step}) = theory {theory:g}: "
@@ -211,8 +207,8 @@ def offload_report(opts: OffloadOptions, results: Results) -> dict:
         shutil.rmtree(opts.folder, ignore_errors=True)
         removed = not Path(opts.folder).exists()
         folder_checks = [
-            check_equal("files the ranks left in the disk folder", files_left, 0, show=False),
-            check_equal("disk folder removed after the run", removed, True, show=False),
+            check_equal("files the ranks left in the disk folder", files_left, 0),
+            check_equal("disk folder removed after the run", removed, True),
         ]
         checks += folder_checks
         lines += [c.line for c in folder_checks]

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from parlab.core import comm
-from parlab.core.check import check_equal, compare
+from parlab.core.check import CountCheck, check_equal, compare
 from parlab.core.models import build_model, lm_loss, make_batches, make_optimizer, synthetic_corpus, train_single_device
 from parlab.runs.options import FaultOptions, ModelOptions, option
 from parlab.runs.registry import Scheme, launch_scheme
@@ -82,10 +82,6 @@ def eval_batch(opts: PSOptions, rows: int = 64):
 def ps_rank(opts: PSOptions) -> dict:
     """Rank code: the parameter server (traced), then all-reduce DP over the workers (traced, unless opts.dp is
     False). The server also measures the loss of every version theta_v on a fixed batch, after training."""
-    if opts.kill_rank is not None:  # a worker falls silent; the server carries on (runs/checkpoint.py)
-        from parlab.runs.checkpoint import ps_failure_rank
-
-        return ps_failure_rank(opts)
     cfg, P = opts.gpt_config(), opts.world_size
     batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)  # global [B, T], the same on every rank
     # The asynchronous server's any-source receive needs gloo (NCCL has none): under NCCL (one GPU per rank) the
@@ -122,31 +118,8 @@ def ps_rank(opts: PSOptions) -> dict:
     return out
 
 
-@dataclass(frozen=True)
-class AtLeast:
-    """A counted figure that must reach a bound: measured >= bound, or FAIL."""
-
-    what: str
-    measured: int | float
-    bound: int | float
-
-    @property
-    def passed(self) -> bool:
-        return self.measured >= self.bound
-
-    @property
-    def line(self) -> str:
-        if self.passed:
-            return f"{self.what}: measured {self.measured:g} >= {self.bound:g}: PASS"
-        return f"{self.what}: measured {self.measured:g} < {self.bound:g}: FAIL"
-
-
 def ps_report(opts: PSOptions, results: Results) -> dict:
     """Check against one device (sync) or a one-device replay (async); count the bytes and the updates."""
-    if opts.kill_rank is not None:
-        from parlab.runs.checkpoint import ps_failure_report
-
-        return ps_failure_report(opts, results)
     P, K, mode = opts.world_size, opts.steps, opts.mode
     N = P - 1
     cfg = opts.gpt_config()
@@ -166,14 +139,12 @@ def ps_report(opts: PSOptions, results: Results) -> dict:
                 f"sync: loss of each of {K} steps",
                 torch.tensor(loss_ps, dtype=dtype),
                 torch.tensor(single.losses, dtype=dtype),
-                show=False,
             ),
-            compare(f"sync: server's parameters after {K} steps", server["params"], single.params, show=False),
+            compare(f"sync: server's parameters after {K} steps", server["params"], single.params),
             compare(
                 "sync: every worker's parameters (last pull)",
                 [w["params"] for w in workers],
                 [single.params] * N,
-                show=False,
             ),
         ]
         if opts.dp:
@@ -182,13 +153,11 @@ def ps_report(opts: PSOptions, results: Results) -> dict:
                     f"all-reduce DP over the {N} workers: parameters",
                     [w["dp"]["params"] for w in workers],
                     [single.params] * N,
-                    show=False,
                 ),
                 compare(
                     "sync server vs all-reduce DP: parameters",
                     server["params"],
                     workers[0]["dp"]["params"],
-                    show=False,
                     against="all-reduce DP",
                 ),
             ]
@@ -206,10 +175,9 @@ def ps_report(opts: PSOptions, results: Results) -> dict:
                 f"async: server's parameters after {N * K} updates",
                 server["params"],
                 replay["params"],
-                show=False,
                 against=against,
             ),
-            compare(f"async: loss of each of the {N * K} gradients", ours, theirs, show=False, against=against),
+            compare(f"async: loss of each of the {N * K} gradients", ours, theirs, against=against),
         ]
         reference_losses = None
 
@@ -219,21 +187,20 @@ def ps_report(opts: PSOptions, results: Results) -> dict:
     applied = server["applied"]  # counted by the server at each optimizer step
     applied_theory, formula = (K, "K") if mode == "sync" else (N * K, "N x K")
     counts = [
-        check_equal(f"{mode}: updates applied by the server ({formula})", applied, applied_theory, show=False),
-        check_equal(f"{mode}: gradients received by the server (N x K)", len(updates), N * K, show=False),
+        check_equal(f"{mode}: updates applied by the server ({formula})", applied, applied_theory),
+        check_equal(f"{mode}: gradients received by the server (N x K)", len(updates), N * K),
     ]
     counts += [
-        check_equal(f"{mode}: gradients received from worker {w} (K)", per_worker[w - 1], K, show=False)
-        for w in range(1, P)
+        check_equal(f"{mode}: gradients received from worker {w} (K)", per_worker[w - 1], K) for w in range(1, P)
     ]
     if mode == "sync":
-        counts.append(check_equal("sync: largest staleness", max(staleness), 0, show=False))
+        counts.append(check_equal("sync: largest staleness", max(staleness), 0))
     else:
         first_reads = sum(u["read_version"] == 0 for u in updates if u["step"] == 0)
+        counts.append(check_equal("async: workers whose first gradient was computed on theta_0", first_reads, N))
         counts.append(
-            check_equal("async: workers whose first gradient was computed on theta_0", first_reads, N, show=False)
+            CountCheck("async: largest staleness (the last of those N gradients)", max(staleness), N - 1, ">=")
         )
-        counts.append(AtLeast("async: largest staleness (the last of those N gradients)", max(staleness), N - 1))
 
     # ---- bytes: every message has the server at one end
     grad_bytes = params_to_vector(build_model(cfg, opts.seed)).numel() * cfg.dtype_bytes
@@ -247,14 +214,11 @@ def ps_report(opts: PSOptions, results: Results) -> dict:
             f"worker {w}: bytes sent + received ((2K+1) x G)",
             worker_bytes[w - 1],
             theory["theory_worker_bytes"],
-            show=False,
         )
         for w in range(1, P)
     ]
     counts.append(
-        check_equal(
-            f"server: bytes sent + received (N x a worker's, N = {N})", server_bytes, N * worker_bytes[0], show=False
-        )
+        check_equal(f"server: bytes sent + received (N x a worker's, N = {N})", server_bytes, N * worker_bytes[0])
     )
     comm_table = {
         **table,
@@ -266,7 +230,7 @@ def ps_report(opts: PSOptions, results: Results) -> dict:
         all_reduce = table.get("all_reduce", [0] * P)
         per_step = [all_reduce[w] / K for w in range(1, P)]
         counts += [
-            check_equal(f"all-reduce DP, worker {w}: payload per step (G)", per_step[w - 1], grad_bytes, show=False)
+            check_equal(f"all-reduce DP, worker {w}: payload per step (G)", per_step[w - 1], grad_bytes)
             for w in range(1, P)
         ]
         comm_table["all_reduce_per_step"] = per_step
@@ -313,5 +277,6 @@ SCHEMES = [
         PSOptions,
         ps_rank,
         ps_report,
+        failure="ps",
     )
 ]

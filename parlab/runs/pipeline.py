@@ -133,15 +133,14 @@ def pp_report(opts: PPOptions, results: Results) -> dict:
             f"loss of each of {opts.steps} steps",
             torch.tensor(losses, dtype=cfg.torch_dtype),  # the float32 run is compared with float32's tolerance
             torch.tensor(reference.losses, dtype=cfg.torch_dtype),
-            show=False,
         ),
-        compare("gradients after step 1 (all stages)", grads, reference.grads, show=False),
-        compare(f"parameters after {opts.steps} {opts.optimizer.upper()} steps", params, reference.params, show=False),
+        compare("gradients after step 1 (all stages)", grads, reference.grads),
+        compare(f"parameters after {opts.steps} {opts.optimizer.upper()} steps", params, reference.params),
     ]
     sent = results.trace.bytes_per_rank().get("send", [0] * p)
     message_bytes = (opts.batch // m) * cfg.seq_len * cfg.hidden * cfg.dtype_bytes  # one [b, T, H]
     theory = theory_send_bytes(schedule, message_bytes, opts.steps)
-    counts = [check_equal(f"bytes sent by rank {r}", sent[r], theory[r], show=False) for r in range(p)]
+    counts = [check_equal(f"bytes sent by rank {r}", sent[r], theory[r]) for r in range(p)]
     ideal = bubble(simulate(schedule, costs), p)
     formula, formula_text = bubble_formula(schedule.name, p, m, v, costs)
     measured, measured_per_rank = measured_bubble(results.trace)

@@ -55,6 +55,7 @@ class Scheme:
     """One runnable scheme: its CLI name, its options class, its rank code and its report.
 
     fixed: option values this scheme always runs with (e.g. {"mode": "dp-naive"}), not offered as CLI flags.
+    failure: the kind of run `--kill-rank` makes of it (parlab/runs/checkpoint.py, `failure_run`), or None.
     """
 
     name: str
@@ -63,12 +64,23 @@ class Scheme:
     rank_fn: Callable[[Any], Any]
     report: Callable[[Any, Results], dict]
     fixed: tuple[tuple[str, Any], ...] = ()
+    failure: str | None = None
 
     def make_options(self, **values) -> RunOptions:
         """The validated options: the class defaults, then `values`, then what this scheme fixes."""
         opts = self.options.make(**{**values, **dict(self.fixed)})
         opts.validate()
         return opts
+
+    def for_options(self, opts: RunOptions) -> Scheme:
+        """This scheme as these options run it: with a rank killed (`--kill-rank`), the failure run's rank code and
+        report (parlab/runs/checkpoint.py) in place of its own."""
+        if self.failure is None or getattr(opts, "kill_rank", None) is None:
+            return self
+        from parlab.runs.checkpoint import failure_run
+
+        rank_fn, report = failure_run(self.failure)
+        return dataclasses.replace(self, rank_fn=rank_fn, report=report)
 
 
 def all_schemes() -> dict[str, Scheme]:
@@ -103,6 +115,7 @@ def launch_scheme(name: str, twin: bool = False, live: bool = False, **options) 
     """
     scheme = get_scheme(name)
     opts = scheme.make_options(**options)  # bad options are refused here, before any process starts
+    scheme = scheme.for_options(opts)
     if live:
         from parlab.views.live import LiveTimeline
 
@@ -136,6 +149,7 @@ def run_scheme(name: str, twin: bool = False, **options) -> dict | None:
     scheme = get_scheme(name)
     init_from_env()
     opts = scheme.make_options(**{**options, "world_size": dist.get_world_size()})  # torchrun decides the size
+    scheme = scheme.for_options(opts)
     if twin:  # the same wrapping as launch_scheme's
         from parlab.twins import registry as twins
 

@@ -148,9 +148,7 @@ def _comm_checks(opts: SPOptions, results: Results) -> tuple[list[CountCheck], d
     ]
     figures["grad_all_reduce_per_step"] = grads_ar
     figures["grad_all_reduce_per_step_theory"] = grad_sync_theory(cfg, method, P)
-    checks.append(
-        check_equal("gradient all-reduce bytes per step", grads_ar[0], grad_sync_theory(cfg, method, P), show=False)
-    )
+    checks.append(check_equal("gradient all-reduce bytes per step", grads_ar[0], grad_sync_theory(cfg, method, P)))
     if method == "megatron-sp":
         theory = megatron_sp_layer_theory(cfg, B, P)
         ag, rs = _layer_payload(trace, "all_gather", steps, P), _layer_payload(trace, "reduce_scatter", steps, P)
@@ -169,37 +167,31 @@ def _comm_checks(opts: SPOptions, results: Results) -> tuple[list[CountCheck], d
                 "ranks whose layer all-gather/reduce-scatter bytes differ from rank 0's",
                 sum((ag[r], rs[r]) != (ag[0], rs[0]) for r in range(P)),
                 0,
-                show=False,
             ),
             check_equal(
                 f"all-gather bytes per step in the layers ({n_ag} x L x B x T/P x H x bytes)",
                 ag[0],
                 theory["all_gather"],
-                show=False,
             ),
             check_equal(
                 f"reduce-scatter bytes per step in the layers ({n_rs} x L x B x T x H x bytes)",
                 rs[0],
                 theory["reduce_scatter"],
-                show=False,
             ),
             check_equal(
                 f"bytes sent per step in the layers (ring algorithms): all-gather + reduce-scatter = {same_as}",
                 sp_wire[0],
                 tp_wire,
-                show=False,
             ),
             check_equal(
                 "all-reduces inside the layers",
                 sum(1 for e in trace.select(kind="all_reduce") if re.search(r"(attn|mlp) \d+$", e.label)),
                 0,
-                show=False,
             ),
             check_equal(
                 f"LayerNorm saved activations x P: Megatron SP's x {P} = tensor parallel's",
                 ln[0]["sp"] * P,
                 ln[0]["tp"],
-                show=False,
             ),
         ]
         figures |= {
@@ -215,20 +207,16 @@ def _comm_checks(opts: SPOptions, results: Results) -> tuple[list[CountCheck], d
         a2a = [per_step(b, steps) for b in trace.bytes_per_rank().get("all_to_all", [0] * P)]
         calls = [per_step(c, steps) for c in trace.count_per_rank("all_to_all")]
         checks += [
-            check_equal(
-                "ranks whose all-to-all bytes differ from rank 0's", sum(b != a2a[0] for b in a2a), 0, show=False
-            ),
+            check_equal("ranks whose all-to-all bytes differ from rank 0's", sum(b != a2a[0] for b in a2a), 0),
             check_equal(
                 "all-to-all bytes per rank per step (8 x L x B x nh x T/P x hs x bytes)",
                 a2a[0],
                 ulysses_theory(cfg, B, P),
-                show=False,
             ),
             check_equal(
                 "all-to-alls per step (q, k, v, out; forward and backward; per layer)",
                 calls[0],
                 8 * cfg.layers,
-                show=False,
             ),
         ]
         figures |= {"all_to_all_per_step": a2a, "all_to_all_per_step_theory": ulysses_theory(cfg, B, P)}
@@ -240,7 +228,7 @@ def _comm_checks(opts: SPOptions, results: Results) -> tuple[list[CountCheck], d
                 per_step(sum(e.bytes for e in trace.select(kind="send", rank=r) if e.label.startswith(item)), steps)
                 for r in range(P)
             ]
-            checks.append(check_equal(f"ring send bytes per step, {item}", sends[item][0], theory[item], show=False))
+            checks.append(check_equal(f"ring send bytes per step, {item}", sends[item][0], theory[item]))
         n_fwd = [
             per_step(sum(e.label.startswith("kv fwd") for e in trace.select(kind="send", rank=r)), steps * cfg.layers)
             for r in range(P)
@@ -251,14 +239,12 @@ def _comm_checks(opts: SPOptions, results: Results) -> tuple[list[CountCheck], d
                 "ranks whose sends differ from rank 0's",
                 sum([sends[i][r] for i in sends] != [sends[i][0] for i in sends] for r in range(P)),
                 0,
-                show=False,
             ),
-            check_equal("K/V blocks each rank sends per forward attention (P-1)", n_fwd[0], P - 1, show=False),
+            check_equal("K/V blocks each rank sends per forward attention (P-1)", n_fwd[0], P - 1),
             check_equal(
                 "ranks whose tile counts differ from the causal theory",
                 sum(t != th for t, th in zip(tiles, tiles_theory(P, layout), strict=True)),
                 0,
-                show=False,
             ),
         ]
         if layout == "zigzag":
@@ -267,7 +253,6 @@ def _comm_checks(opts: SPOptions, results: Results) -> tuple[list[CountCheck], d
                     "zigzag: ranks computing a different number of tiles from rank 0",
                     sum(t != tiles[0] for t in tiles),
                     0,
-                    show=False,
                 )
             )
         figures |= {"send_per_step": sends, "send_per_step_theory": theory, "kv_blocks_sent_per_forward": n_fwd}
@@ -293,12 +278,9 @@ def sp_report(opts: SPOptions, results: Results) -> dict:
             f"loss of each of {steps} steps",
             torch.tensor(losses, dtype=cfg.torch_dtype),
             torch.tensor(ref.losses, dtype=cfg.torch_dtype),
-            show=False,
         ),
-        compare(
-            "every gradient of step 1" + (", gathered" if method == "megatron-sp" else ""), grads, ref.grads, show=False
-        ),
-        compare(f"parameters after {steps} {opts.optimizer} steps", params, ref.params, show=False),
+        compare("every gradient of step 1" + (", gathered" if method == "megatron-sp" else ""), grads, ref.grads),
+        compare(f"parameters after {steps} {opts.optimizer} steps", params, ref.params),
     ]
     replicated = [n for n, d in results[0]["split_dims"].items() if d is None]
     verdicts.append(
@@ -306,7 +288,6 @@ def sp_report(opts: SPOptions, results: Results) -> dict:
             "ranks whose replicated parameters differ from rank 0's after training",
             sum(any(not torch.equal(r["params"][n], results[0]["params"][n]) for n in replicated) for r in results[1:]),
             0,
-            show=False,
         )
     )
     checks, figures, extra = _comm_checks(opts, results)

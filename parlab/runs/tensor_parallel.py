@@ -83,17 +83,16 @@ def tp_report(opts: TPOptions, results: Results) -> dict:
             f"loss of each of {steps} steps",
             torch.tensor(results[0]["losses"], dtype=cfg.torch_dtype),
             torch.tensor(ref.losses, dtype=cfg.torch_dtype),
-            show=False,
         ),
-        compare("every gradient of step 1, gathered to full shape", grads, ref.grads, show=False),
-        compare(f"parameters after {steps} {opts.optimizer} steps, gathered", params, ref.params, show=False),
+        compare("every gradient of step 1, gathered to full shape", grads, ref.grads),
+        compare(f"parameters after {steps} {opts.optimizer} steps, gathered", params, ref.params),
     ]
     # Replicated parameters need no all-reduce only if every rank really computes the same gradient: count.
     replicated = [n for n, d in dims.items() if d is None]
     differing = sum(
         any(not torch.equal(r["grads"][n], results[0]["grads"][n]) for n in replicated) for r in results[1:]
     )
-    verdicts.append(check_equal("ranks whose replicated gradients differ from rank 0's", differing, 0, show=False))
+    verdicts.append(check_equal("ranks whose replicated gradients differ from rank 0's", differing, 0))
 
     theory = allreduce_theory(cfg, opts.batch)
     measured = {item: [0] * P for item in theory} | itemise(results.trace, steps)  # {item: [bytes/step per rank]}
@@ -110,26 +109,23 @@ def tp_report(opts: TPOptions, results: Results) -> dict:
             "ranks whose all-reduce bytes, calls or parameter bytes differ from rank 0's",
             sum(row != per_rank[0] for row in per_rank),
             0,
-            show=False,
         )
     )
     for item, value in theory.items():
-        verdicts.append(check_equal(f"all-reduce bytes per step, {item}", measured[item][0], value, show=False))
+        verdicts.append(check_equal(f"all-reduce bytes per step, {item}", measured[item][0], value))
     verdicts += [
         check_equal(
             f"all-reduce bytes per step in the {cfg.layers} layers ({per_layer} x L x B x T x H x {cfg.dtype_bytes})",
             layers_measured[0],
             layers_theory,
-            show=False,
         ),
-        check_equal("all-reduce bytes per step in all", total[0], sum(theory.values()), show=False),
+        check_equal("all-reduce bytes per step in all", total[0], sum(theory.values())),
         check_equal(
             f"all-reduces per step ({per_layer} per layer + embed + head + 3 loss)",
             calls[0],
             per_layer * cfg.layers + 5,
-            show=False,
         ),
-        check_equal("parameter bytes held by each rank", pb[0], pb_theory, show=False),
+        check_equal("parameter bytes held by each rank", pb[0], pb_theory),
     ]
 
     return run_report(

@@ -69,17 +69,15 @@ def usp_report(opts: USPOptions, results: Results) -> dict:
             f"loss of each of {steps} steps",
             torch.tensor(losses, dtype=cfg.torch_dtype),
             torch.tensor(ref.losses, dtype=cfg.torch_dtype),
-            show=False,
         ),
-        compare("every gradient of step 1", results[0]["grads"], ref.grads, show=False),
-        compare(f"parameters after {steps} {opts.optimizer} steps", results[0]["params"], ref.params, show=False),
+        compare("every gradient of step 1", results[0]["grads"], ref.grads),
+        compare(f"parameters after {steps} {opts.optimizer} steps", results[0]["params"], ref.params),
     ]
     verdicts.append(
         check_equal(
             "ranks whose parameters differ from rank 0's after training",
             sum(any(not torch.equal(r["params"][n], t) for n, t in results[0]["params"].items()) for r in results[1:]),
             0,
-            show=False,
         )
     )
     per_call = usp_bytes_per_call(B, cfg.heads, cfg.seq_len, cfg.head_size, opts.ulysses, opts.ring, cfg.dtype_bytes)
@@ -100,12 +98,11 @@ def usp_report(opts: USPOptions, results: Results) -> dict:
         ("ring", "send bytes (K/V fwd and bwd, dK/dV bwd)"),
     ):
         verdicts += [
-            check_equal(f"{axis} axis: {what} per step, rank 0", measured[axis][0], theory[axis], show=False),
+            check_equal(f"{axis} axis: {what} per step, rank 0", measured[axis][0], theory[axis]),
             check_equal(
                 f"{axis} axis: ranks whose bytes differ from rank 0's",
                 sum(b != measured[axis][0] for b in measured[axis]),
                 0,
-                show=False,
             ),
         ]
     verdicts += [
@@ -113,13 +110,11 @@ def usp_report(opts: USPOptions, results: Results) -> dict:
             "gradient all-reduce bytes per step (every parameter, over all ranks)",
             grads[0],
             grad_sync_theory(cfg, "ring", P),
-            show=False,
         ),
         check_equal(
             "ranks whose attention tiles per forward differ from ring attention's over R",
             sum(t != e for t, e in zip(tiles, expected_tiles, strict=True)),
             0,
-            show=False,
         ),
     ]
     comm = {

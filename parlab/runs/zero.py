@@ -133,10 +133,6 @@ def reference_name(opts: ZeROOptions) -> str | None:
 
 def zero_rank(opts: ZeROOptions) -> dict:
     """Rank code: our ZeRO (traced), then PyTorch's (untraced) on the same data unless opts.reference is False."""
-    if opts.kill_rank is not None:  # a failure injected: this launch is the uninterrupted run (runs/checkpoint.py)
-        from parlab.runs.checkpoint import uninterrupted_rank
-
-        return uninterrupted_rank("zero", opts)
     cfg = opts.gpt_config()
     batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)  # global [B, T], the same on every rank
     out = train_zero(build_model(cfg, opts.seed), batches, **opts.zero_kwargs())
@@ -155,10 +151,6 @@ def bytes_formula(opts: ZeROOptions, psi: int) -> dict[str, float]:
 
 def zero_report(opts: ZeROOptions, results: Results) -> dict:
     """The single-device reference on the same global batches, the comparisons, the bytes held and moved."""
-    if opts.kill_rank is not None:  # the failure and the restart on the survivors (runs/checkpoint.py)
-        from parlab.runs.checkpoint import failure_report
-
-        return failure_report("zero", opts, results)
     P, K = opts.world_size, opts.steps
     cfg = opts.gpt_config()
     batches = make_batches(cfg, opts.batch, K, opts.seed)
@@ -196,7 +188,7 @@ def zero_report(opts: ZeROOptions, results: Results) -> dict:
     measured = {c: [r["steady"][c] for r in results] for c in COMPONENTS}
     memory_ok, memory_lines = [], []
     for c in COMPONENTS:  # every rank holds exactly formula(Psi + padding), and that is within 1% of formula(Psi)
-        exact = all(check_equal(c, m, formula_padded[c], show=False).passed for m in measured[c])
+        exact = all(check_equal(c, m, formula_padded[c]).passed for m in measured[c])
         off = max(abs(m - formula[c]) for m in measured[c]) / formula[c]
         memory_ok.append(exact and off <= 0.01)
         memory_lines.append(
@@ -269,11 +261,10 @@ def _numeric_verdicts(opts, loss_ours, loss_ref, params_ours, params_ref, agains
                 f"loss of each of {K} steps",
                 losses(loss_ours),
                 losses(loss_ref),
-                show=False,
                 against=against,
                 tol=1e-10 if opts.dtype == "float64" else 1e-5,
             ),
-            compare(f"parameters after {K} steps, every rank", params_ours, params_ref, show=False, against=against),
+            compare(f"parameters after {K} steps, every rank", params_ours, params_ref, against=against),
         ]
     quantiles = []
     for ours, ref in zip(params_ours, params_ref, strict=True):
@@ -286,7 +277,6 @@ def _numeric_verdicts(opts, loss_ours, loss_ref, params_ours, params_ref, agains
             losses(loss_ours),
             losses(loss_ref),
             MIXED_LOSS_TOL,
-            show=False,
             against=against,
         ),
         compare(
@@ -294,7 +284,6 @@ def _numeric_verdicts(opts, loss_ours, loss_ref, params_ours, params_ref, agains
             torch.tensor(quantiles),
             torch.zeros(len(quantiles)),
             MIXED_PARAM_TOL,
-            show=False,
             against=against,
         ),
     ]
@@ -314,5 +303,6 @@ SCHEMES = [
         ZeROOptions,
         zero_rank,
         zero_report,
+        failure="zero",
     )
 ]

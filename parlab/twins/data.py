@@ -37,7 +37,7 @@ def all_reduce_rank(opts, value: dict) -> dict:
 
 def all_reduce_compare(opts, results, outs) -> list[Verdict]:
     return [
-        compare(f"parlab's ring, rank {r}", results[r]["ring"], o["sum"], show=False, against="dist.all_reduce")
+        compare(f"parlab's ring, rank {r}", results[r]["ring"], o["sum"], against="dist.all_reduce")
         for r, o in enumerate(outs)
     ]
 
@@ -83,12 +83,11 @@ def losses_and_params(opts, results, outs, what: str) -> list[Verdict]:
     ours = torch.tensor([sum(r["losses"][k] for r in results) / P for k in range(K)], dtype=dtype)
     theirs = torch.tensor([sum(o["losses"][k] for o in outs) / P for k in range(K)], dtype=dtype)
     return [
-        compare(f"parlab's loss of each of {K} steps", ours, theirs, show=False, against=what),
+        compare(f"parlab's loss of each of {K} steps", ours, theirs, against=what),
         compare(
             f"parlab's parameters after {K} steps, every rank",
             [r["params"] for r in results],
             [o["params"] for o in outs],
-            show=False,
             against=what,
         ),
     ]

@@ -98,21 +98,18 @@ def pp_compare(opts, results, outs) -> list[Verdict]:
             f"parlab's loss of each of {K} steps",
             torch.tensor(results[last]["losses"], dtype=dtype),
             torch.tensor(outs[last]["losses"], dtype=dtype),
-            show=False,
             against=what,
         ),
         compare(
             "parlab's gradients of step 1, every stage",
             merged(results, "grads"),
             merged(outs, "grads"),
-            show=False,
             against=what,
         ),
         compare(
             f"parlab's parameters after {K} steps",
             merged(results, "params"),
             merged(outs, "params"),
-            show=False,
             against=what,
         ),
     ]

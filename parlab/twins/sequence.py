@@ -114,7 +114,6 @@ def cp_compare(opts, results, outs) -> list[Verdict]:
             o["parlab"],
             o["torch"],
             CP_TOL,
-            show=False,
             against="torch context_parallel",
         )
         for r, o in enumerate(outs)

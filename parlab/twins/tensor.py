@@ -145,11 +145,10 @@ def tp_compare(opts, results, outs) -> list[Verdict]:
             f"parlab's loss of each of {K} steps",
             torch.tensor(results[0]["losses"], dtype=dtype),
             torch.tensor(outs[0]["losses"], dtype=dtype),
-            show=False,
             against=what,
         ),
-        compare("parlab's gradients of step 1, full shape", ours["grads"], outs[0]["grads"], show=False, against=what),
-        compare(f"parlab's parameters after {K} steps", ours["params"], outs[0]["params"], show=False, against=what),
+        compare("parlab's gradients of step 1, full shape", ours["grads"], outs[0]["grads"], against=what),
+        compare(f"parlab's parameters after {K} steps", ours["params"], outs[0]["params"], against=what),
     ]
 
 
@@ -206,8 +205,8 @@ def hybrid_compare(opts, results, outs) -> list[Verdict]:
     theirs = torch.tensor([sum(outs[r]["losses"][k] for r in replicas) / opts.dp for k in range(K)], dtype=dtype)
     what = "torch fully_shard x parallelize_module"
     return [
-        compare(f"parlab's loss of each of {K} steps", ours, theirs, show=False, against=what),
-        compare(f"parlab's parameters after {K} steps", params, outs[0]["params"], show=False, against=what),
+        compare(f"parlab's loss of each of {K} steps", ours, theirs, against=what),
+        compare(f"parlab's parameters after {K} steps", params, outs[0]["params"], against=what),
     ]
 
 

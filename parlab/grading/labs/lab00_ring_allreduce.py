@@ -115,9 +115,7 @@ def ring_verdicts(label: str, r: int, world: int, calls, expected: list[torch.Te
     what = f"{label}rank {r}: {n} sends to rank {right}, {n} receives from rank {left}"
     lines = [pattern_verdict(what, calls, [right] * n, [left] * n)]
     sent = [c.get("data") for c in calls if c["op"] == "send"]
-    lines.append(
-        compare(f"{label}rank {r}: the messages it sent", sent, expected, show=False, against="the ring's").line
-    )
+    lines.append(compare(f"{label}rank {r}: the messages it sent", sent, expected, against="the ring's").line)
     return lines
 
 
@@ -144,15 +142,12 @@ def judge_reduce_scatter(data) -> list[str]:
     ranks = data["ranks"]
     total = sum(rank_input(q, NUMEL) for q in range(P)).tensor_split(P)  # the single-device reference, chunked
     lines = [collective_verdict("", [res["calls"] for res in ranks])]
-    lines += [
-        compare(f"rank {r} holds the sum of chunk {r}", ranks[r]["chunks"][r], total[r], show=False).line
-        for r in range(P)
-    ]
+    lines += [compare(f"rank {r} holds the sum of chunk {r}", ranks[r]["chunks"][r], total[r]).line for r in range(P)]
     for r in range(P):
         expected = reduce_scatter_messages(r, P, NUMEL)
         lines += ring_verdicts("", r, P, ranks[r]["calls"], expected)
         sent = probe.total_bytes(ranks[r]["calls"], "send")
-        lines.append(check_equal(f"bytes sent by rank {r} (P-1 chunks)", sent, _bytes(expected), show=False).line)
+        lines.append(check_equal(f"bytes sent by rank {r} (P-1 chunks)", sent, _bytes(expected)).line)
     return lines
 
 
@@ -177,14 +172,12 @@ def judge_all_gather(data) -> list[str]:
     ranks = data["ranks"]
     total = sum(rank_input(q, NUMEL) for q in range(P))
     lines = [collective_verdict("", [res["calls"] for res in ranks])]
-    lines += [
-        compare(f"rank {r} holds every summed chunk", ranks[r]["gathered"], total, show=False).line for r in range(P)
-    ]
+    lines += [compare(f"rank {r} holds every summed chunk", ranks[r]["gathered"], total).line for r in range(P)]
     for r in range(P):
         expected = all_gather_messages(r, P, NUMEL)
         lines += ring_verdicts("", r, P, ranks[r]["calls"], expected)
         sent = probe.total_bytes(ranks[r]["calls"], "send")
-        lines.append(check_equal(f"bytes sent by rank {r} (P-1 chunks)", sent, _bytes(expected), show=False).line)
+        lines.append(check_equal(f"bytes sent by rank {r} (P-1 chunks)", sent, _bytes(expected)).line)
     return lines
 
 
@@ -214,15 +207,13 @@ def judge_ring_all_reduce(data) -> list[str]:
         case = f"P={world}, N={numel}: "
         lines.append(collective_verdict(case, [res["calls"] for res in ranks]))
         lines.append(
-            compare(
-                f"{case}the all-reduce on every rank", [res["total"] for res in ranks], [total] * world, show=False
-            ).line
+            compare(f"{case}the all-reduce on every rank", [res["total"] for res in ranks], [total] * world).line
         )
         for r in range(world):
             expected = reduce_scatter_messages(r, world, numel) + all_gather_messages(r, world, numel)
             lines += ring_verdicts(case, r, world, ranks[r]["calls"], expected)
             sent = probe.total_bytes(ranks[r]["calls"], "send")
-            lines.append(check_equal(f"{case}bytes sent by rank {r}", sent, _bytes(expected), show=False).line)
+            lines.append(check_equal(f"{case}bytes sent by rank {r}", sent, _bytes(expected)).line)
     return lines
 
 
@@ -325,9 +316,7 @@ def judge_halving_doubling(data) -> list[str]:
         case = f"P={world}, N={numel}: "
         lines.append(collective_verdict(case, [res["calls"] for res in ranks]))
         lines.append(
-            compare(
-                f"{case}the all-reduce on every rank", [res["total"] for res in ranks], [total] * world, show=False
-            ).line
+            compare(f"{case}the all-reduce on every rank", [res["total"] for res in ranks], [total] * world).line
         )
         steps = 2 * (world.bit_length() - 1)
         patterns, sent, expected = [], [], []
@@ -340,13 +329,9 @@ def judge_halving_doubling(data) -> list[str]:
         wrong = [line.removesuffix(": FAIL") for line in patterns if line.endswith(": FAIL")]
         what = f"{case}every rank: {steps} exchanges, one partner each"
         lines.append(f"{what}: PASS" if not wrong else f"{what}: {'; '.join(wrong[:2])}: FAIL")
-        lines.append(
-            compare(
-                f"{case}the messages every rank sent", sent, expected, show=False, against="halving/doubling's"
-            ).line
-        )
+        lines.append(compare(f"{case}the messages every rank sent", sent, expected, against="halving/doubling's").line)
         theory = 2 * (world - 1) * (numel // world) * 8
         for r in range(world):
             measured = probe.total_bytes(ranks[r]["calls"], "send")
-            lines.append(check_equal(f"{case}bytes sent by rank {r}", measured, theory, show=False).line)
+            lines.append(check_equal(f"{case}bytes sent by rank {r}", measured, theory).line)
     return lines

@@ -112,9 +112,9 @@ def collect_shard(shard_batch) -> dict:
 def judge_shard(data) -> list[str]:
     ranks, (x, y) = data["ranks"], BATCHES[0]
     return [
-        compare("x rows of ranks 0..3, concatenated", torch.cat([res["x"] for res in ranks]), x, show=False).line,
-        compare("y rows of ranks 0..3, concatenated", torch.cat([res["y"] for res in ranks]), y, show=False).line,
-        check_equal("rows on each rank (the fewest)", min(len(res["x"]) for res in ranks), B // 4, show=False).line,
+        compare("x rows of ranks 0..3, concatenated", torch.cat([res["x"] for res in ranks]), x).line,
+        compare("y rows of ranks 0..3, concatenated", torch.cat([res["y"] for res in ranks]), y).line,
+        check_equal("rows on each rank (the fewest)", min(len(res["x"]) for res in ranks), B // 4).line,
         f"B=6 on 4 ranks raises ValueError: {'PASS' if data['raises_on_uneven'] is True else 'FAIL'}",
     ]
 
@@ -139,15 +139,11 @@ def collect_average(average_gradients) -> dict:
 def judge_average(data) -> list[str]:
     ranks = data["ranks"]
     reference = train_single_device(CFG, BATCHES[:1], seed=0).grads  # the whole batch on one device
-    lines = [
-        compare(f"rank {r}: gradients after averaging", ranks[r]["grads"], reference, show=False).line for r in range(4)
-    ]
+    lines = [compare(f"rank {r}: gradients after averaging", ranks[r]["grads"], reference).line for r in range(4)]
     grad_bytes = param_bytes(build_model(CFG))
     for r in range(4):
         sent = probe.total_bytes(ranks[r]["calls"], "allreduce")
-        lines.append(
-            check_equal(f"rank {r}: bytes all-reduced (one copy of the gradients)", sent, grad_bytes, show=False).line
-        )
+        lines.append(check_equal(f"rank {r}: bytes all-reduced (one copy of the gradients)", sent, grad_bytes).line)
     return lines
 
 
@@ -197,10 +193,7 @@ def judge_overlap(data) -> list[str]:
     ranks = data["ranks"]
     reference = train_single_device(CFG, BATCHES[:1], seed=0).grads
     expected = bucket_bytes()
-    lines = [
-        compare(f"rank {r}: gradients after finish()", ranks[r]["grads"], reference, show=False).line
-        for r in range(DP_RANKS)
-    ]
+    lines = [compare(f"rank {r}: gradients after finish()", ranks[r]["grads"], reference).line for r in range(DP_RANKS)]
     for r in range(DP_RANKS):
         res = ranks[r]
         lines.append(_bucket_verdict(f"rank {r}", res["calls"], expected))
@@ -299,10 +292,10 @@ def judge_training(data) -> list[str]:
     reference = train_single_device(CFG, ACC_BATCHES, seed=0, lr=0.1)
     mean_loss = torch.stack([res["losses"] for res in ranks]).mean(dim=0)  # each rank's loss is over its b rows
     losses = torch.tensor(reference.losses, dtype=torch.float64)
-    lines = [compare("loss of each step, averaged over ranks", mean_loss, losses, show=False).line]
+    lines = [compare("loss of each step, averaged over ranks", mean_loss, losses).line]
     for r in range(DP_RANKS):
         what = f"rank {r}'s parameters after {ACC_STEPS} steps"
-        lines.append(compare(what, ranks[r]["params"], reference.params, show=False).line)
+        lines.append(compare(what, ranks[r]["params"], reference.params).line)
     n_params, expected = len(reference.params), bucket_bytes()
     for r in range(DP_RANKS):
         steps = ranks[r]["steps"]

@@ -120,8 +120,8 @@ def judge_conjugates(data) -> list[str]:
     activation = BATCH * T * H * 8  # bytes of one [B, T, H] float64 tensor
     ys = torch.cat([res["y"] for res in ranks], dim=-1)
     return [
-        compare("f, column-parallel y = x W^T: the ranks' columns side by side", ys, y.detach(), show=False).line,
-        compare("f backward: dL/dx on every rank", [res["grad_x"] for res in ranks], [x.grad] * P, show=False).line,
+        compare("f, column-parallel y = x W^T: the ranks' columns side by side", ys, y.detach()).line,
+        compare("f backward: dL/dx on every rank", [res["grad_x"] for res in ranks], [x.grad] * P).line,
         calls_line("f forward, every rank: no communication", [res["calls"]["f forward"] for res in ranks], []),
         calls_line(
             f"f backward, every rank: one all-reduce of dL/dx ({activation} bytes), nothing else",
@@ -132,9 +132,8 @@ def judge_conjugates(data) -> list[str]:
             "g: the sum of the ranks' z on every rank",
             [res["total"] for res in ranks],
             [ref["z"].sum(0)] * P,
-            show=False,
         ).line,
-        compare("g backward: dL/dz on every rank", [res["grad_z"] for res in ranks], [ref["gz"]] * P, show=False).line,
+        compare("g backward: dL/dz on every rank", [res["grad_z"] for res in ranks], [ref["gz"]] * P).line,
         calls_line(
             f"g forward, every rank: one all-reduce of z ({activation} bytes), nothing else",
             [res["calls"]["g forward"] for res in ranks],
@@ -184,9 +183,9 @@ def judge_row_parallel(data) -> list[str]:
     grad_x = torch.cat([res["grad_x"] for res in ranks], dim=-1)  # the ranks' slices side by side: [B, T, IN]
     grad_w = torch.cat([res["grad_w"] for res in ranks], dim=-1)  # [H, IN]
     return [
-        compare("y = x W^T on every rank", [res["y"] for res in ranks], [y.detach()] * P, show=False).line,
-        compare("dL/dx, the ranks' slices side by side", grad_x, x.grad, show=False).line,
-        compare("dL/dW, the ranks' slices side by side", grad_w, w.grad, show=False).line,
+        compare("y = x W^T on every rank", [res["y"] for res in ranks], [y.detach()] * P).line,
+        compare("dL/dx, the ranks' slices side by side", grad_x, x.grad).line,
+        compare("dL/dW, the ranks' slices side by side", grad_w, w.grad).line,
         calls_line(
             f"forward, every rank: one all-reduce of y ({BATCH * T * H * 8} bytes), nothing else",
             [res["forward"] for res in ranks],
@@ -252,15 +251,14 @@ def judge_megatron_mlp(data) -> list[str]:
     }
     activation = BATCH * T * H * 8
     return [
-        compare("y on every rank", [res["y"] for res in ranks], [y.detach()] * P, show=False).line,
-        compare("dL/dx on every rank", [res["grad_x"] for res in ranks], [leaves["x"].grad] * P, show=False).line,
+        compare("y on every rank", [res["y"] for res in ranks], [y.detach()] * P).line,
+        compare("dL/dx on every rank", [res["grad_x"] for res in ranks], [leaves["x"].grad] * P).line,
         compare(
             "dL/d(fc W, fc b, proj W), the ranks' slices side by side",
             sharded,
             {name: leaves[name].grad for name in sharded},
-            show=False,
         ).line,
-        compare("dL/d(proj b) on every rank", grads["proj_b"], [leaves["proj_b"].grad] * P, show=False).line,
+        compare("dL/d(proj b) on every rank", grads["proj_b"], [leaves["proj_b"].grad] * P).line,
         calls_line(
             f"forward, every rank: one all-reduce of [B, T, H] ({activation} bytes), nothing else",
             [res["forward"] for res in ranks],
@@ -323,8 +321,8 @@ def judge_vocab_ce(data) -> list[str]:
             wrong.append(f"rank {r} made {shown}")
     verdict = "PASS" if not wrong else f"{wrong[0]}: FAIL"
     return [
-        compare("loss on every rank", [res["loss"] for res in ranks], [loss.detach()] * P, show=False).line,
-        compare("dL/dlogits, the ranks' columns side by side", grad, logits.grad, show=False).line,
+        compare("loss on every rank", [res["loss"] for res in ranks], [loss.detach()] * P).line,
+        compare("dL/dlogits, the ranks' columns side by side", grad, logits.grad).line,
         f"forward, every rank: one call into torch.distributed, at most 2 numbers per row from each rank: {verdict}",
         calls_line("backward, every rank: no communication", [res["backward"] for res in ranks], []),
     ]

@@ -297,7 +297,7 @@ def judge_executor(data) -> list[str]:
         verdict = "PASS" if not wrong else f"{wrong} of {total} did not, e.g. {first}: FAIL"
         lines.append(f"{label}: every action received the message meant for it: {verdict}")
         grads = {key: g for res in ranks for key, g in res["grads"].items()}
-        lines.append(compare(f"{label}: dL/dW of every stage", grads, chain_reference(p * v), show=False).line)
+        lines.append(compare(f"{label}: dL/dW of every stage", grads, chain_reference(p * v)).line)
         expected = expected_messages(schedule, (BATCH // m) * H * 8)
         bad = []
         for r in range(p):

@@ -97,10 +97,10 @@ def judge_zero_bubble(data) -> list[str]:
     gemm = 2 * ZB_B * ZB_H * ZB_H  # FLOPs of one [b, H] x [H, H] product (or [H, b] x [b, H])
     for name in zero_bubble_orders():
         got = data["orders"][name]
-        lines.append(compare(f"{name}: dL/dx from each BI", got["dx"], reference["dx"], show=False).line)
+        lines.append(compare(f"{name}: dL/dx from each BI", got["dx"], reference["dx"]).line)
         weights = [got["grad_w1"], got["grad_w2"]]
         expected = [reference["grad_w1"], reference["grad_w2"]]
-        lines.append(compare(f"{name}: dL/dW1, dL/dW2 after the last BW", weights, expected, show=False).line)
+        lines.append(compare(f"{name}: dL/dW1, dL/dW2 after the last BW", weights, expected).line)
         for op in ("BI", "BW"):
             flops = got["flops"][op]
             if len(flops) != ZB_M:

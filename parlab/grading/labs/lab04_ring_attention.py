@@ -234,8 +234,8 @@ def judge_merge(data) -> list[str]:
         out, lse = full_attention(*full_problem(1, T_RING, scale))
         got = data["cases"][name]
         against = "attention over all the keys"
-        lines.append(compare(f"{name}: merged output", got["out"], out, show=False, against=against).line)
-        lines.append(compare(f"{name}: merged log-sum-exp", got["lse"], lse, show=False, against=against).line)
+        lines.append(compare(f"{name}: merged output", got["out"], out, against=against).line)
+        lines.append(compare(f"{name}: merged log-sum-exp", got["lse"], lse, against=against).line)
     lines.append(_library_line("merge", data["library"]))
     return lines
 
@@ -305,8 +305,8 @@ def judge_ring(data) -> list[str]:
     outs = [res["out"] if res["out"] is not None else torch.full((B, NH, n, HS), math.nan) for res in ranks]
     lses = [res["lse"] if res["lse"] is not None else torch.full((B, NH, n), math.nan) for res in ranks]
     lines = [
-        compare("output, the ranks' blocks in order", torch.cat(outs, 2), out, show=False, against=against).line,
-        compare("log-sum-exp, the ranks' blocks in order", torch.cat(lses, 2), lse, show=False, against=against).line,
+        compare("output, the ranks' blocks in order", torch.cat(outs, 2), out, against=against).line,
+        compare("log-sum-exp, the ranks' blocks in order", torch.cat(lses, 2), lse, against=against).line,
     ]
     blocks = [torch.cat([chunk(k, j, n).flatten(), chunk(v, j, n).flatten()]) for j in range(P)]
     for r in range(P):
@@ -320,7 +320,6 @@ def judge_ring(data) -> list[str]:
                 f"rank {r}: what it sent, step by step (K then V)",
                 _sent(calls),
                 expected,
-                show=False,
                 against="the ring's blocks",
             ).line
         )
@@ -443,7 +442,6 @@ def judge_causal(data) -> list[str]:
                 f"{name}: output, the ranks' chunks in sequence order",
                 got,
                 reference,
-                show=False,
                 against="causal sdpa on the whole sequence",
             ).line
         )
@@ -456,7 +454,7 @@ def judge_causal(data) -> list[str]:
             calls = ranks[r][name]["calls"]
             problems = _p2p_wrong(calls, r)
             held = [torch.cat([blocks_of(t, layout)[(r - s) % P].flatten() for t in (k, v)]) for s in range(P - 1)]
-            if not compare("", _sent(calls), torch.cat(held), show=False).passed:
+            if not compare("", _sent(calls), torch.cat(held)).passed:
                 sends = len([c for c in calls if c["op"] == "send"])
                 problems.append(f"its {sends} send(s) are not the K/V blocks of ranks r, r-1, ..., r-P+2")
             wrong += [f"rank {r}: {'; '.join(problems)}"] if problems else []

@@ -197,7 +197,7 @@ def _fraction(c: float) -> str:
 
 def _compared(what: str, got, ref, per_rank_scale_hint: str) -> str:
     """compare()'s line; when it fails because every rank's tensors are N times one device's, a line saying so."""
-    line = compare(what, got, ref, show=False).line
+    line = compare(what, got, ref).line
     if line.endswith(": PASS") or not all(_is(_scale(g, e), N) for g, e in zip(got, ref, strict=True)):
         return line
     return f"{what}: every rank's is N = {N} times one device's (to 0.1%): {per_rank_scale_hint}: FAIL"

@@ -157,20 +157,16 @@ def judge_zero1(data) -> list[str]:
             [_shard(m, r, N) for r in range(N)],
             SUMMED,
         ),
-        compare(
-            "loss of each step, averaged over ranks", mean_loss, torch.tensor(losses, dtype=torch.float64), show=False
-        ).line,
+        compare("loss of each step, averaged over ranks", mean_loss, torch.tensor(losses, dtype=torch.float64)).line,
         compare(
             f"every rank's parameters after {STEPS} steps",
             [res["params"] for res in ranks],
             [params] * N,
-            show=False,
         ).line,
         compare(
             "every rank's master weights: its slice of the parameters, zero-padded to N S",
             [res["master"] for res in ranks],
             [_shard(flat, r, N) for r in range(N)],
-            show=False,
         ).line,
         _line("optimizer bytes each rank holds (K S)", [res["held"] for res in ranks], [K * S] * N),
     ]
@@ -376,7 +372,6 @@ def judge_zero3(data) -> list[str]:
             "every rank's y (its rows)",
             [res["y"] for res in ranks],
             [h[r * b : (r + 1) * b] for r in range(N)],
-            show=False,
         ).line,
         _weight_grads_line(ranks, [[_shard(w.grad, r, N) for w in ws] for r in range(N)]),
         _line("collectives [op, payload bytes] of rank 0's forward", ranks[0]["forward"], gathers),
@@ -406,7 +401,7 @@ def _weight_grads_line(ranks: list[dict], expected: list[list[torch.Tensor]]) ->
     (N: summed, not averaged; 1, 1/N, 1/N^2 from the last layer down: dL/dx averaged too)."""
     what = "every rank's gradient shards of W_0, W_1, W_2: its slices of dL/dW, zero-padded"
     got = [res["grads"] for res in ranks]
-    line = compare(what, got, expected, show=False).line
+    line = compare(what, got, expected).line
     layers = len(expected[0])
     try:
         scales = [_scale([g[k] for g in got], [e[k] for e in expected]) for k in range(layers)]

@@ -180,27 +180,19 @@ def _step_lines(res: dict, r: int, overlap: bool) -> list[str]:
             "master, per step x steps",
             host_adam,
             every,
-            show=False,
         ).line,
         check_equal(
             f"rank {r}: units whose gradient was waited for before their Adam, and whose parameter copy "
             "was issued after it",
             in_order,
             every,
-            show=False,
         ).line,
         check_equal(
-            f"rank {r}: bytes copied to the host by init_state (the master weights)", init_down, BYTES * S, show=False
+            f"rank {r}: bytes copied to the host by init_state (the master weights)", init_down, BYTES * S
         ).line,
-        check_equal(
-            f"rank {r}: bytes copied to the host per step (the gradient shard)", down, BYTES * S, show=False
-        ).line,
-        check_equal(
-            f"rank {r}: bytes copied to the device per step (the parameter slice)", up, BYTES * S, show=False
-        ).line,
-        check_equal(
-            f"rank {r}: copies not waited for when init_state or the step returned", pending, 0, show=False
-        ).line,
+        check_equal(f"rank {r}: bytes copied to the host per step (the gradient shard)", down, BYTES * S).line,
+        check_equal(f"rank {r}: bytes copied to the device per step (the parameter slice)", up, BYTES * S).line,
+        check_equal(f"rank {r}: copies not waited for when init_state or the step returned", pending, 0).line,
     ]
     if not overlap:
         return lines
@@ -219,10 +211,9 @@ def _step_lines(res: dict, r: int, overlap: bool) -> list[str]:
             f"rank {r}: unit k+1's gradient copy in flight during Adam on unit k (issued before, waited for after)",
             ahead,
             pairs,
-            show=False,
         ).line,
         check_equal(
-            f"rank {r}: unit k's parameter copy still in flight when Adam on unit k+1 began", behind, pairs, show=False
+            f"rank {r}: unit k's parameter copy still in flight when Adam on unit k+1 began", behind, pairs
         ).line,
     ]
     return lines
@@ -249,14 +240,11 @@ def judge_overlap(data) -> list[str]:
 
 def _judge_steps(data, overlap: bool) -> list[str]:
     ranks, reference = data["ranks"], _reference_params()
-    lines = [
-        compare(f"rank {r}: parameters after {STEPS} steps", ranks[r]["params"], reference, show=False).line
-        for r in range(N)
-    ]
+    lines = [compare(f"rank {r}: parameters after {STEPS} steps", ranks[r]["params"], reference).line for r in range(N)]
     for r in range(N):
         S = sum(ranks[r]["shards"])
         what = f"rank {r}: host bytes held (gradient buffer, master, m, v)"
-        lines.append(check_equal(what, ranks[r]["host_bytes"], 4 * BYTES * S, show=False).line)
+        lines.append(check_equal(what, ranks[r]["host_bytes"], 4 * BYTES * S).line)
         lines += _step_lines(ranks[r], r, overlap)
     return lines
 
@@ -478,23 +466,19 @@ def judge_budget(data) -> list[str]:
     reference = _reference_params()
     for r, res in enumerate(ranks):
         lines += [
-            compare(
-                f"rank {r}: parameters after {STEPS} steps, your placement", res["params"], reference, show=False
-            ).line,
+            compare(f"rank {r}: parameters after {STEPS} steps, your placement", res["params"], reference).line,
             check_equal(
                 f"rank {r}: device bytes before the optimizer step, measured = your plan's",
                 max(h["device"] for h in res["held"]),
                 need["device"],
-                show=False,
             ).line,
             check_equal(
                 f"rank {r}: host bytes before the optimizer step, measured = your plan's",
                 max(h["host"] for h in res["held"]),
                 need["host"],
-                show=False,
             ).line,
             check_equal(
-                f"rank {r}: bytes moved per step, measured = your plan's", max(res["moved"]), need["moved"], show=False
+                f"rank {r}: bytes moved per step, measured = your plan's", max(res["moved"]), need["moved"]
             ).line,
         ]
     return lines

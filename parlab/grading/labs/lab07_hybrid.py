@@ -146,14 +146,14 @@ def judge_groups(data) -> list[str]:
             for axis in axes
         )
         what = f"{_shape(axes)} on 8 ranks: (rank, axis) pairs whose group differs from torch's DeviceMesh"
-        lines.append(check_equal(what, wrong, 0, show=False).line)
+        lines.append(check_equal(what, wrong, 0).line)
     for i, axes in enumerate(LARGE_MESHES):
         yours = data["large"][i]
         wrong = sum(
             yours[r][axis] != row_major_group(r, axes, axis) for r in range(math.prod(axes.values())) for axis in axes
         )
         what = f"{_shape(axes)}: (rank, axis) pairs whose group differs from torch's row-major layout"
-        lines.append(check_equal(what, wrong, 0, show=False).line)
+        lines.append(check_equal(what, wrong, 0).line)
     return lines
 
 
@@ -291,7 +291,7 @@ def judge_step(data) -> list[str]:
         last = [res for res in results if res["coords"]["pp"] == axes["pp"] - 1 and res["coords"]["tp"] == 0]
         losses = [res["loss"] for res in last]
         loss = None if None in losses else sum(losses) / len(losses)  # one per replica: their mean
-        lines.append(compare(f"{shape}: loss, the mean over the replicas", loss, reference["loss"], show=False).line)
+        lines.append(compare(f"{shape}: loss, the mean over the replicas", loss, reference["loss"]).line)
         yours, expected = [], []
         for res in results:
             t = res["coords"]["tp"]
@@ -299,18 +299,18 @@ def judge_step(data) -> list[str]:
                 w1, w2 = reference["grads"][block]
                 yours += list(grads)
                 expected += [w1[t * k : (t + 1) * k], w2[:, t * k : (t + 1) * k]]
-        lines.append(compare(f"{shape}: every rank's gradient slices", yours, expected, show=False).line)
+        lines.append(compare(f"{shape}: every rank's gradient slices", yours, expected).line)
         per_axis = [_per_axis(res) for res in results]
         theory = [step_theory(axes, res["coords"]) for res in results]
         stray = sum(got["stray"] for got in per_axis)
-        lines.append(check_equal(f"{shape}: calls not on one of the rank's own axis groups", stray, 0, show=False).line)
+        lines.append(check_equal(f"{shape}: calls not on one of the rank's own axis groups", stray, 0).line)
         for axis, what in [
             ("tp", "tp all-reduce bytes"),
             ("pp", "sends and receives with its pipeline neighbours"),
             ("dp", "dp all-reduce bytes"),
         ]:
             wrong = sum(got[axis] != th[axis] for got, th in zip(per_axis, theory, strict=True))
-            lines.append(check_equal(f"{shape}: ranks whose {what} differ from theory", wrong, 0, show=False).line)
+            lines.append(check_equal(f"{shape}: ranks whose {what} differ from theory", wrong, 0).line)
     return lines
 
 
@@ -406,7 +406,7 @@ def judge_memory(data) -> list[str]:
         for kind in KINDS:
             wrong = sum(not isinstance(y, dict) or y[kind] != data["measured"][r][i][kind] for r, y in enumerate(yours))
             what = f"{_shape(axes)}: ranks whose {kind} bytes differ from what the ranks held (measured)"
-            lines.append(check_equal(what, wrong, 0, show=False).line)
+            lines.append(check_equal(what, wrong, 0).line)
     off = []
     for axes in layouts_of(WORLD):
         yours = data["yours"][_shape(axes)]
@@ -417,7 +417,7 @@ def judge_memory(data) -> list[str]:
         if abs(busiest - planner) > PLANNER_RTOL * planner:
             off.append(_shape(axes))
     what = f"layouts of 8 ranks whose busiest rank is off the planner's estimate by more than {PLANNER_RTOL:.1%}"
-    lines.append(check_equal(what, len(off), 0, show=False).line)
+    lines.append(check_equal(what, len(off), 0).line)
     return lines
 
 

@@ -137,14 +137,13 @@ def judge_sync(data) -> list[str]:
     K, G = STEPS, versions[0].numel() * 8
     mean_loss = torch.stack([w["losses"] for w in workers]).mean(dim=0)  # each worker's loss: the mean of b rows
     lines = [
-        compare(f"server: parameters after {K} steps", server["theta"], versions[K], show=False).line,
+        compare(f"server: parameters after {K} steps", server["theta"], versions[K]).line,
         compare(
             "loss of each step, the mean over the workers",
             mean_loss,
             torch.tensor(losses, dtype=torch.float64),
-            show=False,
         ).line,
-        compare("every worker's last pull", [w["theta"] for w in workers], [versions[K]] * N, show=False).line,
+        compare("every worker's last pull", [w["theta"] for w in workers], [versions[K]] * N).line,
     ]
     lines += _through_comm(server)
     messages = server["messages"]
@@ -152,12 +151,8 @@ def judge_sync(data) -> list[str]:
         mine = [m for m in messages if m[1] == w]
         sent = sum(b for kind, _, b in mine if kind == "send")
         received = sum(b for kind, _, b in mine if kind == "recv")
-        lines.append(
-            check_equal(f"server: bytes sent to worker {w} (theta, K+1 times)", sent, (K + 1) * G, show=False).line
-        )
-        lines.append(
-            check_equal(f"server: bytes received from worker {w} (K gradients)", received, K * G, show=False).line
-        )
+        lines.append(check_equal(f"server: bytes sent to worker {w} (theta, K+1 times)", sent, (K + 1) * G).line)
+        lines.append(check_equal(f"server: bytes received from worker {w} (K gradients)", received, K * G).line)
     # Synchrony: the j-th theta sent to any worker comes after j gradients from every worker.
     pushes, early = dict.fromkeys(range(1, P), 0), 0
     sends = dict.fromkeys(range(1, P), 0)
@@ -167,9 +162,7 @@ def judge_sync(data) -> list[str]:
         elif kind == "send" and peer in sends:
             early += min(pushes.values()) < sends[peer]
             sends[peer] += 1
-    lines.append(
-        check_equal("server: theta_{v+1} sent before all N gradients of step v had arrived", early, 0, show=False).line
-    )
+    lines.append(check_equal("server: theta_{v+1} sent before all N gradients of step v had arrived", early, 0).line)
     return lines
 
 
@@ -403,14 +396,9 @@ def _judge_ssp_run(s: int, ranks: list[dict]) -> list[str]:
             f"{tag}: replies sent before the worker's push, or before every worker had pushed c - s gradients",
             broken,
             0,
-            show=False,
         ).line
     )
-    lines.append(
-        check_equal(
-            f"{tag}: replies held past the first receive after which they were allowed", late, 0, show=False
-        ).line
-    )
+    lines.append(check_equal(f"{tag}: replies held past the first receive after which they were allowed", late, 0).line)
     complete = all(sent[w] == K + 1 for w in sent) and per_worker == [K] * N
     lines.append(f"{tag}: each worker's K+1 pulls answered: {'PASS' if complete else 'FAIL'}")
     if not complete:
@@ -429,21 +417,18 @@ def _judge_ssp_run(s: int, ranks: list[dict]) -> list[str]:
             f"{tag}: server's parameters after {N * K} gradients",
             server["theta"],
             versions[-1],
-            show=False,
             against=against,
         ).line,
         compare(
             f"{tag}: loss of each of the {N * K} gradients, as the workers computed it",
             ours,
             theirs,
-            show=False,
             against=against,
         ).line,
         compare(
             f"{tag}: every worker's last pull",
             [ranks[w]["theta"] for w in range(1, P)],
             last,
-            show=False,
             against=against,
         ).line,
         f"{tag}: every gradient's staleness within (N-1)(2s+1) = {bound}: {'PASS' if max(tau) <= bound else 'FAIL'}",

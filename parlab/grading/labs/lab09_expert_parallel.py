@@ -282,20 +282,17 @@ def judge_dispatch(data) -> list[str]:
             g[i] = upstream(d, ref[d]["rows"].shape[0])[ref[d]["land"][(s, i)]]
         grads.append(g)
     lines = [
-        compare("received rows, every rank", [r["received"] for r in ranks], [x["rows"] for x in ref], show=False).line,
+        compare("received rows, every rank", [r["received"] for r in ranks], [x["rows"] for x in ref]).line,
         compare(
             "received counts [P, E/P], every rank",
             [r["recv_counts"].reshape(P, PER).double() for r in ranks],
             [x["counts"].double() for x in ref],
-            show=False,
         ).line,
-        compare("gradient of x (backward), every rank", [r["grad"] for r in ranks], grads, show=False).line,
+        compare("gradient of x (backward), every rank", [r["grad"] for r in ranks], grads).line,
     ]
     wrong = sum(len(r["calls"]) != 3 or any(c[0] not in A2A for c in r["calls"]) for r in ranks)
     lines.append(
-        check_equal(
-            "ranks not making exactly 3 all-to-alls (counts, rows; rows back) and nothing else", wrong, 0, show=False
-        ).line
+        check_equal("ranks not making exactly 3 all-to-alls (counts, rows; rows back) and nothing else", wrong, 0).line
     )
     M = [[sum(int(owner(int(e)) == d) for e in inputs[s][1]) for d in range(P)] for s in range(P)]
     wrong = sum(_row_splits(r["calls"]) != _expected_splits(M, rank, 2) for rank, r in enumerate(ranks))
@@ -304,7 +301,6 @@ def judge_dispatch(data) -> list[str]:
             "ranks whose rows' split sizes (to and from each rank) are not the round-robin placement's",
             wrong,
             0,
-            show=False,
         ).line
     )
     expected = [[E * 8, ROWS[r] * H * 8, ref[r]["rows"].shape[0] * H * 8] for r in range(P)]
@@ -315,7 +311,6 @@ def judge_dispatch(data) -> list[str]:
             "its experts received]",
             wrong,
             0,
-            show=False,
         ).line
     )
     return lines
@@ -327,18 +322,16 @@ def collect_combine(combine) -> dict:
 
 def _layer_lines(ranks: list[dict], ref: list[dict], what: str) -> list[str]:
     return [
-        compare(f"{what}: output y, every rank", [r["y"] for r in ranks], [x["y"] for x in ref], show=False).line,
+        compare(f"{what}: output y, every rank", [r["y"] for r in ranks], [x["y"] for x in ref]).line,
         compare(
             f"{what}: gradients of x and of the gates, every rank",
             [[r["dx"], r["dgates"]] for r in ranks],
             [[x["dx"], x["dgates"]] for x in ref],
-            show=False,
         ).line,
         compare(
             f"{what}: gradients of the experts' weights, every rank",
             [r["dW"] for r in ranks],
             [x["dW"] for x in ref],
-            show=False,
         ).line,
     ]
 
@@ -359,7 +352,6 @@ def _traffic_lines(ranks: list[dict], ref: list[dict], what: str) -> list[str]:
             f"{what}: ranks whose rows' split sizes (dispatch, combine, and back) are not the round-robin placement's",
             wrong,
             0,
-            show=False,
         ).line
     ]
     need = [2 * (sum(M[r]) + sum(M[s][r] for s in range(P))) * H * 8 for r in range(P)]
@@ -369,7 +361,6 @@ def _traffic_lines(ranks: list[dict], ref: list[dict], what: str) -> list[str]:
             f"{what}: ranks handing other float64 bytes to all-to-alls than their rows' (dropped rows must not travel)",
             wrong,
             0,
-            show=False,
         ).line
     )
     return lines
@@ -385,7 +376,6 @@ def judge_combine(data) -> list[str]:
             "dispatch backward) and nothing else",
             wrong,
             0,
-            show=False,
         ).line
     )
     return lines + _traffic_lines(ranks, ref, "MoE layer")
@@ -452,9 +442,9 @@ def judge_capacity(data) -> list[str]:
     ]
     masks = [r["keep"].reshape(TOKENS, K) for r in ranks]
     wrong = sum(not torch.equal(m, x["keep"]) for m, x in zip(masks, ref, strict=True))
-    lines.append(check_equal("ranks whose kept assignments differ from one device's", wrong, 0, show=False).line)
+    lines.append(check_equal("ranks whose kept assignments differ from one device's", wrong, 0).line)
     lines += _layer_lines(ranks, ref, f"capacity {CAPACITY}")
     lines += _traffic_lines(ranks, ref, f"capacity {CAPACITY}")
     wrong = sum(_float_payloads(r)[1] != 0 for r in ranks)
-    lines.append(check_equal("ranks handing float64 data to other collectives", wrong, 0, show=False).line)
+    lines.append(check_equal("ranks handing float64 data to other collectives", wrong, 0).line)
     return lines

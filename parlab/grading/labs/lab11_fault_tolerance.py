@@ -140,7 +140,7 @@ def judge_survive(data) -> list[str]:
         world, start = data["world"], data["start"]
         lines.append(f"the run ended on {world} ranks, the survivors: {'PASS' if world == 2 else 'FAIL'}")
         lines.append(f"resumed from step {start} (the last checkpoint: 4): {'PASS' if start == 4 else 'FAIL'}")
-        lines.append(compare("final parameters after the restarts", data["params"], single_device(), show=False).line)
+        lines.append(compare("final parameters after the restarts", data["params"], single_device()).line)
     other = data["other_error"]
     other_calls = [tuple(c) for c in other["calls"]]
     ok = other_calls == [(4, False)] and other["raised"] == "ValueError"
@@ -341,7 +341,6 @@ def _put_together(data) -> str:
         f"M = {M}: the ranks' weights put back together vs one device after {SAVED_AT} steps",
         params,
         single,
-        show=False,
     ).line
 
 

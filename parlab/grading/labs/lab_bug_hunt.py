@@ -111,19 +111,15 @@ def judge_dp_accumulation(data) -> list[str]:
     F.mse_loss(model(x), y).backward()  # one device, the whole batch
     reference, psi = _grads(model), sum(p.numel() for p in model.parameters())
     ranks = data["ranks"]
-    lines = [
-        compare(f"rank {r}: gradients after the step", ranks[r]["grads"], reference, show=False).line for r in range(P)
-    ]
+    lines = [compare(f"rank {r}: gradients after the step", ranks[r]["grads"], reference).line for r in range(P)]
     for r in range(P):
         calls = ranks[r]["calls"]
         reduced = probe.total_bytes(calls, "allreduce")
         others = len([c for c in calls if c["op"] != "allreduce"])
         lines.append(
-            check_equal(
-                f"rank {r}: bytes all-reduced in one step (M = {M} micro-batches)", reduced, psi * 8, show=False
-            ).line
+            check_equal(f"rank {r}: bytes all-reduced in one step (M = {M} micro-batches)", reduced, psi * 8).line
         )
-        lines.append(check_equal(f"rank {r}: calls of other collectives", others, 0, show=False).line)
+        lines.append(check_equal(f"rank {r}: calls of other collectives", others, 0).line)
     return lines
 
 
@@ -197,21 +193,21 @@ def judge_tp_backward(data) -> list[str]:
         return error
     ratios = ", ".join(f"{name} {(gathered[name].norm() / ref['grads'][name].norm()).item():.3f}" for name in gathered)
     lines = [f"gradient norms / one device's: {ratios}"]  # information, not a verdict
-    lines += [compare(f"rank {r}: y", ranks[r]["y"], ref["y"], show=False).line for r in range(P)]
+    lines += [compare(f"rank {r}: y", ranks[r]["y"], ref["y"]).line for r in range(P)]
     for name, what in [
         ("fc_w", "dL/dW of fc, the ranks' rows stacked"),
         ("fc_b", "dL/db of fc, the ranks' pieces stacked"),
         ("proj_w", "dL/dW of proj, the ranks' columns side by side"),
     ]:
-        lines.append(compare(what, gathered[name], ref["grads"][name], show=False).line)
+        lines.append(compare(what, gathered[name], ref["grads"][name]).line)
     for name, what in [("proj_b", "dL/db of proj"), ("x", "dL/dx")]:
         theirs, ours = [g[name] for g in grads], [ref["grads"][name]] * P
-        lines.append(compare(f"{what}, on every rank", theirs, ours, show=False).line)
+        lines.append(compare(f"{what}, on every rank", theirs, ours).line)
     y_bytes = BATCH * T_TP * H * 8
     for r in range(P):
         for phase in ("forward", "backward"):
             sent = sum(int(c["bytes"]) or 1 for c in ranks[r][phase])  # every call; a barrier counts one byte
-            lines.append(check_equal(f"rank {r}: bytes communicated in {phase}", sent, y_bytes, show=False).line)
+            lines.append(check_equal(f"rank {r}: bytes communicated in {phase}", sent, y_bytes).line)
     return lines
 
 
@@ -263,19 +259,17 @@ def judge_zigzag_padding(data) -> list[str]:
         lengths = [int(ranks[r][T]["out"].shape[-2]) for r in range(P)]
         lines.append(f"T={T}: tokens in each rank's block: {lengths}")  # information
         for r in range(P):
-            lines.append(check_equal(f"T={T}: rank {r}: tokens in its block", lengths[r], 2 * c, show=False).line)
+            lines.append(check_equal(f"T={T}: rank {r}: tokens in its block", lengths[r], 2 * c).line)
         merged, error = _no_error(
             f"T={T}: the blocks back in order", zigzag_unshard, [ranks[r][T]["out"] for r in range(P)], T
         )
         if merged is None:
             lines += error
         else:
-            lines.append(
-                compare(f"T={T}: attention output, blocks back in order", merged, reference.detach(), show=False).line
-            )
+            lines.append(compare(f"T={T}: attention output, blocks back in order", merged, reference.detach()).line)
         what = f"T={T}: dL/dq, dL/dk, dL/dv (each rank's share, summed)"
         grads, error = _no_error(what, _summed, [ranks[r][T] for r in range(P)])
-        lines += error or [compare(what, grads, [q.grad, k.grad, v.grad], show=False).line]
+        lines += error or [compare(what, grads, [q.grad, k.grad, v.grad]).line]
     return lines
 
 
@@ -353,8 +347,7 @@ def judge_zero_padding(data) -> list[str]:
     initial = {n: p.detach() for n, p in flat_mlp()[0].named_parameters()}
     lines = [f"rank 0: elements still at their initial value: {_unchanged(ranks[0]['params'], initial)}"]
     lines += [
-        compare(f"rank {r}: parameters after {ZERO_STEPS} steps", ranks[r]["params"], reference, show=False).line
-        for r in range(P)
+        compare(f"rank {r}: parameters after {ZERO_STEPS} steps", ranks[r]["params"], reference).line for r in range(P)
     ]
     for r in range(P):
         calls = ranks[r]["calls"]
@@ -363,21 +356,18 @@ def judge_zero_padding(data) -> list[str]:
                 f"rank {r}: optimizer state elements held (master, m, v)",
                 ranks[r]["held"],
                 3 * S,
-                show=False,
             ).line,
             check_equal(
                 f"rank {r}: bytes reduce-scattered into its gradient shard",
                 probe.total_bytes(calls, "reduce_scatter_single"),
                 S * 8,
-                show=False,
             ).line,
             check_equal(
                 f"rank {r}: bytes of the all-gathered parameters",
                 probe.total_bytes(calls, "all_gather_single"),
                 P * S * 8,
-                show=False,
             ).line,
-            check_equal(f"rank {r}: all-reduces", sum(c["op"] == "allreduce" for c in calls), 0, show=False).line,
+            check_equal(f"rank {r}: all-reduces", sum(c["op"] == "allreduce" for c in calls), 0).line,
         ]
     return lines
 
@@ -519,10 +509,10 @@ def judge_pipeline_deadlock(data) -> list[str]:
     x, y = pipe_data()
     loss = F.mse_loss(model(x), y)  # the mean over the batch: the m micro-batch losses / m add up to it
     loss.backward()
-    lines = [compare("loss of the step (last stage)", ranks[P - 1]["loss"], loss.item(), show=False).line]
+    lines = [compare("loss of the step (last stage)", ranks[P - 1]["loss"], loss.item()).line]
     for s in range(P):
         reference = _grads(model[2 * s : 2 * s + 2])
-        lines.append(compare(f"stage {s}: weight and bias gradients", ranks[s]["grads"], reference, show=False).line)
+        lines.append(compare(f"stage {s}: weight and bias gradients", ranks[s]["grads"], reference).line)
     for s in range(P):
         steady = PIPE_M - min(P - s - 1, PIPE_M)  # steady-state steps of stage s
         expected = (steady if s < P - 1 else 0) + (steady - 1 if s > 0 else 0)  # calls of the two exchanges
@@ -532,7 +522,7 @@ def judge_pipeline_deadlock(data) -> list[str]:
             f"stage {s}: exchanges with their send and receive in flight at once "
             "(required: a link carries both directions at the same time)"
         )
-        lines.append(check_equal(what, good, expected, show=False).line)
+        lines.append(check_equal(what, good, expected).line)
     return lines
 
 
@@ -590,11 +580,9 @@ def judge_ring_lse(data) -> list[str]:
     for name, ref in [("out", reference.detach()), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)]:
         what = "attention output" if name == "out" else f"dL/d{name[1]}"
         side_by_side = torch.cat([ranks[r][name] for r in range(P)], dim=-2)  # the ranks' tokens in order
-        lines.append(compare(f"{what}, the ranks' blocks in order", side_by_side, ref, show=False).line)
+        lines.append(compare(f"{what}, the ranks' blocks in order", side_by_side, ref).line)
     block = 2 * HEADS * RING_C * HS * 8  # one K/V block [2, 1, HEADS, c, HS]
     for r in range(P):
         sent = ranks[r]["sent"]
-        lines.append(
-            check_equal(f"rank {r}: bytes sent in forward (P-1 K/V blocks)", sent, (P - 1) * block, show=False).line
-        )
+        lines.append(check_equal(f"rank {r}: bytes sent in forward (P-1 K/V blocks)", sent, (P - 1) * block).line)
     return lines

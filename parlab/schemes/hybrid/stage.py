@@ -45,7 +45,7 @@ from parlab.schemes.tensor_parallel import (
     copy_to_tensor_parallel,
     vocab_parallel_cross_entropy,
 )
-from parlab.schemes.zero.stages import ZeRO, flatten
+from parlab.schemes.zero.stages import ZeRO
 
 CP_METHODS = ("ring", "zigzag", "ulysses", "usp")
 
@@ -295,52 +295,9 @@ def sp_grad_hooks(params: list[nn.Parameter], group) -> list:
 
 class PipelineZeRO(ZeRO):
     """ZeRO stage 2 or 3 (parlab/schemes/zero/stages.py) when one step runs m micro-batches (a pipeline, or
-    accumulation).
+    accumulation): each unit is reduce-scattered every time its gradients are complete, once per micro-batch, and
+    rank r's shard of the sum accumulates in `grad_shard` [S] (ReduceScatterGrads with accumulate=True). Stage 3
+    also gathers a unit's parameters before each of its m forwards and m backwards, and frees them after each of
+    its backwards."""
 
-    ZeRO's own stages 2 and 3 reduce-scatter each unit once per backward. Here a unit is reduce-scattered each
-    time its gradients are complete, once per micro-batch, and rank r's shard of the sum accumulates in
-    `grad_shard` [S]: m reduce-scatters per step instead of one, the price of never holding the full gradients
-    of more than a unit or two (DeepSpeed's ZeRO-2 pays the same under gradient accumulation). Stage 3 also
-    gathers a unit's parameters before each of its m forwards and m backwards. Units reduce in the order their
-    gradients complete, the same order on every rank of the group (the same schedule runs on all of them).
-    """
-
-    def __init__(self, *args, **kwargs):
-        self.in_flight: list[tuple] = []  # (unit, work, this rank's reduced piece [S_u]) oldest first
-        super().__init__(*args, **kwargs)
-
-    def _grad_ready(self, param: torch.Tensor) -> None:
-        u = self.unit_of[id(param)]
-        u.ready.add(id(param))
-        if len(u.ready) == len(u.params):
-            self._reduce_unit(u)
-
-    def _reduce_ready_units(self, force: bool = False) -> None:
-        if force:  # before the step: any unit with a gradient not yet reduced
-            for u in self.units:
-                if any(p.grad is not None for p in u.params):
-                    self._reduce_unit(u)
-
-    def _reduce_unit(self, u) -> None:
-        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in u.params]
-        flat = flatten(grads, self.N * u.shard_numel)  # [N*S_u] this micro-batch's full gradients of the unit
-        for p in u.params:
-            p.grad = None  # dropped: only the shard survives
-        piece = torch.empty(u.shard_numel, dtype=flat.dtype, device=flat.device)  # [S_u] <- sum of shard r
-        work = comm.reduce_scatter_tensor(piece, flat, group=self.group, async_op=True, label=f"grads {u.name}")
-        u.reduce_work, u.ready = (work, flat), set()
-        self.in_flight.append((u, work, piece))
-        self.record(f"reduce-scatter {u.name}")
-        self._finish_reduces(keep=1)
-        if self.stage == 3:
-            self._free(u)  # its backward is done: drop the gathered parameters
-
-    def _finish_reduces(self, keep: int = 0) -> None:
-        while len(self.in_flight) > keep:
-            u, work, piece = self.in_flight.pop(0)
-            work.wait()
-            self.grad_shard[u.offset : u.offset + u.shard_numel] += piece  # accumulate over micro-batches
-            u.reduce_work = None
-
-    def zero_grad(self) -> None:
-        self.grad_shard.zero_()
+    accumulate = True

@@ -273,8 +273,7 @@ def train_hybrid(
         if sp_params and zero_stage < 2:  # SP's LayerNorm gradients: partial sums over tp
             sp_grad_sync(sp_params, axes.tp_group)
         if zero_stage >= 2:
-            zero._reduce_ready_units(force=True)  # a unit whose gradients never completed (none here)
-            zero._finish_reduces()
+            zero.finish_backward()  # every unit's reduce-scatter arrived
         elif ep > 1:  # dense gradients over dp x cp, expert ones over the ranks holding the same experts
             sync_expert_gradients(layers, group, edp_group, N)
         elif not zero_stage and N > 1:

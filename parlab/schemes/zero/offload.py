@@ -204,6 +204,7 @@ class OffloadAdam(ReduceScatterGrads):
         self.reader, self.writer = (CopyEngine(self.device), CopyEngine(self.device)) if self.disk else (None, None)
         self.copies: list[Future] = []  # gradient copies to the host in flight
         self.to_reduce = len(self.units) - 1  # units are reduce-scattered last to first, on every rank
+        self.in_flight = []  # units whose reduce-scatter is in flight, oldest first
         self.unit_of = {id(p): u for u in self.units for p in u.params}
         self.hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for u in self.units for p in u.params]
         self.ledger, self.step_now = MemoryLedger(), 0
@@ -221,30 +222,24 @@ class OffloadAdam(ReduceScatterGrads):
         u.reduce_work = (None, flat, out)
         self.record("bucket flattened")  # the peak: the unit's .grad, its flat copy and the unit before it
 
-    def _finish_reduces(self, keep: int = 0) -> None:
-        """Wait for the oldest reduce-scatters until `keep` remain; hand each shard to the copy engine."""
-        in_flight = [u for u in reversed(self.units) if u.reduce_work is not None]  # oldest first
-        for u in in_flight[: max(0, len(in_flight) - keep)]:
-            work, _flat, out = u.reduce_work
-            work.wait()
-            u.reduce_work = None  # its flat full gradients are freed here
-            host = self.host_grad[u.offset : u.offset + u.shard_numel]  # [S_u] on the host (device: "none")
-            if self.target == "none":
-                host.copy_(out)
-            else:  # device -> host, in the background while backward goes on
-                job = lambda host=host, out=out: host.copy_(out, non_blocking=True)  # noqa: E731
-                self.copies.append(self.pcie.submit(f"grads {u.name}", "offload", _nbytes(out), self.step_now, job))
+    def _arrived(self, u, out: torch.Tensor) -> None:
+        """Unit u's gradient shard has arrived: hand it to the copy engine (device -> host)."""
+        host = self.host_grad[u.offset : u.offset + u.shard_numel]  # [S_u] on the host (device: "none")
+        if self.target == "none":
+            host.copy_(out)
+        else:  # device -> host, in the background while backward goes on
+            job = lambda host=host, out=out: host.copy_(out, non_blocking=True)  # noqa: E731
+            self.copies.append(self.pcie.submit(f"grads {u.name}", "offload", _nbytes(out), self.step_now, job))
 
     # -- the step: Adam where the state lives, parameters back to the device, all-gathered ----------------------
 
     def step(self, step: int = 0) -> None:
         """After backward: every gradient shard on the host; then per unit, Adam where its state lives, the updated
         slice back to the device, and an all-gather of the unit's parameters (unit k-1's while unit k is stepped)."""
-        self._reduce_ready_units(force=True)  # units with an unused parameter (zero gradient)
-        self._finish_reduces()
+        self.finish_backward()  # units with an unused parameter (zero gradient); every reduce-scatter arrived
         for copy in self.copies:  # every gradient shard is on the host
             copy.result()
-        self.copies, self.to_reduce = [], len(self.units) - 1
+        self.copies = []
         self.record("before the optimizer step")
         self.t += 1
         reads = {0: self._read(0, step)} if self.disk else {}  # disk: unit 0's state now, then one unit ahead

@@ -161,35 +161,77 @@ def adam_step(param, grad, m, v, step: int, lr: float, betas=(0.9, 0.999), eps: 
 class ReduceScatterGrads:
     """The gradient path of ZeRO stages 2 and 3 (and of offload, parlab/schemes/zero/offload.py): as soon as backward
     has produced every gradient of a unit, flatten them [N*S_u], drop the full .grad, and reduce-scatter so that rank r
-    keeps only the sum of shard r [S_u]. Units finish last to first on every rank, so the calls match across ranks; at
-    most one more unit's flat gradients stay in flight (a bounded buffer, as DeepSpeed's bucket).
+    keeps only the sum of shard r [S_u]. At most one more unit's flat gradients stay in flight (a bounded buffer, as
+    DeepSpeed's bucket).
 
-    A class using it sets self.units, self.unit_of ({id(param): unit}), self.to_reduce (= len(units) - 1 before
-    each backward), self.group and self.N, registers `_grad_ready` as each parameter's post-accumulate-grad hook,
-    and defines `_grad_out(u)` (where shard r's sum goes); `_flattened` and `_reduced` are its optional steps.
+    accumulate=False (one backward per step): units finish last to first on every rank, so they are reduced in that
+    order, each once, straight into its slot of rank r's gradient shard. accumulate=True (m micro-batches per step:
+    a pipeline, parlab/schemes/hybrid/stage.py): a unit is reduced each time its gradients are complete, in the order
+    they complete (the same on every rank: the same schedule runs on all), into a piece that is added to its slot
+    when it arrives: m reduce-scatters per step, the price of never holding more than a unit or two of full
+    gradients (DeepSpeed's ZeRO-2 pays the same under gradient accumulation).
+
+    A class using it sets self.units, self.unit_of ({id(param): unit}), self.to_reduce (= len(units) - 1),
+    self.in_flight (= []), self.group and self.N, registers `_grad_ready` as each parameter's post-accumulate-grad
+    hook, and defines `_grad_out(u)` (shard r's slot [S_u]); `_flattened`, `_reduced` and `_arrived` are its
+    optional steps. After the last backward of a step it calls `finish_backward()`.
     """
+
+    accumulate = False
 
     def _grad_ready(self, param: torch.Tensor) -> None:
         u = self.unit_of[id(param)]
         u.ready.add(id(param))
-        self._reduce_ready_units()
+        if not self.accumulate:
+            self._reduce_ready_units()
+        elif len(u.ready) == len(u.params):
+            self._reduce_unit(u)
 
     def _reduce_ready_units(self, force: bool = False) -> None:
+        """Reduce the units whose gradients are complete, last to first; force: every unit left (a parameter that
+        got no gradient counts as zero)."""
+        if self.accumulate:  # units are reduced as they complete; forced: any with a gradient not yet reduced
+            for u in self.units if force else ():
+                if any(p.grad is not None for p in u.params):
+                    self._reduce_unit(u)
+            return
         while self.to_reduce >= 0:
             u = self.units[self.to_reduce]
             if not force and len(u.ready) < len(u.params):
                 return
-            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in u.params]
-            flat = flatten(grads, self.N * u.shard_numel)  # [N*S_u] this rank's full gradients of the unit
-            out = self._grad_out(u)  # [S_u]
-            self._flattened(u, flat, out)
-            for p in u.params:
-                p.grad = None  # the full gradients are dropped: only the shard survives
-            work = comm.reduce_scatter_tensor(out, flat, group=self.group, async_op=True, label=f"grads {u.name}")
-            u.reduce_work, u.ready = (work, flat, out), set()
-            self._reduced(u)
-            self._finish_reduces(keep=1)  # at most one more unit's full gradients in flight
+            self._reduce_unit(u)
             self.to_reduce -= 1
+
+    def _reduce_unit(self, u: Unit) -> None:
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in u.params]
+        flat = flatten(grads, self.N * u.shard_numel)  # [N*S_u] this rank's full gradients of the unit
+        out = self._grad_out(u)  # [S_u] shard r's slot
+        if self.accumulate:
+            out = torch.empty_like(out)  # this micro-batch's sum of shard r, added to the slot when it arrives
+        self._flattened(u, flat, out)
+        for p in u.params:
+            p.grad = None  # the full gradients are dropped: only the shard survives
+        work = comm.reduce_scatter_tensor(out, flat, group=self.group, async_op=True, label=f"grads {u.name}")
+        u.reduce_work, u.ready = (work, flat, out), set()
+        self.in_flight.append(u)
+        self._reduced(u)
+        self._finish_reduces(keep=1)  # at most one more unit's full gradients in flight
+
+    def _finish_reduces(self, keep: int = 0) -> None:
+        """Wait for the oldest reduce-scatters in flight until `keep` remain; their flat gradients are freed."""
+        while len(self.in_flight) > keep:
+            u = self.in_flight.pop(0)
+            work, _flat, out = u.reduce_work
+            work.wait()
+            u.reduce_work = None
+            self._arrived(u, out)
+
+    def finish_backward(self) -> None:
+        """After the step's last backward: reduce every unit not reduced yet (a parameter with no gradient counts as
+        zero) and wait for every reduce-scatter in flight; the next backward starts from the last unit again."""
+        self._reduce_ready_units(force=True)
+        self._finish_reduces()
+        self.to_reduce = len(self.units) - 1
 
     def _grad_out(self, u: Unit) -> torch.Tensor:
         raise NotImplementedError
@@ -200,12 +242,10 @@ class ReduceScatterGrads:
     def _reduced(self, u: Unit) -> None:
         """Called once the unit's reduce-scatter is issued."""
 
-    def _finish_reduces(self, keep: int = 0) -> None:
-        """Wait for the oldest reduce-scatters in flight until `keep` remain; their flat gradients are freed."""
-        in_flight = [u for u in reversed(self.units) if u.reduce_work is not None]  # oldest first
-        for u in in_flight[: max(0, len(in_flight) - keep)]:
-            u.reduce_work[0].wait()
-            u.reduce_work = None
+    def _arrived(self, u: Unit, out: torch.Tensor) -> None:
+        """Called once the unit's reduced shard `out` [S_u] has arrived: accumulated, it is added to its slot."""
+        if self.accumulate:
+            self._grad_out(u).add_(out)
 
 
 class ZeRO(ReduceScatterGrads):
@@ -265,6 +305,7 @@ class ZeRO(ReduceScatterGrads):
         else:
             self.grad_shard = torch.zeros(S, dtype=self.compute_dtype, device=self.master.device)
             self.to_reduce = len(self.units) - 1  # units are reduce-scattered last to first, on every rank
+            self.in_flight = []  # units whose reduce-scatter is in flight, oldest first
             for u in self.units:
                 self.hooks += [p.register_post_accumulate_grad_hook(self._grad_ready) for p in u.params]
             self.unit_of = {id(p): u for u in self.units for p in u.params}
@@ -331,6 +372,8 @@ class ZeRO(ReduceScatterGrads):
         if self.stage == 1:
             for u in self.units:
                 u.grad_flat.zero_()
+        elif self.accumulate:  # the micro-batches' pieces are added to the shard: start each step from zero
+            self.grad_shard.zero_()
 
     def step(self, step: int = 0) -> bool:
         """Reduce-scatter the gradients (stage 1; stages 2, 3: wait for the ones in flight), Adam on this rank's
@@ -344,9 +387,7 @@ class ZeRO(ReduceScatterGrads):
                 grad_shard.append(mine)
             grad = torch.cat(grad_shard).to(self.master_dtype)  # [S]
         else:
-            self._reduce_ready_units(force=True)  # units with an unused parameter (zero gradient)
-            self._finish_reduces()
-            self.to_reduce = len(self.units) - 1
+            self.finish_backward()  # units with an unused parameter (zero gradient); every reduce-scatter arrived
             grad = self.grad_shard.to(self.master_dtype)  # [S]
         self.record("before the optimizer step")
         grad.div_(N * (self.loss_scale or 1))  # sum over ranks -> mean; undo the loss scale
