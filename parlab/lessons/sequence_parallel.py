@@ -32,7 +32,7 @@ from parlab.runtime.launcher import launch
 from parlab.schemes.sequence.ring_attention import chunks_of, ring_attention, sequence_split, tile_mask, zigzag_merge
 from parlab.schemes.sequence.sequence_parallel import MegatronSPGPT, SequenceShardedGPT, shard_batch
 from parlab.schemes.sequence.ulysses import check_heads, seq_to_heads, ulysses_attention
-from parlab.views.plots import rank_color, style
+from parlab.views.plots import rank_color, square_legend, style
 
 # ---------------------------------------------------------------------------------- ring attention, stepped
 
@@ -126,73 +126,20 @@ def draw_ring_step(steps: dict, step: int, causal: bool = True):
 
     P, layout = steps["world_size"], steps["layout"]
     n = P * len(chunks_of(0, P, layout))  # tiles along each side of the score matrix
-    shapes, notes = [], []
-    for r in range(P):  # the K/V panel: one row per rank
-        src = steps["held"][step][r]
-        y = P - 1 - r
-        shapes.append(_rect(0, y * n / P, 2.6, (y + 0.9) * n / P, rank_color(src)))
-        held = ", ".join(f"c{c}" for c in chunks_of(src, P, layout))
-        notes.append(
-            dict(
-                x=1.3,
-                y=(y + 0.45) * n / P,
-                text=f"K/V of rank {src}<br>({held})",
-                showarrow=False,
-                font={"color": "white"},
-            )
-        )
-        notes.append(dict(x=-0.1, y=(y + 0.45) * n / P, text=f"rank {r}", showarrow=False, xanchor="right"))
-    x0 = 4.0
-    done = {(q, k): (rank, s) for rank, s, q, k in steps["tiles"] if s <= step}
-    current = []  # this step's tiles get a thick border, drawn last so that no neighbour covers it
-    for q in range(n):
-        y = n - 1 - q
-        notes.append(dict(x=x0 - 0.1, y=y + 0.5, text=f"q{q}", showarrow=False, xanchor="right"))
-        for k in range(n):
-            who = done.get((q, k))
-            color = "white" if who is None else rank_color(who[0])
-            (current if who is not None and who[1] == step else shapes).append(
-                _rect(x0 + k, y, x0 + k + 1, y + 1, color, 3.5 if who is not None and who[1] == step else 0.6)
-            )
-            if who is None and tile_mask(q, k, causal) == "skip":
-                notes.append(dict(x=x0 + k + 0.5, y=y + 0.5, text="·", showarrow=False, font={"color": "#999"}))
-    shapes += current
+    x0 = 4.0  # where the tiles start
+    kv_shapes, kv_notes = _kv_panel(steps, step, n)
+    tile_shapes, tile_notes = _tile_panel(steps, step, n, x0, causal)
     fig = go.Figure()
     for r in range(P):
-        fig.add_trace(
-            go.Scatter(
-                x=[None],
-                y=[None],
-                mode="markers",
-                name=f"rank {r}",
-                marker={"size": 14, "symbol": "square", "color": rank_color(r)},
-            )
-        )
+        fig.add_trace(square_legend(f"rank {r}", rank_color(r)))
     # Panel titles anchored away from each other (K/V ends at its panel's right edge, tiles start at their left
     # edge), on two lines: at any font size neither runs into the other.
-    notes.append(
-        dict(
-            x=2.6,
-            y=n + 0.1,
-            text="<b>K/V block</b><br><b>held</b>",
-            showarrow=False,
-            xanchor="right",
-            yanchor="bottom",
-            name="panel title",
-        )
-    )
-    notes.append(
-        dict(
-            x=x0,
-            y=n + 0.1,
-            text="<b>score tiles done</b><br>(query row, key column)",
-            showarrow=False,
-            xanchor="left",
-            yanchor="bottom",
-            name="panel title",
-        )
-    )
-    fig.update_layout(shapes=shapes, annotations=notes)
+    titles = [
+        dict(x=2.6, y=n + 0.1, text="<b>K/V block</b><br><b>held</b>", xanchor="right"),
+        dict(x=x0, y=n + 0.1, text="<b>score tiles done</b><br>(query row, key column)", xanchor="left"),
+    ]
+    titles = [dict(t, showarrow=False, yanchor="bottom", name="panel title") for t in titles]
+    fig.update_layout(shapes=kv_shapes + tile_shapes, annotations=kv_notes + tile_notes + titles)
     chunk_ticks = [x0 + k + 0.5 for k in range(n)]
     fig.update_xaxes(range=[-1.2, x0 + n + 0.2], tickvals=chunk_ticks, ticktext=[f"k{k}" for k in range(n)])
     fig.update_yaxes(range=[-0.2, n + 1.5], showticklabels=False, scaleanchor="x")
@@ -201,6 +148,38 @@ def draw_ring_step(steps: dict, step: int, causal: bool = True):
     counts = [sum(1 for (rank, s, _, _) in steps["tiles"] if rank == r and s <= step) for r in range(P)]
     title = f"Ring attention ({layout}) on {P} ranks, step {step} of {P - 1}: tiles so far per rank {counts}"
     return style(fig, title, "key chunk", None, height=200 + 45 * n)
+
+
+def _kv_panel(steps: dict, step: int, n: int) -> tuple[list, list]:
+    """The K/V block each rank holds at `step`: one row per rank, coloured by the rank it came from."""
+    P, layout = steps["world_size"], steps["layout"]
+    shapes, notes = [], []
+    for r in range(P):
+        src, y = steps["held"][step][r], P - 1 - r
+        shapes.append(_rect(0, y * n / P, 2.6, (y + 0.9) * n / P, rank_color(src)))
+        held = ", ".join(f"c{c}" for c in chunks_of(src, P, layout))
+        label = f"K/V of rank {src}<br>({held})"
+        notes.append(dict(x=1.3, y=(y + 0.45) * n / P, text=label, showarrow=False, font={"color": "white"}))
+        notes.append(dict(x=-0.1, y=(y + 0.45) * n / P, text=f"rank {r}", showarrow=False, xanchor="right"))
+    return shapes, notes
+
+
+def _tile_panel(steps: dict, step: int, n: int, x0: float, causal: bool) -> tuple[list, list]:
+    """The n x n score tiles: done ones coloured by the rank that computed them, this step's with a thick border
+    (drawn last, so that no neighbour covers it), skipped ones marked with a dot."""
+    done = {(q, k): (rank, s) for rank, s, q, k in steps["tiles"] if s <= step}
+    shapes, current, notes = [], [], []
+    for q in range(n):
+        y = n - 1 - q
+        notes.append(dict(x=x0 - 0.1, y=y + 0.5, text=f"q{q}", showarrow=False, xanchor="right"))
+        for k in range(n):
+            who = done.get((q, k))
+            now = who is not None and who[1] == step
+            color = "white" if who is None else rank_color(who[0])
+            (current if now else shapes).append(_rect(x0 + k, y, x0 + k + 1, y + 1, color, 3.5 if now else 0.6))
+            if who is None and tile_mask(q, k, causal) == "skip":
+                notes.append(dict(x=x0 + k + 0.5, y=y + 0.5, text="·", showarrow=False, font={"color": "#999"}))
+    return shapes + current, notes
 
 
 def _rect(x0, y0, x1, y1, color, width=0.6):
@@ -440,16 +419,7 @@ def draw_usp(results: Results, ulysses: int, ring: int, heads: int, seq: int, la
                 shapes.append(_rect(x0 + t, heads - h - 1, x0 + t + 1, heads - h, rank_color(holder[h][t])))
     fig = go.Figure()
     for r in range(P):
-        name = f"rank {r} (ring {r // ulysses}, ulysses {r % ulysses})"
-        fig.add_trace(
-            go.Scatter(
-                x=[None],
-                y=[None],
-                mode="markers",
-                name=name,
-                marker={"size": 14, "symbol": "square", "color": rank_color(r)},
-            )
-        )
+        fig.add_trace(square_legend(f"rank {r} (ring {r // ulysses}, ulysses {r % ulysses})", rank_color(r)))
     fig.update_layout(shapes=shapes, annotations=notes)
     every = max(1, seq // ring // ulysses)  # a tick per T/P tokens
     ticks = [(k * (seq + GAP) + t + 0.5, str(t)) for k in range(2) for t in range(0, seq, every)]

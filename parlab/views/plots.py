@@ -316,51 +316,57 @@ def chunk_grid(
                     annotations.append(dict(x=x_offset + c + 0.475, y=y + 0.45, text=text, showarrow=False, font=font))
         tick_x += [x_offset + c + 0.475 for c in range(cols)]
         tick_text += [f"c{c}" for c in range(cols)]
-    last = (len(panels) - 1) * (cols + 1)
-
-    def arrow(x, y_from, y_to, text=""):
-        return dict(
-            x=x,
-            y=y_to,
-            ax=x,
-            ay=y_from,
-            xref="x",
-            yref="y",
-            axref="x",
-            ayref="y",
-            text=text,
-            showarrow=True,
-            arrowhead=3,
-            arrowsize=1.5,
-            arrowwidth=2.5,
-            arrowcolor="#D62728",
-            font={"color": "#D62728"},
-        )
-
-    row_middle = lambda r: rows - 1 - r + 0.45  # noqa: E731
-    for from_rank, chunk, to_rank in arrows:
-        x = last + chunk + 0.88  # at the cell's right edge, clear of its label
-        if to_rank > from_rank:  # down the grid, to the next row
-            annotations.append(arrow(x, row_middle(from_rank) - 0.2, row_middle(to_rank) + 0.2))
-        else:  # the ring wraps around: out at the bottom, back in at the top
-            annotations.append(arrow(x, row_middle(from_rank) - 0.2, -0.15))
-            annotations.append(arrow(x, rows + 0.05, row_middle(to_rank) + 0.2))
+    annotations += _ring_arrows(arrows, rows, x_offset=(len(panels) - 1) * (cols + 1))
     fig = go.Figure()
     for owner in sorted(seen, key=lambda o: (o < 0, abs(o))):  # legend: one entry per colour meaning
-        fig.add_trace(
-            go.Scatter(
-                x=[None],
-                y=[None],
-                mode="markers",
-                marker={"size": 14, "symbol": "square", "color": owner_color(owner)},
-                name=OWNER_NAMES.get(owner, f"from rank {owner}"),
-            )
-        )
+        fig.add_trace(square_legend(OWNER_NAMES.get(owner, f"from rank {owner}"), owner_color(owner)))
     fig.update_layout(shapes=shapes, annotations=annotations, showlegend=True)
     fig.update_xaxes(range=[-0.2, len(panels) * (cols + 1) - 0.8], tickvals=tick_x, ticktext=tick_text, showgrid=False)
     fig.update_yaxes(range=[-0.2, rows + 0.4], tickvals=[rows - 1 - r + 0.45 for r in range(rows)], ticktext=row_names)
     fig.update_yaxes(showgrid=False, zeroline=False)
     return style(fig, title, "chunk of the tensor each rank holds", None, height=170 + 60 * rows)
+
+
+def _arrow(x: float, y_from: float, y_to: float) -> dict:
+    """A red arrow annotation from (x, y_from) to (x, y_to), in data coordinates."""
+    return dict(
+        x=x,
+        y=y_to,
+        ax=x,
+        ay=y_from,
+        xref="x",
+        yref="y",
+        axref="x",
+        ayref="y",
+        text="",
+        showarrow=True,
+        arrowhead=3,
+        arrowsize=1.5,
+        arrowwidth=2.5,
+        arrowcolor="#D62728",
+        font={"color": "#D62728"},
+    )
+
+
+def _ring_arrows(arrows: Sequence[tuple[int, int, int]], rows: int, x_offset: float) -> list[dict]:
+    """Chunks in flight (from_rank, chunk, to_rank) in a panel starting at x_offset: down to the next row, or out
+    at the bottom and back in at the top where the ring wraps around."""
+    row_middle = lambda r: rows - 1 - r + 0.45  # noqa: E731
+    drawn = []
+    for from_rank, chunk, to_rank in arrows:
+        x = x_offset + chunk + 0.88  # at the cell's right edge, clear of its label
+        if to_rank > from_rank:
+            drawn.append(_arrow(x, row_middle(from_rank) - 0.2, row_middle(to_rank) + 0.2))
+        else:
+            drawn += [_arrow(x, row_middle(from_rank) - 0.2, -0.15), _arrow(x, rows + 0.05, row_middle(to_rank) + 0.2)]
+    return drawn
+
+
+def square_legend(name: str, color: str) -> go.Scatter:
+    """A legend entry only (no data): a coloured square, for figures drawn with shapes."""
+    return go.Scatter(
+        x=[None], y=[None], mode="markers", marker={"size": 14, "symbol": "square", "color": color}, name=name
+    )
 
 
 FULL_SUM, PARTIAL_SUM = -1, -2

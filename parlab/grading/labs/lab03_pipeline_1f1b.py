@@ -20,7 +20,7 @@ from parlab.core.check import compare
 from parlab.core.models import GPTConfig, build_model
 from parlab.grading.labs import error_summary, lab03_zero_bubble, prediction_lines, run_check
 from parlab.schemes.pipeline.actions import Action, Schedule
-from parlab.schemes.pipeline.executor import build_stages, run_step, theory_send_bytes
+from parlab.schemes.pipeline.executor import Boundary, build_stages, run_step, theory_send_bytes
 from parlab.schemes.pipeline.schedules import ScheduleError, bubble, make_schedule, messages, peak_inflight, validate
 
 # This lab's checks written in other files: the grader looks each one up here, then in these.
@@ -324,7 +324,7 @@ def run_traffic() -> int:
     tokens = torch.randint(cfg.vocab_size, (TRAFFIC["b"] * m, cfg.seq_len + 1), generator=torch.Generator())
     x, y = tokens[:, :-1], tokens[:, 1:]  # [b m, T] each: the bytes sent do not depend on the tokens
     with probe.recording(keep_sent_data=False) as calls:
-        run_step(schedule, stages, cfg, x, y, 0)
+        run_step(schedule, stages, Boundary.of(cfg), x, y, 0)
     return probe.total_bytes(calls, "send")
 
 

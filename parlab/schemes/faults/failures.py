@@ -83,14 +83,7 @@ def resumable_rank(
     ready to train (time.time(), after loading), and what its checkpoints cost (bytes it wrote, seconds)."""
     P, rank = comm.group_size(), comm.group_rank()
     model = build_model(cfg, seed)
-    if scheme == "zero":
-        trainer = ZeRO(model, stage, lr=lr)
-        pieces, layout = (lambda: ckpt.zero_pieces(trainer)), f"zero-{stage}"
-        t_of = lambda: trainer.t  # noqa: E731
-    else:
-        trainer = make_optimizer(model.parameters(), optimizer, lr)
-        pieces, layout = (lambda: ckpt.dp_pieces(model, trainer)), "dp"
-        t_of = lambda: ckpt.optimizer_step(trainer)  # noqa: E731
+    trainer, pieces, layout, t_of = _trainer(scheme, model, stage, optimizer, lr)
     start, read = 0, 0
     folder = ckpt.latest(plan.root) if plan.resume else None
     if folder is not None:  # every rank reads the parts of the checkpoint it holds now (resharding)
@@ -118,22 +111,30 @@ def resumable_rank(
             trainer.zero_grad(set_to_none=True)
         losses.append(loss.item())
         if plan.every and (k + 1) % plan.every == 0 and k + 1 < len(batches):
-            began = time.perf_counter()
-            mine = pieces()
-            with comm.span(f"checkpoint {k + 1}", kind="compute", step=k):
-                ckpt.save(plan.root, k + 1, mine, layout=layout, extra={"optimizer_step": t_of()})
-            saves.append(
-                {
-                    "step": k + 1,
-                    "seconds": time.perf_counter() - began,
-                    "bytes": sum(p.data.numel() * p.data.element_size() for p in mine),
-                }
-            )
+            saves.append(_save(plan.root, k, pieces(), layout, t_of()))
         comm.progress(k + 1, len(batches))
     params = trainer.full_params() if scheme == "zero" else {n: p.detach().clone() for n, p in model.named_parameters()}
     if scheme == "zero":
         trainer.remove()
     return {"losses": losses, "start": start, "params": params, "ready": ready, "saves": saves, "bytes_read": read}
+
+
+def _trainer(scheme: str, model, stage: int, optimizer: str, lr: float):
+    """(the optimizer, this rank's checkpoint pieces, their layout, its step count): ZeRO's, or DP's."""
+    if scheme == "zero":
+        zero = ZeRO(model, stage, lr=lr)
+        return zero, (lambda: ckpt.zero_pieces(zero)), f"zero-{stage}", (lambda: zero.t)
+    opt = make_optimizer(model.parameters(), optimizer, lr)
+    return opt, (lambda: ckpt.dp_pieces(model, opt)), "dp", (lambda: ckpt.optimizer_step(opt))
+
+
+def _save(root: str, k: int, pieces: list, layout: str, optimizer_step: int) -> dict:
+    """This rank's part of the checkpoint after step k+1 (parlab/schemes/faults/checkpoint.py), and what it cost."""
+    began = time.perf_counter()
+    with comm.span(f"checkpoint {k + 1}", kind="compute", step=k):
+        ckpt.save(root, k + 1, pieces, layout=layout, extra={"optimizer_step": optimizer_step})
+    written = sum(p.data.numel() * p.data.element_size() for p in pieces)
+    return {"step": k + 1, "seconds": time.perf_counter() - began, "bytes": written}
 
 
 # -------------------------------------------------------------------- the asynchronous server, workers may die

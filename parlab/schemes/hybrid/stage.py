@@ -30,6 +30,7 @@ from parlab.core import comm
 from parlab.core.models import GPT, Block, causal_attention, lm_loss
 from parlab.core.moe import MoE
 from parlab.schemes.hybrid.experts import hybrid_moe, moe_forward
+from parlab.schemes.pipeline.executor import Boundary
 from parlab.schemes.sequence.ring_attention import ring_attention, sequence_split
 from parlab.schemes.sequence.sequence_parallel import (
     SequenceParallelEmbedding,
@@ -70,15 +71,6 @@ class Axes:
     @property
     def layout(self) -> str:
         return "zigzag" if self.cp_method == "zigzag" else "contiguous"
-
-
-@dataclass(frozen=True)
-class Boundary:
-    """The activation a stage sends on, as the pipeline's executor sizes its buffers: [b, T, hidden] numbers.
-    With SP a stage boundary carries this rank's T/tp tokens [b, T/tp, H]: the same numbers as [b, T, H/tp]."""
-
-    hidden: int
-    torch_dtype: torch.dtype
 
 
 def positions_of(seq_len: int, axes: Axes) -> torch.Tensor:
@@ -243,7 +235,7 @@ class HybridStage(nn.Module):
         for block in self.blocks:
             x = block(x)
         if not self.last:
-            return x.reshape(x.shape[0], -1, self.boundary.hidden) if a.sequence_parallel else x
+            return x.reshape(x.shape[0], -1, self.boundary.width) if a.sequence_parallel else x
         h = self.ln_f(x)
         if a.sequence_parallel:
             h = gather_from_sequence_parallel(h, "lm_head", a.tp_group)  # [b, T/cp, H]

@@ -114,13 +114,8 @@ def check_parallel_dims(
     """
     ep = sizes.get("ep", 1)
     sizes = {axis: sizes.get(axis, 1) for axis in AXES}
-    for axis, n in (*sizes.items(), ("ep", ep)):
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"{axis}={n} must be >= 1")
+    _check_mesh_shape(sizes, ep, world_size)
     D, S, C, T = (sizes[a] for a in ("dp", "pp", "cp", "tp"))
-    if D * S * C * T != world_size:
-        shape = " x ".join(f"{a}={n}" for a, n in sizes.items())
-        raise ValueError(f"mesh {shape} = {D * S * C * T} ranks, but world_size={world_size}")
     if batch % D or (batch // D) % microbatches:
         raise ValueError(
             f"batch={batch} must split into dp={D} replicas of microbatches={microbatches} equal micro-batches"
@@ -133,6 +128,24 @@ def check_parallel_dims(
     for name, n in (("heads", cfg.heads), ("hidden", cfg.hidden), ("ffn", cfg.ffn), ("vocab", cfg.vocab_size)):
         if n % T:
             raise ValueError(f"the tp axis (tp={T}): {name}={n} is not divisible by tp={T}")
+    _check_sequence_split(cfg, sizes, cp_method, ulysses, sequence_parallel)
+    _check_zero(cfg, zero, D, C, optimizer, schedule)
+    check_experts(cfg, {**sizes, "ep": ep}, zero=zero, sequence_parallel=sequence_parallel)
+
+
+def _check_mesh_shape(sizes: dict[str, int], ep: int, world_size: int) -> None:
+    """Every axis a positive int, and one rank per place of the mesh."""
+    for axis, n in (*sizes.items(), ("ep", ep)):
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"{axis}={n} must be >= 1")
+    if math.prod(sizes.values()) != world_size:
+        shape = " x ".join(f"{a}={n}" for a, n in sizes.items())
+        raise ValueError(f"mesh {shape} = {math.prod(sizes.values())} ranks, but world_size={world_size}")
+
+
+def _check_sequence_split(cfg: GPTConfig, sizes: dict[str, int], cp_method: str, ulysses: int, sp: bool) -> None:
+    """The cp axis (and USP's sub-axes) and Megatron SP: whole chunks of tokens and whole heads for every rank."""
+    C, T = sizes["cp"], sizes["tp"]
     if cp_method not in CP_METHODS:
         raise ValueError(f"cp_method={cp_method!r} must be one of {', '.join(CP_METHODS)}")
     chunks = 2 * C if cp_method == "zigzag" and C > 1 else C
@@ -144,10 +157,14 @@ def check_parallel_dims(
             f"is not divisible by cp={C} (use --cp-method ring)"
         )
     check_usp_axis(cfg, sizes, ulysses, cp_method)
-    if sequence_parallel and T < 2:
+    if sp and T < 2:
         raise ValueError(f"sequence_parallel needs tp>=2 (got tp={T}): Megatron SP splits the tp group's activations")
-    if sequence_parallel and (cfg.seq_len // C) % T:
+    if sp and (cfg.seq_len // C) % T:
         raise ValueError(f"sequence_parallel: the {cfg.seq_len // C} tokens of a cp rank do not split into tp={T}")
+
+
+def _check_zero(cfg: GPTConfig, zero: int, D: int, C: int, optimizer: str, schedule: str) -> None:
+    """ZeRO over the D x C ranks of dp x cp: more than one, its own Adam, and (stage 3) what BW still needs kept."""
     if zero not in ZERO_STAGES:
         raise ValueError(f"zero={zero} must be one of {ZERO_STAGES}")
     if zero and D * C == 1:
@@ -161,7 +178,6 @@ def check_parallel_dims(
         )
     if zero == 3 and cfg.tied:
         raise ValueError("zero=3 with a tied LM head: the head would use the embedding's freed parameters; untie it")
-    check_experts(cfg, {**sizes, "ep": ep}, zero=zero, sequence_parallel=sequence_parallel)
 
 
 # --------------------------------------------------------------------------------------------- the rank loop
@@ -241,80 +257,124 @@ def train_hybrid(
     this rank's shard of their sum and the units' layout), the final parameters (reference names, tp slices),
     and the bytes this rank holds.
     """
-    edp_group, ep_group = expert_groups(mesh, ep) if ep > 1 else (None, None)
-    axes = mesh_axes(mesh, sequence_parallel, cp_method, ulysses, ep_group)
-    stages = hybrid_stages(model, schedule, mesh.index("pp"), axes, split)
-    layers = nn.ModuleList(m for stage in stages.values() for m in stage.layer_modules())  # ZeRO's units, in order
-    name_of = {id(p): n for stage in stages.values() for n, p in stage.named.items()}
-    group = gradient_group(mesh)  # the ranks holding the same weights: dp (x cp)
-    moes, N = moe_modules(layers), comm.group_size(group)
-    for layer in moes:  # each micro-batch's loss is scaled by 1/m in the pipeline: its aux losses too
-        layer.aux_scale = layer.cfg.aux_weight / schedule.m
-    if ep > 1 and comm.group_size(edp_group) == 1:
-        edp_group = None  # every expert on one rank of dp x cp: nothing to average
-    sp_params = sequence_split_params(layers) if sequence_parallel else []
-    hooks = sp_grad_hooks(sp_params, axes.tp_group) if sp_params and zero_stage >= 2 else []  # before ZeRO's
-    if zero_stage:
-        zero = (ZeRO if zero_stage == 1 else PipelineZeRO)(layers, zero_stage, lr=lr, group=group)
-    else:
-        opt = make_optimizer(layers.parameters(), optimizer, lr)
-    replica, replicas = mesh.index("dp"), axis_size(mesh, "dp")
-    rows = []
-    for x, y in batches:  # this replica's rows [B/D, T], of them this rank's tokens [B/D, T/C]
-        x, y = shard_batch(x, y, replica, replicas)
-        rows.append(tuple(sequence_split(t, axes.cp_rank, axes.cp, dim=1, layout=axes.layout) for t in (x, y)))
-    pp_group, grad_channel = mesh.group("pp"), mesh.twin_group("pp")
-    boundary = next(iter(stages.values())).boundary
-    losses, out, peak, moe_steps = [], {}, 0, []
-    for step, (x, y) in enumerate(rows):
-        zero.zero_grad() if zero_stage else opt.zero_grad(set_to_none=True)
-        stats = run_step(schedule, stages, boundary, x, y, step, grad_channel, pp_group)
-        peak = max(peak, stats.peak_activation_bytes)
-        if sp_params and zero_stage < 2:  # SP's LayerNorm gradients: partial sums over tp
-            sp_grad_sync(sp_params, axes.tp_group)
-        if zero_stage >= 2:
-            zero.finish_backward()  # every unit's reduce-scatter arrived
-        elif ep > 1:  # dense gradients over dp x cp, expert ones over the ranks holding the same experts
-            sync_expert_gradients(layers, group, edp_group, N)
-        elif not zero_stage and N > 1:
-            all_reduce_gradients(layers, group=group)  # the average over the replicas (and the cp ranks)
-        if step == 0 and zero_stage >= 2:
-            out["grad_shard"] = zero.grad_shard.clone()  # rank r's shard of the gradients' sum over the group
-        elif step == 0 and not zero_stage:
-            out["grads"] = {name_of[id(p)]: p.grad.detach().clone() for p in layers.parameters()}
+    rank = HybridRank(
+        model, mesh, schedule, optimizer, lr, split, zero_stage, sequence_parallel, cp_method, ulysses, ep
+    )
+    losses, first, peak, moe_steps = [], {}, 0, []
+    for step, (x, y) in enumerate(rank.rows(batches)):  # this rank's rows [B/D, T/C] of each global batch
+        rank.zero_grad()
+        stats = run_step(schedule, rank.stages, rank.boundary, x, y, step, rank.grad_channel, rank.pp_group)  # pp
+        rank.sync_gradients()  # tp (SP's LayerNorms), dp x cp (or ZeRO's reduce-scatters), edp for the experts
+        if step == 0:
+            first = rank.gradients(after_step=False)
         with comm.span("optimizer step", kind="optimizer", step=step):
-            zero.step(step) if zero_stage else opt.step()
-        if step == 0 and zero_stage == 1:  # ZeRO-1 reduce-scattered into shard r of its flat gradients
-            out["grad_shard"] = torch.cat([u.shard_of(u.grad_flat, zero.rank) for u in zero.units]).clone()
+            rank.optimizer_step(step)
+        if step == 0:
+            first |= rank.gradients(after_step=True)
         losses.append(stats.loss)
-        moe_steps.append(drain_moe_stats(moes))
+        peak = max(peak, stats.peak_activation_bytes)
+        moe_steps.append(drain_moe_stats(rank.moes))
         comm.progress(step + 1, len(batches))
-    for hook in hooks:
-        hook.remove()
-    if zero_stage:
-        full = zero.full_params()  # a check's gather of the master shards (labelled "check: ...")
-        by_unit = {n: p for u in zero.units for n, p in zip(u.names, u.params, strict=True)}
-        out["params"] = {name_of[id(by_unit[n])]: w for n, w in full.items()}
-        out["units"] = [
-            ([name_of[id(p)] for p in u.params], [tuple(p.shape) for p in u.params], u.offset, u.shard_numel)
-            for u in zero.units
-        ]
-        held = zero.held()
-        zero.remove()
-    else:
-        out["params"] = {name_of[id(p)]: p.detach().clone() for p in layers.parameters()}
-        held = state_bytes(layers, opt)
-    holds_last = schedule.rank_of(schedule.num_stages - 1) == mesh.index("pp")
-    return {
-        **out,
-        "losses": losses if holds_last else None,
-        "split_dims": {name_of[id(p)]: p.tp_split_dim for p in layers.parameters()},
-        "coords": mesh.coords,
-        "param_bytes": held["params"],  # measured from the tensors this rank holds (ZeRO: its flat buffers)
-        "state_bytes": {k: held[k] for k in ("params", "grads", "optimizer")},
-        "peak_activation_bytes": peak,
-        "moe": moe_steps,
-    }
+    return rank.collect(losses, first, peak, moe_steps)
+
+
+class HybridRank:
+    """One rank of train_hybrid: its stages (its tp slices of its pp stages), its groups on the mesh, and its
+    optimizer (ZeRO over dp x cp, or a plain one with the gradients averaged there)."""
+
+    def __init__(
+        self, model, mesh, schedule, optimizer, lr, split, zero_stage, sequence_parallel, cp_method, ulysses, ep
+    ):
+        self.mesh, self.schedule, self.zero_stage, self.ep = mesh, schedule, zero_stage, ep
+        self.edp_group, ep_group = expert_groups(mesh, ep) if ep > 1 else (None, None)
+        self.axes = mesh_axes(mesh, sequence_parallel, cp_method, ulysses, ep_group)
+        self.stages = hybrid_stages(model, schedule, mesh.index("pp"), self.axes, split)
+        self.layers = nn.ModuleList(m for stage in self.stages.values() for m in stage.layer_modules())  # ZeRO's units
+        self.name_of = {id(p): n for stage in self.stages.values() for n, p in stage.named.items()}
+        self.group = gradient_group(mesh)  # the ranks holding the same weights: dp (x cp)
+        self.moes, self.N = moe_modules(self.layers), comm.group_size(self.group)
+        for layer in self.moes:  # each micro-batch's loss is scaled by 1/m in the pipeline: its aux losses too
+            layer.aux_scale = layer.cfg.aux_weight / schedule.m
+        if ep > 1 and comm.group_size(self.edp_group) == 1:
+            self.edp_group = None  # every expert on one rank of dp x cp: nothing to average
+        self.sp_params = sequence_split_params(self.layers) if sequence_parallel else []
+        with_zero = self.sp_params and zero_stage >= 2  # SP's sum must run before ZeRO's hooks take the gradients
+        self.hooks = sp_grad_hooks(self.sp_params, self.axes.tp_group) if with_zero else []
+        if zero_stage:
+            self.zero = (ZeRO if zero_stage == 1 else PipelineZeRO)(self.layers, zero_stage, lr=lr, group=self.group)
+        else:
+            self.opt = make_optimizer(self.layers.parameters(), optimizer, lr)
+        self.pp_group, self.grad_channel = mesh.group("pp"), mesh.twin_group("pp")
+        self.boundary = next(iter(self.stages.values())).boundary
+
+    def rows(self, batches) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This replica's rows [B/D, T] of each global batch, and of them this rank's cp block of tokens."""
+        rows = []
+        for x, y in batches:
+            x, y = shard_batch(x, y, self.mesh.index("dp"), axis_size(self.mesh, "dp"))
+            a = self.axes
+            rows.append(tuple(sequence_split(t, a.cp_rank, a.cp, dim=1, layout=a.layout) for t in (x, y)))
+        return rows
+
+    def zero_grad(self) -> None:
+        self.zero.zero_grad() if self.zero_stage else self.opt.zero_grad(set_to_none=True)
+
+    def sync_gradients(self) -> None:
+        """After the step's backwards: every gradient summed or averaged over the ranks that share its weights."""
+        if self.sp_params and self.zero_stage < 2:  # SP's LayerNorm gradients: partial sums over tp
+            sp_grad_sync(self.sp_params, self.axes.tp_group)
+        if self.zero_stage >= 2:
+            self.zero.finish_backward()  # every unit's reduce-scatter arrived
+        elif self.ep > 1:  # dense gradients over dp x cp, expert ones over the ranks holding the same experts
+            sync_expert_gradients(self.layers, self.group, self.edp_group, self.N)
+        elif not self.zero_stage and self.N > 1:
+            all_reduce_gradients(self.layers, group=self.group)  # the average over the replicas (and the cp ranks)
+
+    def optimizer_step(self, step: int) -> None:
+        self.zero.step(step) if self.zero_stage else self.opt.step()
+
+    def gradients(self, after_step: bool) -> dict:
+        """What the check compares of the first step: the gradients (reference names, tp slices), or with ZeRO
+        this rank's shard of their sum over the group. ZeRO-1 reduce-scatters inside its step: its shard is read
+        after it, every other one before."""
+        if after_step != (self.zero_stage == 1):
+            return {}
+        if self.zero_stage == 1:  # shard r of the flat gradients, summed over the group in place
+            return {"grad_shard": torch.cat([u.shard_of(u.grad_flat, self.zero.rank) for u in self.zero.units]).clone()}
+        if self.zero_stage >= 2:
+            return {"grad_shard": self.zero.grad_shard.clone()}
+        return {"grads": {self.name_of[id(p)]: p.grad.detach().clone() for p in self.layers.parameters()}}
+
+    def collect(self, losses, first, peak, moe_steps) -> dict:
+        """The run's result: losses (on the rank of the last stage), the first step's gradients, the final
+        parameters (reference names), the units' layout under ZeRO, and the bytes this rank holds."""
+        for hook in self.hooks:
+            hook.remove()
+        name_of, out = self.name_of, dict(first)
+        if self.zero_stage:
+            full = self.zero.full_params()  # a check's gather of the master shards (labelled "check: ...")
+            by_unit = {n: p for u in self.zero.units for n, p in zip(u.names, u.params, strict=True)}
+            out["params"] = {name_of[id(by_unit[n])]: w for n, w in full.items()}
+            out["units"] = [
+                ([name_of[id(p)] for p in u.params], [tuple(p.shape) for p in u.params], u.offset, u.shard_numel)
+                for u in self.zero.units
+            ]
+            held = self.zero.held()
+            self.zero.remove()
+        else:
+            out["params"] = {name_of[id(p)]: p.detach().clone() for p in self.layers.parameters()}
+            held = state_bytes(self.layers, self.opt)
+        holds_last = self.schedule.rank_of(self.schedule.num_stages - 1) == self.mesh.index("pp")
+        return {
+            **out,
+            "losses": losses if holds_last else None,
+            "split_dims": {name_of[id(p)]: p.tp_split_dim for p in self.layers.parameters()},
+            "coords": self.mesh.coords,
+            "param_bytes": held["params"],  # measured from the tensors this rank holds (ZeRO: its flat buffers)
+            "state_bytes": {k: held[k] for k in ("params", "grads", "optimizer")},
+            "peak_activation_bytes": peak,
+            "moe": moe_steps,
+        }
 
 
 def unshard(shards: list[torch.Tensor], units: list) -> dict[str, torch.Tensor]:

@@ -30,7 +30,7 @@ from parlab.core import comm
 from parlab.core.memory import saved_activations
 from parlab.core.models import GPT, GPTConfig, lm_loss
 from parlab.core.trace import Trace
-from parlab.schemes.pipeline.actions import SPAN_KIND, Schedule
+from parlab.schemes.pipeline.actions import SPAN_KIND, Action, Schedule
 from parlab.schemes.pipeline.schedules import messages
 
 # ------------------------------------------------------------------------------------ partitioning the model
@@ -111,10 +111,122 @@ class StepStats:
     loss: float = 0.0  # sum over micro-batches of loss_i / m = the global batch's mean loss (last stage only)
 
 
+@dataclass(frozen=True)
+class Boundary:
+    """What crosses a stage boundary: an activation (and its gradient) of [b, T, width] numbers of `dtype`.
+
+    The plain pipeline sends [b, T, H] (`Boundary.of(cfg)`); with Megatron SP a hybrid stage sends its T/tp tokens
+    [b, T/tp, H], the same count as [b, T, H/tp] (parlab/schemes/hybrid/stage.py)."""
+
+    width: int
+    dtype: torch.dtype
+
+    @staticmethod
+    def of(cfg: GPTConfig) -> Boundary:
+        return Boundary(cfg.hidden, cfg.torch_dtype)
+
+
+class _Step:
+    """One training step on one rank: what its actions share (the micro-batches, the activations held between an
+    F and its last backward action, the sends in flight), and one method per kind of action."""
+
+    def __init__(self, schedule: Schedule, stages: dict[int, Stage], boundary: Boundary, x, y, step, grad_group, group):
+        self.schedule, self.stages, self.boundary, self.step = schedule, stages, boundary, step
+        self.group, self.grad_group = group, group if grad_group is None else grad_group
+        self.rank, self.last = comm.group_rank(group), schedule.num_stages - 1
+        self.me = comm.global_rank(group, self.rank)
+        self.xs, self.ys = x.chunk(schedule.m), y.chunk(schedule.m)  # m micro-batches of [b, T], b = B/m
+        self.weights = [w for stage in stages.values() for w in stage.parameters()]  # not activations
+        self.held: dict[tuple[int, int], InFlight] = {}
+        self.sends = []  # asynchronous sends, waited for at the end of the step
+        # The tip of a V (parlab/schemes/pipeline/schedules_v.py): stages p-1 and p live on the same rank, which
+        # hands the activation (and the gradient back) from one to the other in memory, keyed (kind, mb, receiving
+        # stage): no message.
+        self.local = {}
+        self.split_backward = any(a.op == "BI" for a in schedule.actions[self.rank])
+        self.stats = StepStats()
+
+    def peer(self, s: int) -> int:
+        """The global rank that holds virtual stage s of this pipeline."""
+        return comm.global_rank(self.group, self.schedule.rank_of(s))
+
+    def receive(self, kind: str, mb: int, s: int, src: int, buffer, group, tag: str) -> torch.Tensor:
+        """What stage `src` sends stage s: from this rank's other chunk in memory, or received into `buffer`."""
+        if self.peer(src) == self.me:
+            return self.local.pop((kind, mb, s))
+        comm.recv(buffer, src=self.peer(src), group=group, label=tag)
+        return buffer
+
+    def pass_on(self, kind: str, mb: int, dst: int, tensor: torch.Tensor, group, tag: str) -> None:
+        """Hand `tensor` to stage `dst`: in memory if this rank holds it too, else an asynchronous send."""
+        if self.peer(dst) == self.me:
+            self.local[(kind, mb, dst)] = tensor
+        else:
+            self.sends.append(comm.isend(tensor, dst=self.peer(dst), group=group, label=tag))
+
+    def forward(self, a: Action) -> None:
+        """F: receive the stage input (token ids on stage 0), run the stage, send its output on (or, on the last
+        stage, take the loss); keep what the backward will need."""
+        s, stage, tag = self.schedule.stage(self.rank, a.chunk), self.stages[a.chunk], a.label(self.schedule.v)
+        if s == 0:
+            inp = self.xs[a.mb]  # [b, T] token ids
+        else:  # the activation of stage s-1: [b, T, H]
+            b, T = self.xs[a.mb].shape
+            buffer = torch.empty(b, T, self.boundary.width, dtype=self.boundary.dtype, device=self.xs[a.mb].device)
+            inp = self.receive("act", a.mb, s, s - 1, buffer, self.group, tag).requires_grad_()
+        captured: list = []
+        hooks = _capture_module_outputs(stage, captured) if self.split_backward else []
+        with comm.span(tag, kind="forward", mb=a.mb, chunk=a.chunk, step=self.step):
+            with saved_activations(self.weights) as saved:
+                out = stage(inp)  # [b, T, H], or logits [b, T, V] on the last stage
+                if s == self.last:
+                    out = stage.loss_fn(out, self.ys[a.mb]) / self.schedule.m  # the m losses add up to the mean
+        for h in hooks:
+            h.remove()
+        if s == self.last:
+            self.stats.loss += out.item()
+        else:
+            self.pass_on("act", a.mb, s + 1, out.detach(), self.group, tag)
+        self.held[(a.mb, a.chunk)] = InFlight(inp, out, saved.bytes, captured)
+        self.stats.peak_inflight = max(self.stats.peak_inflight, len(self.held))
+        held_bytes = sum(h.saved_bytes for h in self.held.values())
+        self.stats.peak_activation_bytes = max(self.stats.peak_activation_bytes, held_bytes)
+
+    def backward(self, a: Action) -> None:
+        """B (input and weight gradients) or BI (input gradient only, and each module's output gradient for BW):
+        receive d loss / d output from stage s+1 (the loss itself starts the last stage's), send d loss / d input
+        back to stage s-1."""
+        s, tag = self.schedule.stage(self.rank, a.chunk), a.label(self.schedule.v)
+        entry = self.held[(a.mb, a.chunk)]
+        grad = None  # on the last stage the loss itself starts the backward
+        if s < self.last:  # d loss / d output of this stage: [b, T, H]
+            grad = self.receive("grad", a.mb, s, s + 1, torch.empty_like(entry.out), self.grad_group, tag)
+        with comm.span(tag, kind=SPAN_KIND[a.op], mb=a.mb, chunk=a.chunk, step=self.step):
+            if a.op == "B":  # the whole backward: input gradient and weight gradients (into .grad)
+                torch.autograd.backward(entry.out, grad)
+                input_grad = entry.inp.grad if s > 0 else None
+            else:  # BI: only the gradients w.r.t. the stage input and w.r.t. each module's output
+                targets = ([entry.inp] if s > 0 else []) + [o for o, _ in entry.module_outputs]
+                grads = torch.autograd.grad(entry.out, targets, grad, retain_graph=True)
+                input_grad = grads[0] if s > 0 else None
+                entry.output_grads = grads[1:] if s > 0 else grads
+        if s > 0:
+            self.pass_on("grad", a.mb, s - 1, input_grad, self.grad_group, tag)
+        if a.op == "B":
+            del self.held[(a.mb, a.chunk)]
+
+    def weight_backward(self, a: Action) -> None:
+        """BW: d loss / d W of each module from d loss / d (its output), kept by BI; touches only the weights."""
+        entry = self.held.pop((a.mb, a.chunk))
+        with comm.span(a.label(self.schedule.v), kind="backward_weight", mb=a.mb, chunk=a.chunk, step=self.step):
+            for (output, params), g in zip(entry.module_outputs, entry.output_grads, strict=True):
+                torch.autograd.backward(output, g, inputs=params)
+
+
 def run_step(
     schedule: Schedule,
     stages: dict[int, Stage],
-    cfg: GPTConfig,
+    boundary: Boundary,
     x: torch.Tensor,
     y: torch.Tensor,
     step: int,
@@ -126,92 +238,18 @@ def run_step(
     group: the pipeline's ranks (default all); rank = this process's rank in it. grad_group: a second group of
     the same ranks, for the gradients (default: the same group).
     stages: this rank's stages, by chunk (chunk k is stage schedule.stage(rank, k): k p + rank, or in a V 2p-1-rank).
+    boundary: what a stage sends on (Boundary.of(cfg): [b, T, H] in the model's dtype).
     x, y: the global batch [B, T]; micro-batch i is rows [i B/m, (i+1) B/m).
     Gradients accumulate in the stages' .grad over the m micro-batches (each loss is scaled by 1/m, so they sum to
     the global batch's mean-loss gradient). Activations travel on `group`, their gradients on `grad_group`, so
     the two kinds never queue behind each other between the same two ranks.
     """
-    rank, m, last = comm.group_rank(group), schedule.m, schedule.num_stages - 1
-    grad_group = group if grad_group is None else grad_group
-
-    def peer(s: int) -> int:  # the global rank that holds virtual stage s of this pipeline
-        return comm.global_rank(group, schedule.rank_of(s))
-
-    # The tip of a V (parlab/schemes/pipeline/schedules_v.py): stages p-1 and p live on the same rank, which hands the
-    # activation (and the gradient back) from one to the other in memory, keyed (kind, mb, receiving stage): no message.
-    me, local = comm.global_rank(group, rank), {}
-
-    xs, ys = x.chunk(m), y.chunk(m)  # m micro-batches of [b, T], b = B/m
-    b, T = xs[0].shape
-    weights = [w for stage in stages.values() for w in stage.parameters()]  # not activations
-    held: dict[tuple[int, int], InFlight] = {}
-    sends = []  # asynchronous sends, waited for at the end of the step
-    stats = StepStats()
-    split_backward = any(a.op == "BI" for a in schedule.actions[rank])
-
-    for a in schedule.actions[rank]:
-        s = schedule.stage(rank, a.chunk)
-        stage, tag = stages[a.chunk], f"{a.label(schedule.v)}"
-        if a.op == "F":
-            if s == 0:
-                inp = xs[a.mb]  # [b, T] token ids
-            elif peer(s - 1) == me:  # the previous stage is this rank's other chunk: [b, T, H]
-                inp = local.pop(("act", a.mb, s)).requires_grad_()
-            else:  # receive the activation of stage s-1: [b, T, H]
-                inp = torch.empty(b, T, cfg.hidden, dtype=cfg.torch_dtype, device=x.device)
-                comm.recv(inp, src=peer(s - 1), group=group, label=tag)
-                inp.requires_grad_()
-            captured: list = []
-            hooks = _capture_module_outputs(stage, captured) if split_backward else []
-            with comm.span(tag, kind="forward", mb=a.mb, chunk=a.chunk, step=step), saved_activations(weights) as saved:
-                out = stage(inp)  # [b, T, H], or logits [b, T, V] on the last stage
-                if s == last:
-                    out = stage.loss_fn(out, ys[a.mb]) / m  # scaled: the m losses add up to the global mean
-            for h in hooks:
-                h.remove()
-            if s == last:
-                stats.loss += out.item()
-            elif peer(s + 1) == me:
-                local[("act", a.mb, s + 1)] = out.detach()
-            else:  # send the activation on to stage s+1
-                sends.append(comm.isend(out.detach(), dst=peer(s + 1), group=group, label=tag))
-            held[(a.mb, a.chunk)] = InFlight(inp, out, saved.bytes, captured)
-            stats.peak_inflight = max(stats.peak_inflight, len(held))
-            stats.peak_activation_bytes = max(stats.peak_activation_bytes, sum(h.saved_bytes for h in held.values()))
-            continue
-
-        entry = held[(a.mb, a.chunk)]
-        if a.op in ("B", "BI"):
-            if s == last:
-                grad = None  # the loss itself starts the backward
-            elif peer(s + 1) == me:
-                grad = local.pop(("grad", a.mb, s))
-            else:  # receive d loss / d output from stage s+1: [b, T, H]
-                grad = torch.empty_like(entry.out)
-                comm.recv(grad, src=peer(s + 1), group=grad_group, label=tag)
-            with comm.span(tag, kind=SPAN_KIND[a.op], mb=a.mb, chunk=a.chunk, step=step):
-                if a.op == "B":  # the whole backward: input gradient and weight gradients (into .grad)
-                    torch.autograd.backward(entry.out, grad)
-                    input_grad = entry.inp.grad if s > 0 else None
-                else:  # BI: only the gradients w.r.t. the stage input and w.r.t. each module's output
-                    targets = ([entry.inp] if s > 0 else []) + [o for o, _ in entry.module_outputs]
-                    grads = torch.autograd.grad(entry.out, targets, grad, retain_graph=True)
-                    input_grad = grads[0] if s > 0 else None
-                    entry.output_grads = grads[1:] if s > 0 else grads
-            if s > 0 and peer(s - 1) == me:
-                local[("grad", a.mb, s - 1)] = input_grad
-            elif s > 0:  # send d loss / d input back to stage s-1
-                sends.append(comm.isend(input_grad, dst=peer(s - 1), group=grad_group, label=tag))
-            if a.op == "B":
-                del held[(a.mb, a.chunk)]
-        elif a.op == "BW":
-            with comm.span(tag, kind="backward_weight", mb=a.mb, chunk=a.chunk, step=step):
-                # d loss / d W of each module from d loss / d (its output): touches only that module's weights
-                for (output, params), g in zip(entry.module_outputs, entry.output_grads, strict=True):
-                    torch.autograd.backward(output, g, inputs=params)
-            del held[(a.mb, a.chunk)]
-    comm.wait_all(sends)
-    return stats
+    run = _Step(schedule, stages, boundary, x, y, step, grad_group, group)
+    actions = {"F": run.forward, "B": run.backward, "BI": run.backward, "BW": run.weight_backward}
+    for a in schedule.actions[run.rank]:
+        actions[a.op](a)
+    comm.wait_all(run.sends)
+    return run.stats
 
 
 def _capture_module_outputs(stage: Stage, captured: list) -> list:
@@ -265,7 +303,7 @@ def train_pipeline(
     losses, first_grads, stats = [], {}, []
     for step, (x, y) in enumerate(batches):
         optimizer.zero_grad(set_to_none=True)
-        stats.append(run_step(schedule, stages, cfg, x, y, step, grad_group, group))
+        stats.append(run_step(schedule, stages, Boundary.of(cfg), x, y, step, grad_group, group))
         if grad_sync is not None:
             grad_sync()
         if step == 0:
