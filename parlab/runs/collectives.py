@@ -7,11 +7,11 @@ from dataclasses import dataclass
 import torch
 
 from parlab.core import comm
-from parlab.core.check import check_equal, compare
+from parlab.core.check import compare
 from parlab.core.models import dtype_bytes
 from parlab.runs.options import RunOptions, option
 from parlab.runs.registry import Scheme, launch_scheme
-from parlab.runs.report import run_report
+from parlab.runs.report import count_checks, run_report
 from parlab.runtime.errors import Results
 from parlab.schemes.collectives import ring_all_reduce, ring_theory_bytes
 
@@ -48,10 +48,12 @@ def ring_report(opts: RingOptions, results: Results) -> dict:
     verdicts.append(compare("dist.all_reduce, rank 0", results[0]["all_reduce"], reference))
     comm_bytes = results.trace.bytes_per_rank()
     theory = ring_theory_bytes(numel, element_size, P)
-    byte_checks = [
-        check_equal(f"bytes sent by rank {rank}", sent, theory[rank])
-        for rank, sent in enumerate(comm_bytes.get("send", [0] * P))
-    ]
+    byte_checks = count_checks(
+        [
+            (f"bytes sent by rank {rank}", sent, theory[rank])
+            for rank, sent in enumerate(comm_bytes.get("send", [0] * P))
+        ]
+    )
     return run_report(
         "collectives",
         P,

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from parlab.core.check import check_equal, compare
-from parlab.core.models import build_model, make_batches, make_optimizer, train_single_device
+from parlab.core.check import compare
+from parlab.core.models import build_model, make_batches, make_optimizer
 from parlab.runs.options import FaultOptions, ModelOptions, option, positive
 from parlab.runs.registry import Scheme, launch_scheme
-from parlab.runs.report import run_report
+from parlab.runs.report import (
+    compare_losses,
+    count_checks,
+    mean_losses,
+    one_device_checks,
+    run_report,
+    single_device_run,
+)
 from parlab.runtime.errors import Results
 from parlab.schemes.data_parallel import DEFAULT_BUCKET_BYTES, MODES, dp_theory, train_data_parallel
 from parlab.twins.data import train_torch_ddp
@@ -60,76 +65,77 @@ def dp_rank(opts: DPOptions) -> dict:
 
 def dp_report(opts: DPOptions, results: Results) -> dict:
     """Run the single-device reference on the same global batches and compare; count the bytes."""
-    P, K, mode = opts.world_size, opts.steps, opts.mode
-    cfg = opts.gpt_config()
-    batches = make_batches(cfg, opts.batch, K, opts.seed)
-    single = train_single_device(cfg, batches, opts.seed, opts.optimizer, opts.lr)
-    dtype = cfg.torch_dtype
-
-    def losses(values):
-        return torch.tensor(values, dtype=dtype)
-
-    # The loss of a step is the mean over all B rows: the mean of the P ranks' means (equal b on every rank).
-    loss_parallel = [sum(r["losses"][k] for r in results) / P for k in range(K)]
-    params = [r["params"] for r in results]
-    verdicts = [
-        compare(f"loss of each of {K} steps", losses(loss_parallel), losses(single.losses)),
-        compare("averaged gradients of step 1, every rank", [r["grads"] for r in results], [single.grads] * P),
-        compare(f"parameters after {K} steps, every rank", params, [single.params] * P),
-    ]
-    ddp_lines, loss_ddp = [], None
+    P, K = opts.world_size, opts.steps
+    single = single_device_run(opts)
+    loss_parallel = mean_losses(results, K)  # the mean over all B rows: the mean of the P ranks' means (equal b)
+    checks = one_device_checks(
+        single,
+        opts.gpt_config().torch_dtype,
+        loss=(f"loss of each of {K} steps", loss_parallel),
+        grads=("averaged gradients of step 1, every rank", [r["grads"] for r in results]),
+        params=(f"parameters after {K} steps, every rank", [r["params"] for r in results]),
+        ranks=P,
+    )
+    loss_ddp = None
     if opts.ddp:
-        ddp = [r["ddp"] for r in results]
-        loss_ddp = [sum(d["losses"][k] for d in ddp) / P for k in range(K)]
-        versus_ddp = [
-            compare(
-                "torch DDP vs our DP: loss of each step",
-                losses(loss_parallel),
-                losses(loss_ddp),
-                against="torch DDP",
-            ),
-            compare(
-                "torch DDP vs our DP: parameters, every rank",
-                params,
-                [d["params"] for d in ddp],
-                against="torch DDP",
-            ),
-        ]
-        verdicts += versus_ddp
-        ddp_lines = [v.line for v in versus_ddp]
-
-    # Measured communication: the payload every rank handed to all_reduce, per step, against grad_bytes.
-    grad_bytes = sum(p.numel() * p.element_size() for p in results[0]["params"].values())
-    comm_bytes = results.trace.bytes_per_rank()
-    per_step = [b / K for b in comm_bytes.get("all_reduce", [0] * P)]
-    buckets_per_step = len(results[0]["buckets"])
-    calls_per_step = [c / K for c in results.trace.count_per_rank("all_reduce")]
-    byte_checks = [check_equal(f"all-reduce payload per step, rank {r}", per_step[r], grad_bytes) for r in range(P)]
-    call_what = "buckets" if mode == "dp" else "parameter tensors"
-    call_checks = [
-        check_equal(f"all-reduces per step, rank {r} (= {call_what})", calls_per_step[r], buckets_per_step)
-        for r in range(P)
-    ]
-    checks = verdicts + byte_checks + call_checks
-    lines = [v.line for v in verdicts[:3]] + ddp_lines + [c.line for c in byte_checks + call_checks]
+        ddp_checks, loss_ddp = _versus_ddp(opts, results, loss_parallel)
+        checks += ddp_checks
+    traffic, comm, grad_bytes = _traffic(opts, results)
     return run_report(
-        mode,
+        opts.mode,
         P,
-        verdicts,
-        passed=all(c.passed for c in checks),
-        comm={**comm_bytes, "all_reduce_per_step": per_step, **dp_theory(grad_bytes, P)},
-        lines=lines,
+        checks + traffic,
+        comm=comm,
         steps=K,
         loss_single=single.losses,
         loss_parallel=loss_parallel,
         loss_ddp=loss_ddp,
         grad_bytes=grad_bytes,
-        buckets_per_step=buckets_per_step,
-        bucket_bytes=opts.bucket_bytes if mode == "dp" else None,
+        buckets_per_step=len(results[0]["buckets"]),
+        bucket_bytes=opts.bucket_bytes if opts.mode == "dp" else None,
         buckets=results[0]["buckets"],
         batch=opts.batch,
         microbatches=opts.microbatches,
     )
+
+
+def _versus_ddp(opts: DPOptions, results: Results, loss_parallel: list[float]) -> tuple[list, list[float]]:
+    """Our DP against torch's DistributedDataParallel on the same data: (the verdicts, DDP's loss of each step).
+    Both sum the same gradients, so they agree as closely as with one device."""
+    ddp = [r["ddp"] for r in results]
+    loss_ddp = mean_losses(ddp, opts.steps)
+    checks = [
+        compare_losses(
+            "torch DDP vs our DP: loss of each step",
+            loss_parallel,
+            loss_ddp,
+            opts.gpt_config().torch_dtype,
+            against="torch DDP",
+        ),
+        compare(
+            "torch DDP vs our DP: parameters, every rank",
+            [r["params"] for r in results],
+            [d["params"] for d in ddp],
+            against="torch DDP",
+        ),
+    ]
+    return checks, loss_ddp
+
+
+def _traffic(opts: DPOptions, results: Results) -> tuple[list, dict, int]:
+    """The all-reduces each rank made per step: the payload (= every gradient's bytes, once) and the calls
+    (= the buckets, or one per parameter tensor in dp-naive). Returns (checks, comm figures, gradient bytes)."""
+    P, K = opts.world_size, opts.steps
+    grad_bytes = sum(p.numel() * p.element_size() for p in results[0]["params"].values())
+    comm_bytes = results.trace.bytes_per_rank()
+    per_step = [b / K for b in comm_bytes.get("all_reduce", [0] * P)]
+    calls_per_step = [c / K for c in results.trace.count_per_rank("all_reduce")]
+    buckets_per_step = len(results[0]["buckets"])
+    call_what = "buckets" if opts.mode == "dp" else "parameter tensors"
+    rows = [(f"all-reduce payload per step, rank {r}", per_step[r], grad_bytes) for r in range(P)]
+    rows += [(f"all-reduces per step, rank {r} (= {call_what})", calls_per_step[r], buckets_per_step) for r in range(P)]
+    comm = {**comm_bytes, "all_reduce_per_step": per_step, **dp_theory(grad_bytes, P)}
+    return count_checks(rows), comm, grad_bytes
 
 
 def run_dp(world_size: int = 4, mode: str = "dp", **options) -> tuple[Results, dict]:

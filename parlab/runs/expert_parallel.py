@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import torch
 
-from parlab.core.check import check_equal, compare
+from parlab.core.check import compare
 from parlab.core.mesh import DeviceMesh, mesh_coords
-from parlab.core.models import GPTConfig, build_model, make_batches, train_single_device
+from parlab.core.models import GPTConfig, build_model, make_batches
 from parlab.core.moe import MoEConfig, check_moe, moe_layers
 from parlab.runs.options import ModelOptions, option, positive
 from parlab.runs.registry import Scheme, launch_scheme
-from parlab.runs.report import run_report
+from parlab.runs.report import compare_losses, count_checks, mean_losses, model_fields, run_report, single_device_run
 from parlab.runtime.errors import Results
 from parlab.schemes.expert_parallel import (
     all_to_all_payload,
@@ -99,37 +99,58 @@ def reference_routing(cfg: GPTConfig, x: torch.Tensor, seed: int) -> dict:
 
 def moe_report(opts: MoEOptions, results: Results) -> dict:
     """Compare with one device; check the all-to-all bytes against the split sizes; the load and the drops."""
-    cfg, W, K, E = opts.gpt_config(), opts.world_size, opts.steps, opts.experts
-    batches = make_batches(cfg, opts.batch, K, opts.seed)
-    reference = train_single_device(cfg, batches, opts.seed, opts.optimizer, opts.lr)
-    dtype = cfg.torch_dtype
+    cfg, W, K = opts.gpt_config(), opts.world_size, opts.steps
     coords = [mesh_coords(r, opts.axes) for r in range(W)]
-    verdicts = []
-    loss = [sum(r["losses"][k] for r in results) / W for k in range(K)]  # equal rows per rank: mean of means
-    verdicts.append(
-        compare(
-            f"loss (aux included) of each of {K} steps",
-            torch.tensor(loss, dtype=dtype),
-            torch.tensor(reference.losses, dtype=dtype),
-        )
+    reference = single_device_run(opts)
+    ref_routing = reference_routing(cfg, make_batches(cfg, opts.batch, 1, opts.seed)[0][0], opts.seed)
+    loss = mean_losses(results, K)  # equal rows per rank: the mean of the ranks' means
+    verdicts = _numerics(opts, results, coords, reference, ref_routing, loss)
+    routing_checks, routing = _routing(opts, results, coords, ref_routing)
+    bytes_checks, bytes_fields = _all_to_all(opts, results)
+    return run_report(
+        "moe",
+        W,
+        verdicts + routing_checks + bytes_checks,
+        comm=results.trace.bytes_per_rank(),
+        mesh={"axes": opts.axes, "coords": coords},
+        **model_fields(cfg, opts, "steps"),
+        experts=opts.experts,
+        top_k=opts.top_k,
+        capacity_factor=opts.capacity_factor,
+        drop=opts.drop,
+        capacity_per_rank=results[0]["stats"][0][0]["capacity"],
+        moe_layers=len(results[0]["stats"][0]),
+        tokens_per_rank=opts.batch // W * cfg.seq_len,
+        loss_single=reference.losses,
+        loss_parallel=loss,
+        aux_loss=[sum(r["aux"][k] for r in results) / W for k in range(K)],
+        **routing,
+        **bytes_fields,
     )
-    ref_routing = reference_routing(cfg, batches[0][0], opts.seed)
+
+
+def _numerics(opts: MoEOptions, results: Results, coords: list[dict], reference, ref_routing: dict, loss) -> list:
+    """The loss (aux included) and the aux loss of step 1 against one device routing the same groups; then each
+    dp replica, which holds every expert once over its ep ranks, put together and compared."""
+    cfg, W, K = opts.gpt_config(), opts.world_size, opts.steps
     aux1 = sum(r["aux"][0] for r in results) / W
-    verdicts.append(
-        compare(
-            "aux loss of step 1",
-            torch.tensor([aux1], dtype=dtype),
-            torch.tensor([ref_routing["aux"]], dtype=dtype),
-        )
-    )
-    for replica in range(opts.dp):  # each replica holds every expert once, over its ep ranks
+    verdicts = [
+        compare_losses(f"loss (aux included) of each of {K} steps", loss, reference.losses, cfg.torch_dtype),
+        compare_losses("aux loss of step 1", [aux1], [ref_routing["aux"]], cfg.torch_dtype),
+    ]
+    for replica in range(opts.dp):
         ranks = [r for r in range(W) if coords[r]["dp"] == replica]
         grads = {n: g for r in ranks for n, g in results[r]["grads"].items()}
         params = {n: p for r in ranks for n, p in results[r]["params"].items()}
         verdicts.append(compare(f"replica {replica}: gradients of step 1, gathered", grads, reference.grads))
         verdicts.append(compare(f"replica {replica}: parameters after {K} steps, gathered", params, reference.params))
+    return verdicts
 
-    # Routing: what the ranks measured, against one device routing the same groups.
+
+def _routing(opts: MoEOptions, results: Results, coords: list[dict], ref_routing: dict) -> tuple[list, dict]:
+    """Routing: what the ranks measured (assignments per expert, drops, rows each expert took), against one
+    device routing the same groups in step 1. Returns (checks, the routing report fields)."""
+    E, K, W = opts.experts, opts.steps, opts.world_size
     load = [[sum(layer["load"][e] for step in r["stats"] for layer in step) for e in range(E)] for r in results]
     load1 = [sum(layer["load"][e] for r in results for layer in r["stats"][0]) for e in range(E)]
     dropped_per_step = [sum(layer["dropped"] for r in results for layer in r["stats"][k]) for k in range(K)]
@@ -139,20 +160,30 @@ def moe_report(opts: MoEOptions, results: Results) -> dict:
         for layer in (layer for step in res["stats"] for layer in step):
             for e, rows in zip(mine, layer["rows_per_expert"], strict=True):
                 received[e] += rows
-    counts = [
-        check_equal(
-            "step 1: assignments per expert differing from one device",
-            sum(a != b for a, b in zip(load1, ref_routing["load"], strict=True)),
-            0,
-        ),
-        check_equal(
-            "step 1: dropped assignments, all ranks (one device's)",
-            dropped_per_step[0],
-            ref_routing["dropped"],
-        ),
-    ]
+    differing = sum(a != b for a, b in zip(load1, ref_routing["load"], strict=True))
+    checks = count_checks(
+        [
+            ("step 1: assignments per expert differing from one device", differing, 0),
+            ("step 1: dropped assignments, all ranks (one device's)", dropped_per_step[0], ref_routing["dropped"]),
+        ]
+    )
+    tokens, moe_per_step = opts.batch // W * opts.gpt_config().seq_len, len(results[0]["stats"][0])
+    fields = {
+        "tokens_per_expert": {"per_rank": load, "step1_total": load1, "imbalance_step1": max(load1) / (sum(load1) / E)},
+        "received_per_expert": received,
+        "dropped_tokens": {
+            "total": sum(dropped_per_step),
+            "per_step": dropped_per_step,
+            "assignments_per_step": W * tokens * opts.top_k * moe_per_step,
+        },
+    }
+    return checks, fields
 
-    # Bytes: what each rank handed to all_to_all_single (the trace) against what its split sizes call for.
+
+def _all_to_all(opts: MoEOptions, results: Results) -> tuple[list, dict]:
+    """Bytes: what each rank handed to all_to_all_single (the trace) against what its split sizes call for, and
+    the balanced case's formula beside them. Returns (checks, the report fields)."""
+    cfg, W, E = opts.gpt_config(), opts.world_size, opts.experts
     measured = results.trace.bytes_per_rank().get("all_to_all", [0] * W)
     theory = [
         sum(
@@ -163,44 +194,16 @@ def moe_report(opts: MoEOptions, results: Results) -> dict:
         for r in results
     ]
     wrong = sum(m != t for m, t in zip(measured, theory, strict=True))
-    counts.append(check_equal("ranks whose all-to-all bytes differ from their split sizes", wrong, 0))
     tokens = opts.batch // W * cfg.seq_len  # per rank
-    moe_per_step = len(results[0]["stats"][0])
-    checks = verdicts + counts
-    mean_load = sum(load1) / E
-    return run_report(
-        "moe",
-        W,
-        verdicts,
-        passed=all(c.passed for c in checks),
-        comm=results.trace.bytes_per_rank(),
-        lines=[c.line for c in checks],
-        mesh={"axes": opts.axes, "coords": coords},
-        steps=K,
-        experts=E,
-        top_k=opts.top_k,
-        capacity_factor=opts.capacity_factor,
-        drop=opts.drop,
-        capacity_per_rank=results[0]["stats"][0][0]["capacity"],
-        moe_layers=moe_per_step,
-        tokens_per_rank=tokens,
-        loss_single=reference.losses,
-        loss_parallel=loss,
-        aux_loss=[sum(r["aux"][k] for r in results) / W for k in range(K)],
-        tokens_per_expert={"per_rank": load, "step1_total": load1, "imbalance_step1": max(load1) / mean_load},
-        received_per_expert=received,
-        dropped_tokens={
-            "total": sum(dropped_per_step),
-            "per_step": dropped_per_step,
-            "assignments_per_step": W * tokens * opts.top_k * moe_per_step,
-        },
-        all_to_all_bytes=measured,
-        all_to_all_theory=theory,
-        all_to_all_balanced={
+    fields = {
+        "all_to_all_bytes": measured,
+        "all_to_all_theory": theory,
+        "all_to_all_balanced": {
             "per_layer_direction": balanced_all_to_all_bytes(tokens, opts.top_k, cfg.hidden, cfg.dtype_bytes, opts.ep),
             "formula": "tokens x k x H x bytes per direction (payload); x (P-1)/P leaves the rank (wire)",
         },
-    )
+    }
+    return count_checks([("ranks whose all-to-all bytes differ from their split sizes", wrong, 0)]), fields
 
 
 def run_moe(world_size: int = 4, **options) -> tuple[Results, dict]:

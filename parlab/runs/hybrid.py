@@ -16,12 +16,12 @@ import torch
 
 from parlab.core.check import check_equal, compare
 from parlab.core.mesh import DeviceMesh, mesh_coords
-from parlab.core.models import GPTConfig, build_model, make_batches, train_single_device
+from parlab.core.models import GPTConfig, build_model, make_batches
 from parlab.core.moe import MoEConfig
 from parlab.runs.expert_parallel import reference_routing
 from parlab.runs.options import ModelOptions, option
 from parlab.runs.registry import Scheme, launch_scheme
-from parlab.runs.report import run_report
+from parlab.runs.report import compare_losses, count_checks, model_fields, run_report, single_device_run
 from parlab.runtime.errors import Results
 from parlab.schemes.expert_parallel import is_expert_param
 from parlab.schemes.hybrid.experts import default_ulysses, ep_all_to_all_bytes, reference_seq_groups
@@ -203,35 +203,69 @@ def results_coords(opts: HybridOptions) -> list[dict]:
 
 def hybrid_report(opts: HybridOptions, results: Results) -> dict:
     """Compare every replica with one device; check each axis' bytes by kind and each rank's parameter bytes."""
-    cfg, P, K = opts.gpt_config(), opts.world_size, opts.steps
-    reference = train_single_device(
-        cfg, make_batches(cfg, opts.batch, K, opts.seed), opts.seed, opts.optimizer, opts.lr
-    )
+    cfg, P = opts.gpt_config(), opts.world_size
     coords = results_coords(opts)
+    moe = moe_checks(opts, results, coords) if cfg.moe else {}
+    verdicts = _numerics(opts, results, coords, moe)
+    counts, measured, expected = _traffic(opts, results, coords)
+    counts += moe.get("counts", [])
+    schedule = opts.make_schedule()
+    pb_theory = [hybrid_param_bytes(cfg, schedule, c["pp"], opts.sizes, opts.zero) for c in coords]
+    pb = [r["param_bytes"] for r in results]
+    wrong = sum(a != b for a, b in zip(pb, pb_theory, strict=True))
+    counts.append(check_equal("ranks whose parameter bytes differ from theory", wrong, 0))
+    return run_report(
+        "hybrid",
+        P,
+        verdicts + counts,
+        comm={
+            **results.trace.bytes_per_rank(),
+            "per_axis_measured": {k: measured.get(k, [0] * P) for k in sorted(expected)},
+            "per_axis_theory": {k: expected[k] for k in sorted(expected)},
+        },
+        mesh={"axes": opts.axes, "coords": coords, "ep": opts.ep, "ulysses": opts.ulysses},
+        options={
+            "zero": opts.zero,
+            "sequence_parallel": opts.sequence_parallel,
+            "cp_method": opts.cp_method,
+            "schedule": opts.schedule,
+            "virtual": opts.v,
+            "experts": opts.experts,
+        },
+        moe=moe.get("report", {}),
+        bytes_per_rank={"params": pb, "params_theory": pb_theory},
+        state_bytes=[r["state_bytes"] for r in results],
+        peak_activation_bytes=[r["peak_activation_bytes"] for r in results],
+        param_bytes_single_device=cfg.dtype_bytes * sum(p.numel() for p in build_model(cfg).parameters()),
+        microbatches=opts.microbatches,
+        **model_fields(cfg, opts, "layers", "steps"),
+    )
+
+
+def _numerics(opts: HybridOptions, results: Results, coords: list[dict], moe: dict) -> list:
+    """The loss of each step, then every replica gathered to full shape, against one device; with experts, the
+    aux loss is part of the loss (one device's includes it) and the routing verdicts follow."""
+    cfg, K = opts.gpt_config(), opts.steps
+    reference = single_device_run(opts)
     verdicts = []
     for replica in range(opts.dp):
         grads, params = gathered_model(opts, results, replica)
         verdicts.append(compare(f"replica {replica}: gradients of step 1, gathered", grads, reference.grads))
         verdicts.append(compare(f"replica {replica}: parameters after {K} steps", params, reference.params))
-    schedule = opts.make_schedule()
     last = [r for r in _ranks(coords, tp=0) if results[r]["losses"] is not None]  # last stage: each dp, cp place
     loss = [sum(results[r]["losses"][k] for r in last) / len(last) for k in range(K)]  # means over equal shares
-    dtype = cfg.torch_dtype
-    moe = moe_checks(opts, results, coords) if cfg.moe else {}
     loss = [lm + cfg.moe.aux_weight * a for lm, a in zip(loss, moe["aux"], strict=True)] if moe else loss
-    verdicts.insert(
-        0,
-        compare(
-            f"loss of each of {K} steps" + (" (aux included)" if moe else ""),
-            torch.tensor(loss, dtype=dtype),
-            torch.tensor(reference.losses, dtype=dtype),
-        ),
-    )
-    verdicts += moe.get("verdicts", [])
+    what = f"loss of each of {K} steps" + (" (aux included)" if moe else "")
+    return [compare_losses(what, loss, reference.losses, cfg.torch_dtype), *verdicts, *moe.get("verdicts", [])]
 
+
+def _traffic(opts: HybridOptions, results: Results, coords: list[dict]) -> tuple[list, dict, dict]:
+    """Each axis' bytes by kind, per rank, against the theory (every call is filed under the mesh axis of its
+    group), and no call off the mesh. Returns (checks, measured and expected bytes by "axis kind")."""
+    cfg, P, K = opts.gpt_config(), opts.world_size, opts.steps
     theory = hybrid_comm_theory(
         cfg,
-        schedule,
+        opts.make_schedule(),
         opts.batch,
         opts.sizes,
         zero=opts.zero,
@@ -254,56 +288,21 @@ def hybrid_report(opts: HybridOptions, results: Results) -> dict:
         expected["ep all_to_all"] = [
             ep_all_to_all_bytes([rows for step in r["moe"] for rows in step["a2a_rows"]], cfg) for r in results
         ]
-    counts = []
+    rows = []
     for key in sorted(set(measured) | set(expected)):
         got, want = measured.get(key, [0] * P), expected.get(key, [0] * P)
-        wrong = sum(a != b for a, b in zip(got, want, strict=True))
-        counts.append(
-            check_equal(f"{key.split()[0]} axis: ranks whose {key.split()[1]} bytes differ from theory", wrong, 0)
+        axis, kind = key.split()[:2]
+        rows.append(
+            (
+                f"{axis} axis: ranks whose {kind} bytes differ from theory",
+                sum(a != b for a, b in zip(got, want, strict=True)),
+                0,
+            )
         )
     allowed = {"dp", "pp", "cp", "tp", "dp_cp", "ep", "edp", "ulysses", "ring"}
     stray = [e for e in events if e.axis not in allowed]
-    counts.append(
-        check_equal(
-            "calls on no mesh axis (every call must be on dp, pp, cp, tp, dp_cp or a sub-axis)",
-            len(stray),
-            0,
-        )
-    )
-    counts += moe.get("counts", [])
-    pb_theory = [hybrid_param_bytes(cfg, schedule, c["pp"], opts.sizes, opts.zero) for c in coords]
-    pb = [r["param_bytes"] for r in results]
-    wrong = sum(a != b for a, b in zip(pb, pb_theory, strict=True))
-    counts.append(check_equal("ranks whose parameter bytes differ from theory", wrong, 0))
-    return run_report(
-        "hybrid",
-        P,
-        verdicts,
-        passed=all(v.passed for v in verdicts + counts),
-        comm={
-            **results.trace.bytes_per_rank(),
-            "per_axis_measured": {k: measured.get(k, [0] * P) for k in sorted(expected)},
-            "per_axis_theory": {k: expected[k] for k in sorted(expected)},
-        },
-        lines=[v.line for v in verdicts + counts],
-        mesh={"axes": opts.axes, "coords": coords, "ep": opts.ep, "ulysses": opts.ulysses},
-        options={
-            "zero": opts.zero,
-            "sequence_parallel": opts.sequence_parallel,
-            "cp_method": opts.cp_method,
-            "schedule": opts.schedule,
-            "virtual": opts.v,
-            "experts": opts.experts,
-        },
-        moe=moe.get("report", {}),
-        bytes_per_rank={"params": pb, "params_theory": pb_theory},
-        state_bytes=[r["state_bytes"] for r in results],
-        peak_activation_bytes=[r["peak_activation_bytes"] for r in results],
-        param_bytes_single_device=cfg.dtype_bytes * sum(p.numel() for p in build_model(cfg).parameters()),
-        microbatches=opts.microbatches,
-        layers=cfg.layers,
-        steps=K,
-    )
+    rows.append(("calls on no mesh axis (every call must be on dp, pp, cp, tp, dp_cp or a sub-axis)", len(stray), 0))
+    return count_checks(rows), measured, expected
 
 
 def moe_checks(opts: HybridOptions, results: Results, coords: list[dict]) -> dict:

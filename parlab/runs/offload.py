@@ -20,12 +20,12 @@ import torch
 
 from parlab.core.check import check_equal, compare
 from parlab.core.comm import device
-from parlab.core.models import GPT, build_model, make_batches, train_single_device
+from parlab.core.models import GPT, build_model, make_batches
 from parlab.core.scratch import check_folder, new_folder_path, offload_folder, sweep_orphans
 from parlab.core.trace import Trace
 from parlab.runs.options import ModelOptions, option
 from parlab.runs.registry import Scheme, launch_scheme
-from parlab.runs.report import run_report
+from parlab.runs.report import count_checks, mean_losses, one_device_checks, run_report, single_device_run
 from parlab.runtime.errors import Results
 from parlab.schemes.zero.offload import PLACES, TARGETS, train_offload
 from parlab.schemes.zero.stages import plan_units
@@ -143,89 +143,25 @@ def offload_theory(opts: OffloadOptions) -> dict:
 def offload_report(opts: OffloadOptions, results: Results) -> dict:
     """One device on the whole batch, the run without offload, the bytes by place and by copy, the folder."""
     P, K, target = opts.world_size, opts.steps, opts.target
-    cfg = opts.gpt_config()
-    batches = make_batches(cfg, opts.batch, K, opts.seed)
-    single = train_single_device(cfg, batches, opts.seed, "adam", opts.lr)
-    dtype = cfg.torch_dtype
-    loss_parallel = [sum(r["losses"][k] for r in results) / P for k in range(K)]
-    params = [r["params"] for r in results]
-    verdicts = [
-        compare(
-            f"loss of each of {K} steps",
-            torch.tensor(loss_parallel, dtype=dtype),
-            torch.tensor(single.losses, dtype=dtype),
-        ),
-        compare(f"parameters after {K} steps, every rank", params, [single.params] * P),
-    ]
-    if opts.reference and target != "none":
-        verdicts.append(
-            compare(
-                "parameters vs the same run without offload (target none), every rank",
-                params,
-                [r["none"]["params"] for r in results],
-                against="the run without offload",
-            )
-        )
-
-    # Bytes by place: what each rank held before the optimizer step (= formula) and at its peak (<= formula).
+    single = single_device_run(opts, optimizer="adam")
+    loss_parallel = mean_losses(results, K)
+    verdicts = _numerics(opts, results, single, loss_parallel)
+    memory_checks, memory_lines = _memory(opts, results)
+    moved_checks, moved_lines, trace, moved = _moved(opts, results)
+    folder_checks, removed = _folder(opts)
+    checks = memory_checks + moved_checks + folder_checks
     memory = opts.memory()
-    lines, checks = [], []
-    for place in PLACES:
-        steady = [sum(r["steady"][place].values()) for r in results]
-        theory = memory["steady_total"][place]
-        checks += [check_equal(f"{place} bytes before the step, rank {r}", steady[r], theory) for r in range(P)]
-        lines.append(
-            f"{place} bytes before the optimizer step, per rank: measured {steady} = formula {theory:,}: "
-            f"{'PASS' if all(n == theory for n in steady) else 'FAIL'}"
-        )
-        peak, bound = max(sum(r["peak"][place].values()) for r in results), memory["peak_total"][place]
-        checks.append(check_equal(f"{place} peak within the formula", peak <= bound, True))
-        lines.append(
-            f"{place} bytes at the peak, every rank: measured {peak:,} <= formula {bound:,}: "
-            f"{'PASS' if peak <= bound else 'FAIL'}"
-        )
-
-    # Bytes each copy and collective moved per step, per rank, against theory (the final check gather excluded).
-    trace = offload_trace(results)
-    moved = {kind: [0] * P for kind in offload_theory(opts)}
-    for e in trace.events:
-        if e.kind in moved and not e.label.startswith("check:"):
-            moved[e.kind][e.rank] += e.bytes
-    for kind, theory in offload_theory(opts).items():
-        per_step = [n / K for n in moved[kind]]
-        checks += [check_equal(f"{kind} bytes per step, rank {r}", per_step[r], theory) for r in range(P)]
-        lines.append(
-            f"{kind} bytes per step, per rank: measured {per_step[0]:g} (every rank: "
-            f"{'same' if len(set(per_step)) == 1 else per_step}) = theory {theory:g}: "
-            f"{'PASS' if all(n == theory for n in per_step) else 'FAIL'}"
-        )
-
-    # The disk folder: the ranks removed their files; the parent removes the folder, and checks it is gone.
-    removed = True
-    if opts.folder:
-        files_left = len(list(Path(opts.folder).rglob("*")))  # the ranks are done: their close() ran
-        shutil.rmtree(opts.folder, ignore_errors=True)
-        removed = not Path(opts.folder).exists()
-        folder_checks = [
-            check_equal("files the ranks left in the disk folder", files_left, 0),
-            check_equal("disk folder removed after the run", removed, True),
-        ]
-        checks += folder_checks
-        lines += [c.line for c in folder_checks]
-
-    passed = all(v.passed for v in verdicts) and all(c.passed for c in checks)
-    lines = [v.line for v in verdicts] + lines
     return run_report(
         f"offload ({target})",
         P,
         verdicts,
-        passed=passed,
+        passed=all(c.passed for c in checks),
         comm={
             **trace.bytes_per_rank(),
             "per_step": {k: [n / K for n in v] for k, v in moved.items()},
             "theory_per_step": offload_theory(opts),
         },
-        lines=lines,
+        lines=[v.line for v in verdicts] + memory_lines + moved_lines + [c.line for c in folder_checks],
         target=target,
         steps=K,
         bytes_per_rank={
@@ -242,6 +178,86 @@ def offload_report(opts: OffloadOptions, results: Results) -> dict:
         loss_parallel=loss_parallel,
         batch=opts.batch,
     )
+
+
+def _numerics(opts: OffloadOptions, results: Results, single, loss_parallel: list[float]) -> list:
+    """Ours against one device (torch.optim.Adam), and against the same run with the state on the device: where
+    Adam's state lives must not change a bit of the result."""
+    verdicts = one_device_checks(
+        single,
+        opts.gpt_config().torch_dtype,
+        loss=(f"loss of each of {opts.steps} steps", loss_parallel),
+        params=(f"parameters after {opts.steps} steps, every rank", [r["params"] for r in results]),
+        ranks=opts.world_size,
+    )
+    if opts.reference and opts.target != "none":
+        verdicts.append(
+            compare(
+                "parameters vs the same run without offload (target none), every rank",
+                [r["params"] for r in results],
+                [r["none"]["params"] for r in results],
+                against="the run without offload",
+            )
+        )
+    return verdicts
+
+
+def _memory(opts: OffloadOptions, results: Results) -> tuple[list, list[str]]:
+    """Bytes by place: what each rank held before the optimizer step (= formula) and at its peak (<= formula).
+    Returns (checks, one line per place and moment)."""
+    memory, P = opts.memory(), opts.world_size
+    lines, checks = [], []
+    for place in PLACES:
+        steady = [sum(r["steady"][place].values()) for r in results]
+        theory = memory["steady_total"][place]
+        checks += [check_equal(f"{place} bytes before the step, rank {r}", steady[r], theory) for r in range(P)]
+        lines.append(
+            f"{place} bytes before the optimizer step, per rank: measured {steady} = formula {theory:,}: "
+            f"{'PASS' if all(n == theory for n in steady) else 'FAIL'}"
+        )
+        peak, bound = max(sum(r["peak"][place].values()) for r in results), memory["peak_total"][place]
+        checks.append(check_equal(f"{place} peak within the formula", peak <= bound, True))
+        lines.append(
+            f"{place} bytes at the peak, every rank: measured {peak:,} <= formula {bound:,}: "
+            f"{'PASS' if peak <= bound else 'FAIL'}"
+        )
+    return checks, lines
+
+
+def _moved(opts: OffloadOptions, results: Results) -> tuple[list, list[str], Trace, dict]:
+    """Bytes each copy and collective moved per step, per rank, against theory (the final check gather left out).
+    Returns (checks, one line per kind, the offload run's trace, the bytes moved by kind and rank)."""
+    P, K = opts.world_size, opts.steps
+    trace = offload_trace(results)
+    moved = {kind: [0] * P for kind in offload_theory(opts)}
+    for e in trace.events:
+        if e.kind in moved and not e.label.startswith("check:"):
+            moved[e.kind][e.rank] += e.bytes
+    checks, lines = [], []
+    for kind, theory in offload_theory(opts).items():
+        per_step = [n / K for n in moved[kind]]
+        checks += [check_equal(f"{kind} bytes per step, rank {r}", per_step[r], theory) for r in range(P)]
+        lines.append(
+            f"{kind} bytes per step, per rank: measured {per_step[0]:g} (every rank: "
+            f"{'same' if len(set(per_step)) == 1 else per_step}) = theory {theory:g}: "
+            f"{'PASS' if all(n == theory for n in per_step) else 'FAIL'}"
+        )
+    return checks, lines, trace, moved
+
+
+def _folder(opts: OffloadOptions) -> tuple[list, bool]:
+    """The disk folder: the ranks removed their files; the parent removes the folder, and checks it is gone.
+    Returns (checks, whether it is gone)."""
+    if not opts.folder:
+        return [], True
+    files_left = len(list(Path(opts.folder).rglob("*")))  # the ranks are done: their close() ran
+    shutil.rmtree(opts.folder, ignore_errors=True)
+    removed = not Path(opts.folder).exists()
+    rows = [
+        ("files the ranks left in the disk folder", files_left, 0),
+        ("disk folder removed after the run", removed, True),
+    ]
+    return count_checks(rows), removed
 
 
 def run_offload(world_size: int = 4, target: str = "cpu", **options) -> tuple[Results, dict]:

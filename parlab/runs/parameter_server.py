@@ -23,11 +23,11 @@ import torch
 import torch.distributed as dist
 
 from parlab.core import comm
-from parlab.core.check import CountCheck, check_equal, compare
-from parlab.core.models import build_model, lm_loss, make_batches, make_optimizer, synthetic_corpus, train_single_device
+from parlab.core.check import CountCheck, compare
+from parlab.core.models import build_model, lm_loss, make_batches, make_optimizer, synthetic_corpus
 from parlab.runs.options import FaultOptions, ModelOptions, option
 from parlab.runs.registry import Scheme, launch_scheme
-from parlab.runs.report import run_report
+from parlab.runs.report import count_checks, mean_losses, model_fields, one_device_checks, run_report, single_device_run
 from parlab.runtime.errors import Results
 from parlab.schemes.parameter_server import (
     MODES,
@@ -120,106 +120,126 @@ def ps_rank(opts: PSOptions) -> dict:
 
 def ps_report(opts: PSOptions, results: Results) -> dict:
     """Check against one device (sync) or a one-device replay (async); count the bytes and the updates."""
-    P, K, mode = opts.world_size, opts.steps, opts.mode
-    N = P - 1
-    cfg = opts.gpt_config()
-    batches = make_batches(cfg, opts.batch, K, opts.seed)
+    P, mode = opts.world_size, opts.mode
     server, workers = results[SERVER], [r for r in results if r["role"] == "worker"]
-    updates = server["updates"]
-    staleness = [u["staleness"] for u in updates]
-    dtype = cfg.torch_dtype
+    numerics = _sync_numerics if mode == "sync" else _async_numerics
+    numeric, reference_losses = numerics(opts, server, workers)
+    traffic, comm_table, sizes = _traffic(opts, results)
+    t0 = server["start"]
+    return run_report(
+        "ps",
+        P,
+        numeric + _update_counts(opts, server) + traffic,
+        mode=mode,
+        workers=P - 1,
+        comm=comm_table,
+        **sizes,
+        staleness=[u["staleness"] for u in server["updates"]],
+        updates=server["updates"],  # one record per gradient received (async: each is one update applied)
+        updates_applied=server["applied"],
+        update_seconds=[t - t0 for t in server["update_times"]],  # when each update was applied (server clock)
+        eval_losses=server["eval_losses"],  # the loss of theta_0, theta_1, ... on a fixed batch
+        loss_single=reference_losses,
+        straggler=opts.straggler,
+        slowdown=opts.slowdown,
+        **model_fields(opts.gpt_config(), opts, "steps", "batch"),
+        ps_seconds=server["end"] - server["start"],
+        dp_seconds=max(w["dp"]["end"] for w in workers) - min(w["dp"]["start"] for w in workers) if opts.dp else None,
+    )
 
-    # ---- numerics
-    if mode == "sync":
-        single = train_single_device(cfg, batches, opts.seed, opts.optimizer, opts.lr)
+
+def _sync_numerics(opts: PSOptions, server: dict, workers: list[dict]) -> tuple[list, list[float]]:
+    """sync: the server's and every worker's parameters against one device on the whole batch (and against
+    all-reduce DP of the same workers). Returns (verdicts, the one device's loss of each step)."""
+    K, N = opts.steps, opts.world_size - 1
+    single = single_device_run(opts)
+    numeric = one_device_checks(
+        single,
+        opts.gpt_config().torch_dtype,
         # The loss of a step is the mean over all B rows: the mean of the N workers' means (b rows each).
-        loss_ps = [sum(w["losses"][k] for w in workers) / N for k in range(K)]
-        numeric = [
+        loss=(f"sync: loss of each of {K} steps", mean_losses(workers, K)),
+        params=(f"sync: server's parameters after {K} steps", server["params"]),
+    )
+    numeric.append(
+        compare("sync: every worker's parameters (last pull)", [w["params"] for w in workers], [single.params] * N)
+    )
+    if opts.dp:
+        numeric += [
             compare(
-                f"sync: loss of each of {K} steps",
-                torch.tensor(loss_ps, dtype=dtype),
-                torch.tensor(single.losses, dtype=dtype),
-            ),
-            compare(f"sync: server's parameters after {K} steps", server["params"], single.params),
-            compare(
-                "sync: every worker's parameters (last pull)",
-                [w["params"] for w in workers],
+                f"all-reduce DP over the {N} workers: parameters",
+                [w["dp"]["params"] for w in workers],
                 [single.params] * N,
             ),
-        ]
-        if opts.dp:
-            numeric += [
-                compare(
-                    f"all-reduce DP over the {N} workers: parameters",
-                    [w["dp"]["params"] for w in workers],
-                    [single.params] * N,
-                ),
-                compare(
-                    "sync server vs all-reduce DP: parameters",
-                    server["params"],
-                    workers[0]["dp"]["params"],
-                    against="all-reduce DP",
-                ),
-            ]
-        reference_losses = single.losses
-    else:
-        model = build_model(cfg, opts.seed)
-        replay = replay_on_one_device(
-            model, make_optimizer(model.parameters(), opts.optimizer, opts.lr), batches, updates, N
-        )
-        ours = torch.tensor([w["losses"][k] for w in workers for k in range(K)], dtype=dtype)
-        theirs = torch.tensor([replay["losses"][(w, k)] for w in range(1, P) for k in range(K)], dtype=dtype)
-        against = "one-device replay of the same update order"
-        numeric = [
             compare(
-                f"async: server's parameters after {N * K} updates",
+                "sync server vs all-reduce DP: parameters",
                 server["params"],
-                replay["params"],
-                against=against,
+                workers[0]["dp"]["params"],
+                against="all-reduce DP",
             ),
-            compare(f"async: loss of each of the {N * K} gradients", ours, theirs, against=against),
         ]
-        reference_losses = None
+    return numeric, single.losses
 
-    # ---- counts that are deterministic in both modes. Gradients received and updates applied differ in sync mode:
-    # the server averages the N gradients of a step into ONE update (K in all); async applies each one (N x K).
+
+def _async_numerics(opts: PSOptions, server: dict, workers: list[dict]) -> tuple[list, None]:
+    """async: the order of the updates depends on timing, so the reference is one device REPLAYING the order the
+    server applied them in: the final parameters and the loss of every gradient. Returns (verdicts, None)."""
+    P, K, N, cfg = opts.world_size, opts.steps, opts.world_size - 1, opts.gpt_config()
+    dtype, model = cfg.torch_dtype, build_model(cfg, opts.seed)
+    optimizer = make_optimizer(model.parameters(), opts.optimizer, opts.lr)
+    batches = make_batches(cfg, opts.batch, K, opts.seed)
+    replay = replay_on_one_device(model, optimizer, batches, server["updates"], N)
+    ours = torch.tensor([w["losses"][k] for w in workers for k in range(K)], dtype=dtype)
+    theirs = torch.tensor([replay["losses"][(w, k)] for w in range(1, P) for k in range(K)], dtype=dtype)
+    against = "one-device replay of the same update order"
+    numeric = [
+        compare(
+            f"async: server's parameters after {N * K} updates", server["params"], replay["params"], against=against
+        ),
+        compare(f"async: loss of each of the {N * K} gradients", ours, theirs, against=against),
+    ]
+    return numeric, None
+
+
+def _update_counts(opts: PSOptions, server: dict) -> list[CountCheck]:
+    """The counts that are deterministic in both modes. Gradients received and updates applied differ in sync
+    mode: the server averages the N gradients of a step into ONE update (K in all); async applies each (N x K)."""
+    P, K, N, mode = opts.world_size, opts.steps, opts.world_size - 1, opts.mode
+    updates = server["updates"]
+    staleness = [u["staleness"] for u in updates]
     per_worker = [sum(u["worker"] == w for u in updates) for w in range(1, P)]
-    applied = server["applied"]  # counted by the server at each optimizer step
     applied_theory, formula = (K, "K") if mode == "sync" else (N * K, "N x K")
-    counts = [
-        check_equal(f"{mode}: updates applied by the server ({formula})", applied, applied_theory),
-        check_equal(f"{mode}: gradients received by the server (N x K)", len(updates), N * K),
+    rows = [
+        (f"{mode}: updates applied by the server ({formula})", server["applied"], applied_theory),  # counted there
+        (f"{mode}: gradients received by the server (N x K)", len(updates), N * K),
     ]
-    counts += [
-        check_equal(f"{mode}: gradients received from worker {w} (K)", per_worker[w - 1], K) for w in range(1, P)
-    ]
+    rows += [(f"{mode}: gradients received from worker {w} (K)", per_worker[w - 1], K) for w in range(1, P)]
     if mode == "sync":
-        counts.append(check_equal("sync: largest staleness", max(staleness), 0))
+        rows.append(("sync: largest staleness", max(staleness), 0))
     else:
         first_reads = sum(u["read_version"] == 0 for u in updates if u["step"] == 0)
-        counts.append(check_equal("async: workers whose first gradient was computed on theta_0", first_reads, N))
-        counts.append(
-            CountCheck("async: largest staleness (the last of those N gradients)", max(staleness), N - 1, ">=")
-        )
+        rows += [
+            ("async: workers whose first gradient was computed on theta_0", first_reads, N),
+            ("async: largest staleness (the last of those N gradients)", max(staleness), N - 1, ">="),
+        ]
+    return count_checks(rows)
 
-    # ---- bytes: every message has the server at one end
+
+def _traffic(opts: PSOptions, results: Results) -> tuple[list[CountCheck], dict, dict]:
+    """The bytes each rank sent and received against the protocol: every message has the server at one end, so
+    the server moves N x a worker's bytes; and the all-reduce DP payload. Returns (checks, comm figures, the
+    byte report fields)."""
+    P, K, N, cfg = opts.world_size, opts.steps, opts.world_size - 1, opts.gpt_config()
     grad_bytes = params_to_vector(build_model(cfg, opts.seed)).numel() * cfg.dtype_bytes
     table = results.trace.bytes_per_rank()
     sent, received = table.get("send", [0] * P), table.get("recv", [0] * P)
     ps_bytes = [sent[r] + received[r] for r in range(P)]  # the parameter server's traffic, per rank
     server_bytes, worker_bytes = ps_bytes[SERVER], [ps_bytes[w] for w in range(1, P)]
     theory = ps_theory(grad_bytes, P, K)
-    counts += [
-        check_equal(
-            f"worker {w}: bytes sent + received ((2K+1) x G)",
-            worker_bytes[w - 1],
-            theory["theory_worker_bytes"],
-        )
+    rows = [
+        (f"worker {w}: bytes sent + received ((2K+1) x G)", worker_bytes[w - 1], theory["theory_worker_bytes"])
         for w in range(1, P)
     ]
-    counts.append(
-        check_equal(f"server: bytes sent + received (N x a worker's, N = {N})", server_bytes, N * worker_bytes[0])
-    )
+    rows.append((f"server: bytes sent + received (N x a worker's, N = {N})", server_bytes, N * worker_bytes[0]))
     comm_table = {
         **table,
         "server_bytes_per_step": 2 * N * grad_bytes,
@@ -229,39 +249,10 @@ def ps_report(opts: PSOptions, results: Results) -> dict:
     if opts.dp:
         all_reduce = table.get("all_reduce", [0] * P)
         per_step = [all_reduce[w] / K for w in range(1, P)]
-        counts += [
-            check_equal(f"all-reduce DP, worker {w}: payload per step (G)", per_step[w - 1], grad_bytes)
-            for w in range(1, P)
-        ]
+        rows += [(f"all-reduce DP, worker {w}: payload per step (G)", per_step[w - 1], grad_bytes) for w in range(1, P)]
         comm_table["all_reduce_per_step"] = per_step
-
-    checks = numeric + counts
-    t0 = server["start"]
-    return run_report(
-        "ps",
-        P,
-        numeric,
-        mode=mode,
-        workers=N,
-        passed=all(c.passed for c in checks),
-        comm=comm_table,
-        lines=[c.line for c in checks],
-        server_bytes=server_bytes,
-        worker_bytes=worker_bytes,
-        grad_bytes=grad_bytes,
-        staleness=staleness,
-        updates=updates,  # one record per gradient received (async: each is one update applied)
-        updates_applied=applied,
-        update_seconds=[t - t0 for t in server["update_times"]],  # when each update was applied (server clock)
-        eval_losses=server["eval_losses"],  # the loss of theta_0, theta_1, ... on a fixed batch
-        loss_single=reference_losses,
-        straggler=opts.straggler,
-        slowdown=opts.slowdown,
-        steps=K,
-        batch=opts.batch,
-        ps_seconds=server["end"] - server["start"],
-        dp_seconds=max(w["dp"]["end"] for w in workers) - min(w["dp"]["start"] for w in workers) if opts.dp else None,
-    )
+    sizes = {"server_bytes": server_bytes, "worker_bytes": worker_bytes, "grad_bytes": grad_bytes}
+    return count_checks(rows), comm_table, sizes
 
 
 def run_ps(world_size: int = 4, mode: str = "sync", **options) -> tuple[Results, dict]:

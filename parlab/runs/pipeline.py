@@ -11,12 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from parlab.core.check import check_equal, compare
 from parlab.core.comm import device
-from parlab.core.models import build_model, make_batches, make_optimizer, train_single_device
+from parlab.core.models import build_model, make_batches, make_optimizer
 from parlab.runs.options import ModelOptions, int_list, option
 from parlab.runs.registry import Scheme, launch_scheme
-from parlab.runs.report import run_report
+from parlab.runs.report import count_checks, one_device_checks, run_report, single_device_run
 from parlab.runtime.errors import Results
 from parlab.schemes.pipeline.actions import Schedule
 from parlab.schemes.pipeline.executor import (
@@ -122,69 +121,88 @@ def phase_lines(schedule: Schedule) -> list[str]:
 def pp_report(opts: PPOptions, results: Results) -> dict:
     """Parent side: the single-device reference, the comparison, the bubble (ideal, formula, measured), memory."""
     cfg, schedule = opts.gpt_config(), opts.make_schedule()
-    p, m, v, costs = schedule.p, schedule.m, schedule.v, opts.costs or None
-    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)
-    reference = train_single_device(cfg, batches, opts.seed, opts.optimizer, opts.lr)
-    grads = {name: g for r in results for name, g in r["grads"].items()}
-    params = {name: w for r in results for name, w in r["params"].items()}
-    losses = results[schedule.rank_of(schedule.num_stages - 1)]["losses"]
-    verdicts = [
-        compare(
-            f"loss of each of {opts.steps} steps",
-            torch.tensor(losses, dtype=cfg.torch_dtype),  # the float32 run is compared with float32's tolerance
-            torch.tensor(reference.losses, dtype=cfg.torch_dtype),
-        ),
-        compare("gradients after step 1 (all stages)", grads, reference.grads),
-        compare(f"parameters after {opts.steps} {opts.optimizer.upper()} steps", params, reference.params),
-    ]
-    sent = results.trace.bytes_per_rank().get("send", [0] * p)
-    message_bytes = (opts.batch // m) * cfg.seq_len * cfg.hidden * cfg.dtype_bytes  # one [b, T, H]
-    theory = theory_send_bytes(schedule, message_bytes, opts.steps)
-    counts = [check_equal(f"bytes sent by rank {r}", sent[r], theory[r]) for r in range(p)]
-    ideal = bubble(simulate(schedule, costs), p)
-    formula, formula_text = bubble_formula(schedule.name, p, m, v, costs)
-    measured, measured_per_rank = measured_bubble(results.trace)
+    p, m, v = schedule.p, schedule.m, schedule.v
+    checks = _numerics(opts, results, schedule)
+    sends, theory = _sends(opts, results, schedule)
+    bubble_lines, exact, bubble_fields = _bubble(opts, results, schedule)
     peaks = [r["peak_inflight"] for r in results]
-    lines = [x.line for x in verdicts + counts]
-    if schedule.name in V_SCHEDULES and not formula_holds(schedule.name, p, m, costs):
-        exact = True  # the closed form is the ideal bubble only at unit costs and with the V filled: say so
-        lines.append(
-            f"ideal bubble {ideal} (exact simulation; the formula {formula_text} = {formula} needs unit "
-            "costs and, for zbv, 2m >= 3p - 1)"
-        )
-    else:
-        exact = ideal == formula
-        lines.append(
-            f"ideal bubble {ideal} = formula {formula_text} = {formula} (exact fractions): "
-            f"{'PASS' if exact else 'FAIL'}"
-        )
-    lines.append(f"bubble measured (last step, mean over ranks): {measured:.3f}")
+    lines = [c.line for c in checks + sends] + bubble_lines
     lines.append(f"peak in-flight (micro-batch, chunk) activations per rank: {peaks}")
-    lines += phase_lines(schedule)
     return run_report(
         "pp",
         p,
-        verdicts,
-        passed=all(x.passed for x in verdicts + counts) and exact,
+        checks + sends,
+        passed=exact,
         comm={**results.trace.bytes_per_rank(), "theory_send_bytes_per_rank": theory},
-        lines=lines,
+        lines=lines + phase_lines(schedule),
         schedule=schedule.name,
         microbatches=m,
         virtual=v,
         layers_per_stage=[len(r) for r in split_layers(cfg.layers, p * v, opts.split or None)],
-        bubble_ideal=float(ideal),
-        bubble_ideal_fraction=str(ideal),
-        bubble_formula=float(formula),
-        bubble_formula_fraction=str(formula),
-        bubble_formula_text=formula_text,
-        bubble_measured=measured,
-        bubble_measured_per_rank=measured_per_rank,
+        **bubble_fields,
         peak_inflight_microbatches=max(peaks),
         peak_inflight_per_rank=peaks,
         peak_inflight_ideal_per_rank=peak_inflight(schedule),
         peak_activation_bytes_per_rank=[r["peak_activation_bytes"] for r in results],
         phases=phases(schedule),
     )
+
+
+def _numerics(opts: PPOptions, results: Results, schedule: Schedule) -> list:
+    """The stages put back together (each weight is held by one stage) against one device; the loss is the last
+    stage's, the only one that computes it."""
+    cfg = opts.gpt_config()
+    return one_device_checks(
+        single_device_run(opts),
+        cfg.torch_dtype,  # the float32 run is compared with float32's tolerance
+        loss=(f"loss of each of {opts.steps} steps", results[schedule.rank_of(schedule.num_stages - 1)]["losses"]),
+        grads=("gradients after step 1 (all stages)", {n: g for r in results for n, g in r["grads"].items()}),
+        params=(
+            f"parameters after {opts.steps} {opts.optimizer.upper()} steps",
+            {n: w for r in results for n, w in r["params"].items()},
+        ),
+    )
+
+
+def _sends(opts: PPOptions, results: Results, schedule: Schedule) -> tuple[list, list]:
+    """The bytes each rank sent against the schedule's messages (one [b, T, H] activation or gradient each).
+    Returns (checks, the theory per rank)."""
+    cfg, p = opts.gpt_config(), schedule.p
+    sent = results.trace.bytes_per_rank().get("send", [0] * p)
+    message_bytes = (opts.batch // schedule.m) * cfg.seq_len * cfg.hidden * cfg.dtype_bytes  # one [b, T, H]
+    theory = theory_send_bytes(schedule, message_bytes, opts.steps)
+    return count_checks([(f"bytes sent by rank {r}", sent[r], theory[r]) for r in range(p)]), theory
+
+
+def _bubble(opts: PPOptions, results: Results, schedule: Schedule) -> tuple[list[str], bool, dict]:
+    """The bubble three ways: ideal (the exact simulation), the textbook formula, measured from the spans.
+    Returns (verdict lines, whether ideal = formula where the formula applies, the report fields)."""
+    p, m, v, costs = schedule.p, schedule.m, schedule.v, opts.costs or None
+    ideal = bubble(simulate(schedule, costs), p)
+    formula, formula_text = bubble_formula(schedule.name, p, m, v, costs)
+    measured, measured_per_rank = measured_bubble(results.trace)
+    if schedule.name in V_SCHEDULES and not formula_holds(schedule.name, p, m, costs):
+        exact = True  # the closed form is the ideal bubble only at unit costs and with the V filled: say so
+        line = (
+            f"ideal bubble {ideal} (exact simulation; the formula {formula_text} = {formula} needs unit "
+            "costs and, for zbv, 2m >= 3p - 1)"
+        )
+    else:
+        exact = ideal == formula
+        line = (
+            f"ideal bubble {ideal} = formula {formula_text} = {formula} (exact fractions): "
+            f"{'PASS' if exact else 'FAIL'}"
+        )
+    fields = {
+        "bubble_ideal": float(ideal),
+        "bubble_ideal_fraction": str(ideal),
+        "bubble_formula": float(formula),
+        "bubble_formula_fraction": str(formula),
+        "bubble_formula_text": formula_text,
+        "bubble_measured": measured,
+        "bubble_measured_per_rank": measured_per_rank,
+    }
+    return [line, f"bubble measured (last step, mean over ranks): {measured:.3f}"], exact, fields
 
 
 def run_pipeline(schedule: str = "1f1b", world_size: int = 4, microbatches: int = 8, **options) -> tuple[Results, dict]:

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import torch
 
-from parlab.core.check import CountCheck, Verdict, check_equal, compare
+from parlab.core.check import CountCheck, Verdict, check_equal
 from parlab.core.comm import device
 from parlab.core.memory import saved_activations
-from parlab.core.models import build_model, make_batches, make_optimizer, train_single_device
+from parlab.core.models import build_model, make_batches, make_optimizer
 from parlab.runs.options import ModelOptions, option
 from parlab.runs.registry import Scheme, launch_scheme
-from parlab.runs.report import run_report
+from parlab.runs.report import count_checks, model_fields, one_device_checks, run_report, single_device_run
 from parlab.runs.tensor_parallel import per_step
 from parlab.runtime.errors import Results
 from parlab.schemes.sequence.ring_attention import tiles_theory
@@ -137,135 +137,149 @@ def tiles_measured(trace, P: int, calls: int) -> list:
 
 
 def _comm_checks(opts: SPOptions, results: Results) -> tuple[list[CountCheck], dict, dict]:
-    """The measured communication (and tiles, memory) against the theory: (checks, comm figures, extra keys)."""
-    cfg, P, steps, method, B = opts.gpt_config(), opts.world_size, opts.steps, opts.method, opts.batch
-    trace, checks, figures, extra = results.trace, [], {}, {}
+    """The measured communication (and tiles, memory) against the theory: (checks, comm figures, extra keys).
+    Every method all-reduces the gradients once a step; what moves inside the layers is the method's own."""
+    cfg, P, steps, method = opts.gpt_config(), opts.world_size, opts.steps, opts.method
+    trace = results.trace
     grads_ar = [
         per_step(
             sum(e.bytes for e in trace.select(kind="all_reduce", rank=r) if e.label in ("grads", "sp grads")), steps
         )
         for r in range(P)
     ]
-    figures["grad_all_reduce_per_step"] = grads_ar
-    figures["grad_all_reduce_per_step_theory"] = grad_sync_theory(cfg, method, P)
-    checks.append(check_equal("gradient all-reduce bytes per step", grads_ar[0], grad_sync_theory(cfg, method, P)))
-    if method == "megatron-sp":
-        theory = megatron_sp_layer_theory(cfg, B, P)
-        ag, rs = _layer_payload(trace, "all_gather", steps, P), _layer_payload(trace, "reduce_scatter", steps, P)
-        tp_ar = sum(allreduce_theory(cfg, B)[i] for i in PER_LAYER_ITEMS)  # what tensor parallelism all-reduces
-        sp_wire = [wire_bytes("all_gather", ag[r], P) + wire_bytes("reduce_scatter", rs[r], P) for r in range(P)]
-        tp_wire, same_as = wire_bytes("all_reduce", tp_ar, P), "the tensor-parallel all-reduces they replace"
-        n_ag, n_rs = (6, 5) if cfg.recompute == "full" else (4, 4)  # full recomputation reruns 2 AG + 1 RS a layer
-        if cfg.recompute == "full":  # no longer TP's bytes: TP reruns 1 all-reduce a layer
-            same_as = "the ring formulas of the measured counts"
-            tp_wire = wire_bytes("all_gather", theory["all_gather"], P) + wire_bytes(
-                "reduce_scatter", theory["reduce_scatter"], P
-            )
-        ln = [r["layernorm_saved"] for r in results]
-        checks += [
-            check_equal(
-                "ranks whose layer all-gather/reduce-scatter bytes differ from rank 0's",
-                sum((ag[r], rs[r]) != (ag[0], rs[0]) for r in range(P)),
-                0,
-            ),
-            check_equal(
-                f"all-gather bytes per step in the layers ({n_ag} x L x B x T/P x H x bytes)",
-                ag[0],
-                theory["all_gather"],
-            ),
-            check_equal(
-                f"reduce-scatter bytes per step in the layers ({n_rs} x L x B x T x H x bytes)",
-                rs[0],
-                theory["reduce_scatter"],
-            ),
-            check_equal(
-                f"bytes sent per step in the layers (ring algorithms): all-gather + reduce-scatter = {same_as}",
-                sp_wire[0],
-                tp_wire,
-            ),
-            check_equal(
-                "all-reduces inside the layers",
-                sum(1 for e in trace.select(kind="all_reduce") if re.search(r"(attn|mlp) \d+$", e.label)),
-                0,
-            ),
-            check_equal(
-                f"LayerNorm saved activations x P: Megatron SP's x {P} = tensor parallel's",
-                ln[0]["sp"] * P,
-                ln[0]["tp"],
-            ),
-        ]
-        figures |= {
-            "layers_all_gather_per_step": ag,
-            "layers_reduce_scatter_per_step": rs,
-            "layers_theory": theory,
-            "layers_sent_per_step": sp_wire,
-            "tp_all_reduce_sent_per_step": tp_wire,
-            "tp_all_reduce_payload_per_step": tp_ar,
-        }
-        extra["layernorm_saved_bytes"] = {"sp_per_rank": ln[0]["sp"], "tp_per_rank": ln[0]["tp"]}
-    elif method == "ulysses":
-        a2a = [per_step(b, steps) for b in trace.bytes_per_rank().get("all_to_all", [0] * P)]
-        calls = [per_step(c, steps) for c in trace.count_per_rank("all_to_all")]
-        checks += [
-            check_equal("ranks whose all-to-all bytes differ from rank 0's", sum(b != a2a[0] for b in a2a), 0),
-            check_equal(
-                "all-to-all bytes per rank per step (8 x L x B x nh x T/P x hs x bytes)",
-                a2a[0],
-                ulysses_theory(cfg, B, P),
-            ),
-            check_equal(
-                "all-to-alls per step (q, k, v, out; forward and backward; per layer)",
-                calls[0],
-                8 * cfg.layers,
-            ),
-        ]
-        figures |= {"all_to_all_per_step": a2a, "all_to_all_per_step_theory": ulysses_theory(cfg, B, P)}
-    else:
-        theory, layout = ring_theory(cfg, B, P), "zigzag" if method == "ring-zigzag" else "contiguous"
-        sends = {}
-        for item in ("kv fwd", "kv bwd", "dkv bwd"):
-            sends[item] = [
-                per_step(sum(e.bytes for e in trace.select(kind="send", rank=r) if e.label.startswith(item)), steps)
-                for r in range(P)
-            ]
-            checks.append(check_equal(f"ring send bytes per step, {item}", sends[item][0], theory[item]))
-        n_fwd = [
-            per_step(sum(e.label.startswith("kv fwd") for e in trace.select(kind="send", rank=r)), steps * cfg.layers)
+    theory = grad_sync_theory(cfg, method, P)
+    figures = {"grad_all_reduce_per_step": grads_ar, "grad_all_reduce_per_step_theory": theory}
+    checks = [check_equal("gradient all-reduce bytes per step", grads_ar[0], theory)]
+    layer_checks = {"megatron-sp": _megatron_checks, "ulysses": _ulysses_checks}.get(method, _ring_checks)
+    more, more_figures, extra = layer_checks(opts, results)
+    return checks + more, figures | more_figures, extra
+
+
+def _megatron_checks(opts: SPOptions, results: Results) -> tuple[list[CountCheck], dict, dict]:
+    """Megatron SP: the layers' all-gathers and reduce-scatters against the theory, the bytes they send against
+    the tensor-parallel all-reduces they replace, and the LayerNorm's saved activations cut by P."""
+    cfg, P, steps, B = opts.gpt_config(), opts.world_size, opts.steps, opts.batch
+    trace = results.trace
+    theory = megatron_sp_layer_theory(cfg, B, P)
+    ag, rs = _layer_payload(trace, "all_gather", steps, P), _layer_payload(trace, "reduce_scatter", steps, P)
+    tp_ar = sum(allreduce_theory(cfg, B)[i] for i in PER_LAYER_ITEMS)  # what tensor parallelism all-reduces
+    sp_wire = [wire_bytes("all_gather", ag[r], P) + wire_bytes("reduce_scatter", rs[r], P) for r in range(P)]
+    tp_wire, same_as = wire_bytes("all_reduce", tp_ar, P), "the tensor-parallel all-reduces they replace"
+    n_ag, n_rs = (6, 5) if cfg.recompute == "full" else (4, 4)  # full recomputation reruns 2 AG + 1 RS a layer
+    if cfg.recompute == "full":  # no longer TP's bytes: TP reruns 1 all-reduce a layer
+        same_as = "the ring formulas of the measured counts"
+        tp_wire = wire_bytes("all_gather", theory["all_gather"], P) + wire_bytes(
+            "reduce_scatter", theory["reduce_scatter"], P
+        )
+    ln = results[0]["layernorm_saved"]
+    in_layers = sum(1 for e in trace.select(kind="all_reduce") if re.search(r"(attn|mlp) \d+$", e.label))
+    rows = [
+        (
+            "ranks whose layer all-gather/reduce-scatter bytes differ from rank 0's",
+            sum((ag[r], rs[r]) != (ag[0], rs[0]) for r in range(P)),
+            0,
+        ),
+        (f"all-gather bytes per step in the layers ({n_ag} x L x B x T/P x H x bytes)", ag[0], theory["all_gather"]),
+        (
+            f"reduce-scatter bytes per step in the layers ({n_rs} x L x B x T x H x bytes)",
+            rs[0],
+            theory["reduce_scatter"],
+        ),
+        (
+            f"bytes sent per step in the layers (ring algorithms): all-gather + reduce-scatter = {same_as}",
+            sp_wire[0],
+            tp_wire,
+        ),
+        ("all-reduces inside the layers", in_layers, 0),
+        (f"LayerNorm saved activations x P: Megatron SP's x {P} = tensor parallel's", ln["sp"] * P, ln["tp"]),
+    ]
+    figures = {
+        "layers_all_gather_per_step": ag,
+        "layers_reduce_scatter_per_step": rs,
+        "layers_theory": theory,
+        "layers_sent_per_step": sp_wire,
+        "tp_all_reduce_sent_per_step": tp_wire,
+        "tp_all_reduce_payload_per_step": tp_ar,
+    }
+    return count_checks(rows), figures, {"layernorm_saved_bytes": {"sp_per_rank": ln["sp"], "tp_per_rank": ln["tp"]}}
+
+
+def _ulysses_checks(opts: SPOptions, results: Results) -> tuple[list[CountCheck], dict, dict]:
+    """Ulysses: the all-to-alls to the head split and back (q, k, v, out; forward and backward) against theory."""
+    cfg, P, steps, trace = opts.gpt_config(), opts.world_size, opts.steps, results.trace
+    a2a = [per_step(b, steps) for b in trace.bytes_per_rank().get("all_to_all", [0] * P)]
+    calls = [per_step(c, steps) for c in trace.count_per_rank("all_to_all")]
+    theory = ulysses_theory(cfg, opts.batch, P)
+    rows = [
+        ("ranks whose all-to-all bytes differ from rank 0's", sum(b != a2a[0] for b in a2a), 0),
+        ("all-to-all bytes per rank per step (8 x L x B x nh x T/P x hs x bytes)", a2a[0], theory),
+        ("all-to-alls per step (q, k, v, out; forward and backward; per layer)", calls[0], 8 * cfg.layers),
+    ]
+    return count_checks(rows), {"all_to_all_per_step": a2a, "all_to_all_per_step_theory": theory}, {}
+
+
+def _ring_checks(opts: SPOptions, results: Results) -> tuple[list[CountCheck], dict, dict]:
+    """Ring attention: the K/V (and dK/dV) blocks sent round the ring against theory, and the attention tiles
+    each rank computed against the causal mask's (zigzag: the same number on every rank)."""
+    cfg, P, steps, trace = opts.gpt_config(), opts.world_size, opts.steps, results.trace
+    theory, layout = ring_theory(cfg, opts.batch, P), "zigzag" if opts.method == "ring-zigzag" else "contiguous"
+    sends = {
+        item: [
+            per_step(sum(e.bytes for e in trace.select(kind="send", rank=r) if e.label.startswith(item)), steps)
             for r in range(P)
         ]
-        tiles = tiles_measured(trace, P, steps * cfg.layers)
-        checks += [
-            check_equal(
-                "ranks whose sends differ from rank 0's",
-                sum([sends[i][r] for i in sends] != [sends[i][0] for i in sends] for r in range(P)),
-                0,
-            ),
-            check_equal("K/V blocks each rank sends per forward attention (P-1)", n_fwd[0], P - 1),
-            check_equal(
-                "ranks whose tile counts differ from the causal theory",
-                sum(t != th for t, th in zip(tiles, tiles_theory(P, layout), strict=True)),
-                0,
-            ),
-        ]
-        if layout == "zigzag":
-            checks.append(
-                check_equal(
-                    "zigzag: ranks computing a different number of tiles from rank 0",
-                    sum(t != tiles[0] for t in tiles),
-                    0,
-                )
-            )
-        figures |= {"send_per_step": sends, "send_per_step_theory": theory, "kv_blocks_sent_per_forward": n_fwd}
-        extra |= {"tiles_computed_per_rank": tiles, "tiles_theory": tiles_theory(P, layout), "layout": layout}
-    return checks, figures, extra
+        for item in ("kv fwd", "kv bwd", "dkv bwd")
+    }
+    n_fwd = [
+        per_step(sum(e.label.startswith("kv fwd") for e in trace.select(kind="send", rank=r)), steps * cfg.layers)
+        for r in range(P)
+    ]
+    tiles = tiles_measured(trace, P, steps * cfg.layers)
+    rows = [(f"ring send bytes per step, {item}", sends[item][0], theory[item]) for item in sends]
+    rows += [
+        (
+            "ranks whose sends differ from rank 0's",
+            sum([sends[i][r] for i in sends] != [sends[i][0] for i in sends] for r in range(P)),
+            0,
+        ),
+        ("K/V blocks each rank sends per forward attention (P-1)", n_fwd[0], P - 1),
+        (
+            "ranks whose tile counts differ from the causal theory",
+            sum(t != th for t, th in zip(tiles, tiles_theory(P, layout), strict=True)),
+            0,
+        ),
+    ]
+    if layout == "zigzag":
+        rows.append(
+            ("zigzag: ranks computing a different number of tiles from rank 0", sum(t != tiles[0] for t in tiles), 0)
+        )
+    figures = {"send_per_step": sends, "send_per_step_theory": theory, "kv_blocks_sent_per_forward": n_fwd}
+    extra = {"tiles_computed_per_rank": tiles, "tiles_theory": tiles_theory(P, layout), "layout": layout}
+    return count_checks(rows), figures, extra
 
 
 def sp_report(opts: SPOptions, results: Results) -> dict:
     """Compare with the single-device run; check the communication against the theory."""
-    cfg, P, steps, method = opts.gpt_config(), opts.world_size, opts.steps, opts.method
-    batches = make_batches(cfg, opts.batch, steps, opts.seed)
-    ref = train_single_device(cfg, batches, opts.seed, opts.optimizer, opts.lr)
-    if method == "megatron-sp":
+    cfg = opts.gpt_config()
+    checks, figures, extra = _comm_checks(opts, results)
+    return run_report(
+        opts.method,
+        opts.world_size,
+        _numerics(opts, results) + checks,
+        comm={**results.trace.bytes_per_rank(), **figures},
+        **model_fields(cfg, opts, "seq", "heads", "hidden", "layers", "batch", "dtype", "steps"),
+        **extra,
+        param_bytes_per_rank=[r["param_bytes"] for r in results],
+    )
+
+
+def _numerics(opts: SPOptions, results: Results) -> list[Verdict | CountCheck]:
+    """The run against one device; and the replicated parameters equal on every rank after training.
+
+    Megatron SP splits the weights (gathered here to full shape) and every rank computes the whole loss; the
+    other methods keep the whole model on every rank and each rank's loss is its share of the mean."""
+    cfg, steps = opts.gpt_config(), opts.steps
+    if opts.method == "megatron-sp":
         losses = results[0]["losses"]  # every rank computes the whole loss
         dims = results[0]["split_dims"]
         grads = gather_full([r["grads"] for r in results], dims)
@@ -273,40 +287,19 @@ def sp_report(opts: SPOptions, results: Results) -> dict:
     else:
         losses = [sum(r["losses"][s] for r in results) for s in range(steps)]  # the ranks' shares sum to the mean
         grads, params = results[0]["grads"], results[0]["params"]
-    verdicts: list[Verdict | CountCheck] = [
-        compare(
-            f"loss of each of {steps} steps",
-            torch.tensor(losses, dtype=cfg.torch_dtype),
-            torch.tensor(ref.losses, dtype=cfg.torch_dtype),
-        ),
-        compare("every gradient of step 1" + (", gathered" if method == "megatron-sp" else ""), grads, ref.grads),
-        compare(f"parameters after {steps} {opts.optimizer} steps", params, ref.params),
-    ]
+    checks: list[Verdict | CountCheck] = one_device_checks(
+        single_device_run(opts),
+        cfg.torch_dtype,
+        loss=(f"loss of each of {steps} steps", losses),
+        grads=("every gradient of step 1" + (", gathered" if opts.method == "megatron-sp" else ""), grads),
+        params=(f"parameters after {steps} {opts.optimizer} steps", params),
+    )
     replicated = [n for n, d in results[0]["split_dims"].items() if d is None]
-    verdicts.append(
-        check_equal(
-            "ranks whose replicated parameters differ from rank 0's after training",
-            sum(any(not torch.equal(r["params"][n], results[0]["params"][n]) for n in replicated) for r in results[1:]),
-            0,
-        )
+    differing = sum(
+        any(not torch.equal(r["params"][n], results[0]["params"][n]) for n in replicated) for r in results[1:]
     )
-    checks, figures, extra = _comm_checks(opts, results)
-    verdicts += checks
-    return run_report(
-        method,
-        P,
-        verdicts,
-        comm={**results.trace.bytes_per_rank(), **figures},
-        seq=cfg.seq_len,
-        heads=cfg.heads,
-        hidden=cfg.hidden,
-        layers=cfg.layers,
-        batch=opts.batch,
-        dtype=cfg.dtype,
-        steps=steps,
-        **extra,
-        param_bytes_per_rank=[r["param_bytes"] for r in results],
-    )
+    checks.append(check_equal("ranks whose replicated parameters differ from rank 0's after training", differing, 0))
+    return checks
 
 
 def run_sp(method: str = "ring", world_size: int = 4, **options) -> tuple[Results, dict]:

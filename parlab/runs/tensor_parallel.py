@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
-from parlab.core.check import CountCheck, Verdict, check_equal, compare
+from parlab.core.check import CountCheck, Verdict, check_equal
 from parlab.core.comm import device
 from parlab.core.memory import tensor_bytes
-from parlab.core.models import build_model, make_batches, make_optimizer, train_single_device
+from parlab.core.models import build_model, make_batches, make_optimizer
 from parlab.core.trace import Trace
 from parlab.runs.options import ModelOptions, option
 from parlab.runs.registry import Scheme, launch_scheme
-from parlab.runs.report import run_report
+from parlab.runs.report import count_checks, model_fields, one_device_checks, run_report, single_device_run
 from parlab.runtime.errors import Results
 from parlab.schemes.tensor_parallel import (
     PER_LAYER_ITEMS,
@@ -72,28 +72,47 @@ def itemise(trace: Trace, steps: int = 1) -> dict[str, list[int | float]]:
 
 def tp_report(opts: TPOptions, results: Results) -> dict:
     """Compare with the single-device run; check the all-reduce bytes and parameter bytes against theory."""
-    cfg, P, steps = opts.gpt_config(), opts.world_size, opts.steps
-    batches = make_batches(cfg, opts.batch, steps, opts.seed)
-    ref = train_single_device(cfg, batches, opts.seed, opts.optimizer, opts.lr)
+    cfg = opts.gpt_config()
+    counts, comm, param_bytes = _counts(opts, results)
+    return run_report(
+        "tp",
+        opts.world_size,
+        _numerics(opts, results) + counts,
+        comm=comm,
+        **model_fields(cfg, opts),
+        **param_bytes,
+        param_bytes_single_device=tensor_bytes(build_model(cfg, opts.seed).parameters()),
+    )
+
+
+def _numerics(opts: TPOptions, results: Results) -> list[Verdict | CountCheck]:
+    """The ranks' slices gathered to full shape against one device; and the replicated parameters' gradients
+    (the LayerNorms, the row-parallel biases) the same on every rank."""
+    cfg, steps = opts.gpt_config(), opts.steps
     dims = results[0]["split_dims"]
-    grads = gather_full([r["grads"] for r in results], dims)
-    params = gather_full([r["params"] for r in results], dims)
-    verdicts: list[Verdict | CountCheck] = [
-        compare(
-            f"loss of each of {steps} steps",
-            torch.tensor(results[0]["losses"], dtype=cfg.torch_dtype),
-            torch.tensor(ref.losses, dtype=cfg.torch_dtype),
+    checks: list[Verdict | CountCheck] = one_device_checks(
+        single_device_run(opts),
+        cfg.torch_dtype,
+        loss=(f"loss of each of {steps} steps", results[0]["losses"]),
+        grads=("every gradient of step 1, gathered to full shape", gather_full([r["grads"] for r in results], dims)),
+        params=(
+            f"parameters after {steps} {opts.optimizer} steps, gathered",
+            gather_full([r["params"] for r in results], dims),
         ),
-        compare("every gradient of step 1, gathered to full shape", grads, ref.grads),
-        compare(f"parameters after {steps} {opts.optimizer} steps, gathered", params, ref.params),
-    ]
+    )
     # Replicated parameters need no all-reduce only if every rank really computes the same gradient: count.
     replicated = [n for n, d in dims.items() if d is None]
     differing = sum(
         any(not torch.equal(r["grads"][n], results[0]["grads"][n]) for n in replicated) for r in results[1:]
     )
-    verdicts.append(check_equal("ranks whose replicated gradients differ from rank 0's", differing, 0))
+    checks.append(check_equal("ranks whose replicated gradients differ from rank 0's", differing, 0))
+    return checks
 
+
+def _counts(opts: TPOptions, results: Results) -> tuple[list[CountCheck], dict, dict]:
+    """The all-reduce bytes per step, item by item, in the layers and in all, the calls, and the parameter bytes
+    each rank holds, against the theory. Returns (checks, comm figures, the parameter-bytes report fields)."""
+    cfg, P, steps = opts.gpt_config(), opts.world_size, opts.steps
     theory = allreduce_theory(cfg, opts.batch)
     measured = {item: [0] * P for item in theory} | itemise(results.trace, steps)  # {item: [bytes/step per rank]}
     total = [per_step(b, steps) for b in results.trace.bytes_per_rank().get("all_reduce", [0] * P)]
@@ -104,57 +123,27 @@ def tp_report(opts: TPOptions, results: Results) -> dict:
     pb, pb_theory = [r["param_bytes"] for r in results], param_bytes_theory(cfg, P)
     # Every rank does the same work: check that, then rank 0's figures against the theory, item by item.
     per_rank = [([measured[i][r] for i in theory], total[r], calls[r], pb[r]) for r in range(P)]
-    verdicts.append(
-        check_equal(
-            "ranks whose all-reduce bytes, calls or parameter bytes differ from rank 0's",
-            sum(row != per_rank[0] for row in per_rank),
-            0,
-        )
-    )
-    for item, value in theory.items():
-        verdicts.append(check_equal(f"all-reduce bytes per step, {item}", measured[item][0], value))
-    verdicts += [
-        check_equal(
-            f"all-reduce bytes per step in the {cfg.layers} layers ({per_layer} x L x B x T x H x {cfg.dtype_bytes})",
-            layers_measured[0],
-            layers_theory,
-        ),
-        check_equal("all-reduce bytes per step in all", total[0], sum(theory.values())),
-        check_equal(
-            f"all-reduces per step ({per_layer} per layer + embed + head + 3 loss)",
-            calls[0],
-            per_layer * cfg.layers + 5,
-        ),
-        check_equal("parameter bytes held by each rank", pb[0], pb_theory),
+    same = "ranks whose all-reduce bytes, calls or parameter bytes differ from rank 0's"
+    rows = [(same, sum(row != per_rank[0] for row in per_rank), 0)]
+    rows += [(f"all-reduce bytes per step, {item}", measured[item][0], value) for item, value in theory.items()]
+    formula = f"{per_layer} x L x B x T x H x {cfg.dtype_bytes}"
+    rows += [
+        (f"all-reduce bytes per step in the {cfg.layers} layers ({formula})", layers_measured[0], layers_theory),
+        ("all-reduce bytes per step in all", total[0], sum(theory.values())),
+        (f"all-reduces per step ({per_layer} per layer + embed + head + 3 loss)", calls[0], per_layer * cfg.layers + 5),
+        ("parameter bytes held by each rank", pb[0], pb_theory),
     ]
-
-    return run_report(
-        "tp",
-        P,
-        verdicts,
-        comm={
-            **results.trace.bytes_per_rank(),
-            "all_reduce_per_step": total,
-            "all_reduce_per_step_theory": sum(theory.values()),
-            "layers_all_reduce_per_step": layers_measured,
-            "layers_all_reduce_per_step_theory": layers_theory,
-            "layers_formula": "4 x layers x batch x seq x hidden x dtype bytes",
-            "items_per_step": {k: {"measured": measured[k], "theory": v} for k, v in theory.items()},
-            "all_reduces_per_step": calls,
-        },
-        layers=cfg.layers,
-        hidden=cfg.hidden,
-        heads=cfg.heads,
-        ffn=cfg.ffn,
-        vocab=cfg.vocab_size,
-        seq=cfg.seq_len,
-        batch=opts.batch,
-        dtype=cfg.dtype,
-        steps=steps,
-        param_bytes_per_rank=pb,
-        param_bytes_per_rank_theory=pb_theory,
-        param_bytes_single_device=tensor_bytes(build_model(cfg, opts.seed).parameters()),
-    )
+    comm = {
+        **results.trace.bytes_per_rank(),
+        "all_reduce_per_step": total,
+        "all_reduce_per_step_theory": sum(theory.values()),
+        "layers_all_reduce_per_step": layers_measured,
+        "layers_all_reduce_per_step_theory": layers_theory,
+        "layers_formula": "4 x layers x batch x seq x hidden x dtype bytes",
+        "items_per_step": {k: {"measured": measured[k], "theory": v} for k, v in theory.items()},
+        "all_reduces_per_step": calls,
+    }
+    return count_checks(rows), comm, {"param_bytes_per_rank": pb, "param_bytes_per_rank_theory": pb_theory}
 
 
 def run_tp(world_size: int = 4, **options) -> tuple[Results, dict]:

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
-from parlab.core.check import check_equal, compare
+from parlab.core.check import check_equal
 from parlab.core.comm import device
 from parlab.core.mesh import DeviceMesh
-from parlab.core.models import build_model, make_batches, make_optimizer, train_single_device
+from parlab.core.models import build_model, make_batches, make_optimizer
 from parlab.runs.options import ModelOptions, option
 from parlab.runs.registry import Scheme, launch_scheme
-from parlab.runs.report import run_report
+from parlab.runs.report import count_checks, model_fields, one_device_checks, run_report, single_device_run
 from parlab.runs.tensor_parallel import per_step
 from parlab.runtime.errors import Results
 from parlab.schemes.sequence.ring_attention import LAYOUTS, tiles_theory
@@ -60,26 +60,44 @@ def axis_bytes(trace, axis: str, kind: str, steps: int, P: int) -> list:
 
 def usp_report(opts: USPOptions, results: Results) -> dict:
     """Compare with the single-device run; check the bytes on each mesh axis and the tiles against the theory."""
+    checks, comm, tiles = _traffic(opts, results)
+    return run_report(
+        "usp",
+        opts.world_size,
+        _numerics(opts, results) + checks,
+        ulysses=opts.ulysses,
+        ring=opts.ring,
+        layout=opts.layout,
+        comm=comm,
+        **tiles,
+        **model_fields(opts.gpt_config(), opts, "seq", "heads", "hidden", "layers", "batch", "dtype", "steps"),
+    )
+
+
+def _numerics(opts: USPOptions, results: Results) -> list:
+    """The run against one device (every rank holds the whole model; its loss is its share of the mean), and
+    every rank's parameters equal to rank 0's after training."""
+    steps = opts.steps
+    losses = [sum(r["losses"][s] for r in results) for s in range(steps)]  # the ranks' shares sum to the mean
+    checks: list = one_device_checks(
+        single_device_run(opts),
+        opts.gpt_config().torch_dtype,
+        loss=(f"loss of each of {steps} steps", losses),
+        grads=("every gradient of step 1", results[0]["grads"]),
+        params=(f"parameters after {steps} {opts.optimizer} steps", results[0]["params"]),
+    )
+    ours = results[0]["params"]
+    differing = sum(any(not torch.equal(r["params"][n], t) for n, t in ours.items()) for r in results[1:])
+    checks.append(check_equal("ranks whose parameters differ from rank 0's after training", differing, 0))
+    return checks
+
+
+def _traffic(opts: USPOptions, results: Results) -> tuple[list, dict, dict]:
+    """The bytes on each mesh axis (ulysses: all-to-alls; ring: sends) and the gradient all-reduce against the
+    theory, and the attention tiles each rank computed against ring attention's over the R ring ranks.
+    Returns (checks, comm figures, the tile report fields)."""
     cfg, P, steps, B, L = opts.gpt_config(), opts.world_size, opts.steps, opts.batch, opts.layers
     trace = results.trace
-    ref = train_single_device(cfg, make_batches(cfg, B, steps, opts.seed), opts.seed, opts.optimizer, opts.lr)
-    losses = [sum(r["losses"][s] for r in results) for s in range(steps)]  # the ranks' shares sum to the mean
-    verdicts: list = [
-        compare(
-            f"loss of each of {steps} steps",
-            torch.tensor(losses, dtype=cfg.torch_dtype),
-            torch.tensor(ref.losses, dtype=cfg.torch_dtype),
-        ),
-        compare("every gradient of step 1", results[0]["grads"], ref.grads),
-        compare(f"parameters after {steps} {opts.optimizer} steps", results[0]["params"], ref.params),
-    ]
-    verdicts.append(
-        check_equal(
-            "ranks whose parameters differ from rank 0's after training",
-            sum(any(not torch.equal(r["params"][n], t) for n, t in results[0]["params"].items()) for r in results[1:]),
-            0,
-        )
-    )
     per_call = usp_bytes_per_call(B, cfg.heads, cfg.seq_len, cfg.head_size, opts.ulysses, opts.ring, cfg.dtype_bytes)
     theory = {"ulysses": L * per_call["ulysses"], "ring": L * per_call["ring"]}
     measured = {
@@ -93,25 +111,26 @@ def usp_report(opts: USPOptions, results: Results) -> dict:
     tiles = [sum(e.extra.get("attn") == "fwd" for e in trace.select(kind="compute", rank=r)) for r in range(P)]
     tiles = [per_step(t, steps * L) for t in tiles]
     expected_tiles = [tiles_theory(opts.ring, opts.layout)[r // opts.ulysses] for r in range(P)]
+    rows = []
     for axis, what in (
         ("ulysses", "all-to-all payload (8 per layer: q, k, v, out; fwd and bwd)"),
         ("ring", "send bytes (K/V fwd and bwd, dK/dV bwd)"),
     ):
-        verdicts += [
-            check_equal(f"{axis} axis: {what} per step, rank 0", measured[axis][0], theory[axis]),
-            check_equal(
+        rows += [
+            (f"{axis} axis: {what} per step, rank 0", measured[axis][0], theory[axis]),
+            (
                 f"{axis} axis: ranks whose bytes differ from rank 0's",
                 sum(b != measured[axis][0] for b in measured[axis]),
                 0,
             ),
         ]
-    verdicts += [
-        check_equal(
+    rows += [
+        (
             "gradient all-reduce bytes per step (every parameter, over all ranks)",
             grads[0],
             grad_sync_theory(cfg, "ring", P),
         ),
-        check_equal(
+        (
             "ranks whose attention tiles per forward differ from ring attention's over R",
             sum(t != e for t, e in zip(tiles, expected_tiles, strict=True)),
             0,
@@ -127,24 +146,7 @@ def usp_report(opts: USPOptions, results: Results) -> dict:
         "ring_block_bytes": per_call["ring_block"],
         "a2a_call_bytes": per_call["a2a_call"],
     }
-    return run_report(
-        "usp",
-        P,
-        verdicts,
-        ulysses=opts.ulysses,
-        ring=opts.ring,
-        layout=opts.layout,
-        comm=comm,
-        tiles_computed_per_rank=tiles,
-        tiles_theory=expected_tiles,
-        seq=cfg.seq_len,
-        heads=cfg.heads,
-        hidden=cfg.hidden,
-        layers=L,
-        batch=B,
-        dtype=cfg.dtype,
-        steps=steps,
-    )
+    return count_checks(rows), comm, {"tiles_computed_per_rank": tiles, "tiles_theory": expected_tiles}
 
 
 def run_usp(ulysses: int = 2, ring: int = 2, **options) -> tuple[Results, dict]:

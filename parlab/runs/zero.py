@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from parlab.core.check import check_equal, compare
-from parlab.core.models import GPT, build_model, lm_loss, make_batches, train_single_device
+from parlab.core.models import GPT, build_model, lm_loss, make_batches
 from parlab.runs.options import FaultOptions, ModelOptions, option
 from parlab.runs.registry import Scheme, launch_scheme
-from parlab.runs.report import run_report
+from parlab.runs.report import compare_losses, mean_losses, model_fields, run_report, single_device_run
 from parlab.runtime.errors import Results
 from parlab.schemes.zero.stages import STAGES, check_reducible, train_zero
 from parlab.schemes.zero.theory import zero_comm_theory, zero_memory
@@ -151,43 +151,81 @@ def bytes_formula(opts: ZeROOptions, psi: int) -> dict[str, float]:
 
 def zero_report(opts: ZeROOptions, results: Results) -> dict:
     """The single-device reference on the same global batches, the comparisons, the bytes held and moved."""
-    P, K = opts.world_size, opts.steps
-    cfg = opts.gpt_config()
-    batches = make_batches(cfg, opts.batch, K, opts.seed)
-    zkw = opts.zero_kwargs()
-    if opts.mixed_precision:
-        single = mixed_precision_single_device(
-            build_model(cfg, opts.seed),
-            batches,
-            lr=opts.lr,
-            compute_dtype=zkw["compute_dtype"],
-            loss_scale=zkw["loss_scale"],
-        )
-        single_losses, single_params = single["losses"], single["params"]
-    else:
-        single = train_single_device(cfg, batches, opts.seed, "adam", opts.lr)
-        single_losses, single_params = single.losses, single.params
+    single_losses, single_params = _single_device(opts)
+    loss_parallel = mean_losses(results, opts.steps)
+    verdicts, loss_ref, note = _numerics(opts, results, loss_parallel, single_losses, single_params)
+    memory_ok, memory_lines, memory = _memory(opts, results)
+    comm_ok, comm_line, comm = _wire(opts, results)
+    peak = {k: max(r["peak"][k] for r in results) for k in results[0]["peak"]}
+    report = run_report(
+        "zero",
+        opts.world_size,
+        verdicts,
+        passed=all(memory_ok) and comm_ok,
+        comm={**results.trace.bytes_per_rank(), **comm},
+        lines=[v.line for v in verdicts] + note + memory_lines + [comm_line],
+        stage=opts.stage,
+        mixed_precision=opts.mixed_precision,
+        compute_dtype=str(opts.grad_dtype()).removeprefix("torch."),
+        **memory,
+        peak_bytes=peak,
+        **model_fields(opts.gpt_config(), opts, "steps", "batch"),
+        loss_single=single_losses,
+        loss_parallel=loss_parallel,
+        loss_reference=loss_ref,
+        reference=reference_name(opts),
+        reference_note=reference_note(opts) if opts.reference else "",
+        skipped_steps=results[0]["skipped_steps"],
+        units=results[0]["units"],
+    )
+    if opts.stage == 3:
+        report["gathered_params_peak"] = peak["gathered params"]
+    return report
 
-    loss_parallel = [sum(r["losses"][k] for r in results) / P for k in range(K)]
+
+def _single_device(opts: ZeROOptions) -> tuple[list[float], dict]:
+    """(losses, final parameters) of one device on the whole batch: torch's Adam, or under --mixed-precision the
+    same recipe as the ranks (a compute copy, fp32 master weights), so that only the sharding is compared."""
+    if not opts.mixed_precision:
+        single = single_device_run(opts, optimizer="adam")
+        return single.losses, single.params
+    cfg, zkw = opts.gpt_config(), opts.zero_kwargs()
+    single = mixed_precision_single_device(
+        build_model(cfg, opts.seed),
+        make_batches(cfg, opts.batch, opts.steps, opts.seed),
+        lr=opts.lr,
+        compute_dtype=zkw["compute_dtype"],
+        loss_scale=zkw["loss_scale"],
+    )
+    return single["losses"], single["params"]
+
+
+def _numerics(opts: ZeROOptions, results: Results, loss_parallel, single_losses, single_params) -> tuple:
+    """Ours against one device, then against PyTorch's own sharded training where one applies.
+    Returns (verdicts, PyTorch's loss of each step or None, the line that says why it was not compared)."""
+    P, ref = opts.world_size, reference_name(opts)
     params = [r["params"] for r in results]
     verdicts = _numeric_verdicts(opts, loss_parallel, single_losses, params, [single_params] * P, "single device")
-    ref = reference_name(opts)
     loss_ref = None
     if ref:
         refs = [r["reference"] for r in results]
-        loss_ref = [sum(d["losses"][k] for d in refs) / P for k in range(K)]
+        loss_ref = mean_losses(refs, opts.steps)
         verdicts += _numeric_verdicts(opts, loss_parallel, loss_ref, params, [d["params"] for d in refs], ref)
-
     note = [f"not compared with PyTorch's own: {reference_note(opts)}"] if opts.reference and not ref else []
+    return verdicts, loss_ref, note
 
-    # Memory: what each rank held just before its optimizer step, beside the formula (padding itemised).
+
+def _memory(opts: ZeROOptions, results: Results) -> tuple[list[bool], list[str], dict]:
+    """What each rank held just before its optimizer step, beside the paper's formula (padding itemised): every
+    rank holds exactly formula(Psi + padding), and that is within 1% of formula(Psi).
+    Returns (one pass per component, their lines, the memory report fields)."""
     psi = sum(p.numel() for p in results[0]["params"].values())
     pad = results[0]["padding"]
     formula = bytes_formula(opts, psi)
     formula_padded = bytes_formula(opts, psi + pad)  # the flat buffers hold Psi + padding numbers
     measured = {c: [r["steady"][c] for r in results] for c in COMPONENTS}
     memory_ok, memory_lines = [], []
-    for c in COMPONENTS:  # every rank holds exactly formula(Psi + padding), and that is within 1% of formula(Psi)
+    for c in COMPONENTS:
         exact = all(check_equal(c, m, formula_padded[c]).passed for m in measured[c])
         off = max(abs(m - formula[c]) for m in measured[c]) / formula[c]
         memory_ok.append(exact and off <= 0.01)
@@ -196,8 +234,22 @@ def zero_report(opts: ZeROOptions, results: Results) -> dict:
             f"{formula_padded[c] - formula[c]:,.0f} ({100 * off:.2f}% off, within 1%): "
             f"{'PASS' if memory_ok[-1] else 'FAIL'}"
         )
+    fields = {
+        "param_count": psi,
+        "padding": pad,
+        "bytes_per_rank": measured,
+        "bytes_formula": {c: formula[c] for c in COMPONENTS},
+        "bytes_formula_padded": {c: formula_padded[c] for c in COMPONENTS},
+    }
+    return memory_ok, memory_lines, fields
 
-    # Communication per step: payloads counted by parlab.core.comm (the final check gather left out), ring wire bytes.
+
+def _wire(opts: ZeROOptions, results: Results) -> tuple[bool, str, dict]:
+    """Communication per step: the payloads parlab.core.comm counted (the final check gather left out), turned
+    into ring wire bytes, as a multiple of one DP all-reduce, against the stage's theory (1x, 1x, 1.5x).
+    Returns (pass, the line, the comm figures)."""
+    P, K = opts.world_size, opts.steps
+    psi = sum(p.numel() for p in results[0]["params"].values())
     events = [e for e in results.trace.events if not e.is_compute and not e.label.startswith("check")]
     payload = {kind: [0] * P for kind in ("reduce_scatter", "all_gather")}
     for e in events:
@@ -212,55 +264,26 @@ def zero_report(opts: ZeROOptions, results: Results) -> dict:
         f"({theory['dp_all_reduce_wire_bytes']:,.0f}); theory {theory['theory_ratio']:.1f}x: "
         f"{'PASS' if comm_ok else 'FAIL'}"
     )
-
-    peak = {k: max(r["peak"][k] for r in results) for k in results[0]["peak"]}
-    report = run_report(
-        "zero",
-        P,
-        verdicts,
-        passed=all(v.passed for v in verdicts) and all(memory_ok) and comm_ok,
-        comm={
-            **results.trace.bytes_per_rank(),
-            "reduce_scatter_per_step": payload["reduce_scatter"],
-            "all_gather_per_step": payload["all_gather"],
-            "wire_bytes_per_step": wire,
-            **theory,
-            "measured_ratio": ratio,
-        },
-        lines=[v.line for v in verdicts] + note + memory_lines + [comm_line],
-        stage=opts.stage,
-        mixed_precision=opts.mixed_precision,
-        compute_dtype=str(opts.grad_dtype()).removeprefix("torch."),
-        param_count=psi,
-        padding=pad,
-        bytes_per_rank=measured,
-        bytes_formula={c: formula[c] for c in COMPONENTS},
-        bytes_formula_padded={c: formula_padded[c] for c in COMPONENTS},
-        peak_bytes=peak,
-        steps=K,
-        batch=opts.batch,
-        loss_single=single_losses,
-        loss_parallel=loss_parallel,
-        loss_reference=loss_ref,
-        reference=ref,
-        reference_note=reference_note(opts) if opts.reference else "",
-        skipped_steps=results[0]["skipped_steps"],
-        units=results[0]["units"],
-    )
-    if opts.stage == 3:
-        report["gathered_params_peak"] = peak["gathered params"]
-    return report
+    comm = {
+        "reduce_scatter_per_step": payload["reduce_scatter"],
+        "all_gather_per_step": payload["all_gather"],
+        "wire_bytes_per_step": wire,
+        **theory,
+        "measured_ratio": ratio,
+    }
+    return comm_ok, comm_line, comm
 
 
 def _numeric_verdicts(opts, loss_ours, loss_ref, params_ours, params_ref, against: str) -> list:
     """Loss of each step and parameters after K steps, ours against a reference (one device, or PyTorch's)."""
-    K, losses = opts.steps, lambda values: torch.tensor(values, dtype=torch.float64)
+    K, f64 = opts.steps, torch.float64  # the losses as float64 tensors, held to the tolerances given here
     if not opts.mixed_precision:
         return [
-            compare(
+            compare_losses(
                 f"loss of each of {K} steps",
-                losses(loss_ours),
-                losses(loss_ref),
+                loss_ours,
+                loss_ref,
+                f64,
                 against=against,
                 tol=1e-10 if opts.dtype == "float64" else 1e-5,
             ),
@@ -272,11 +295,12 @@ def _numeric_verdicts(opts, loss_ours, loss_ref, params_ours, params_ref, agains
         quantiles.append(torch.quantile(errors, MIXED_QUANTILE).item())
     dtype = str(opts.grad_dtype()).removeprefix("torch.")
     return [
-        compare(
+        compare_losses(
             f"loss of each of {K} steps ({dtype} compute)",
-            losses(loss_ours),
-            losses(loss_ref),
-            MIXED_LOSS_TOL,
+            loss_ours,
+            loss_ref,
+            f64,
+            tol=MIXED_LOSS_TOL,
             against=against,
         ),
         compare(
