@@ -266,11 +266,22 @@ def train_single_device(
     lr: float = 0.1,
 ) -> TrainResult:
     """The reference: train the GPT on one device for len(batches) steps of the full global batch."""
-    model = build_model(cfg, seed)
+
+    def loss_of(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return lm_loss(model(x), y) + aux_loss(model)  # + the MoE load-balancing loss (0 without MoE)
+
+    return train_model(build_model(cfg, seed), batches, loss_of, optimizer, lr)
+
+
+def train_model(
+    model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], loss_fn, optimizer: str = "sgd", lr: float = 0.1
+) -> TrainResult:
+    """Train `model` on one device, one step per global batch (x, y), the loss being loss_fn(model, x, y).
+    Returns the loss of each step, the gradients of step 1 and the parameters after the last step, by name."""
     opt = make_optimizer(model.parameters(), optimizer, lr)
     losses, first_grads = [], {}
     for step, (x, y) in enumerate(batches):
-        loss = lm_loss(model(x), y) + aux_loss(model)  # + the MoE load-balancing loss (0 without MoE)
+        loss = loss_fn(model, x, y)
         opt.zero_grad()
         loss.backward()
         if step == 0:

@@ -22,6 +22,7 @@ END_RE = re.compile(r"^\s*#\s*END SOLUTION\s*$")
 HANDOUT_RE = re.compile(r"^\s*#\s*HANDOUT\s*$")  # in a solution block: what follows (commented) is handed out
 VERDICT_RE = re.compile(r": (PASS|FAIL)$")
 HINT_WIDTH = 100  # the student version's hint lines stay within this many characters
+NO_HINT = "write this"  # a stub's message when the solution block names no hint, or the handout is made without
 
 
 # ----------------------------------------------------------------------------------------- reading the markers
@@ -48,8 +49,9 @@ def check_marker(cell) -> tuple[str, int] | None:
 # ------------------------------------------------------------------------------------- the student version
 
 
-def strip_solution(source: str) -> str:
-    """Replace every `# BEGIN SOLUTION: hint` ... `# END SOLUTION` block by `raise NotImplementedError("hint")`.
+def strip_solution(source: str, hints: bool = True) -> str:
+    """Replace every `# BEGIN SOLUTION: hint` ... `# END SOLUTION` block by `raise NotImplementedError("hint")`
+    (with hints=False, `raise NotImplementedError("write this")`: no hint in the stub either).
 
     A block with a `# HANDOUT` line (the bug hunt) is replaced by what follows that line instead, uncommented: the
     solution keeps the broken code as comments, the student gets it as code, under a line naming the hint."""
@@ -69,7 +71,7 @@ def strip_solution(source: str) -> str:
             if not inside:
                 raise ValueError(f"line {number}: END SOLUTION without BEGIN SOLUTION")
             inside = False
-            out.extend(_handed_out(indent, hint, handout))
+            out.extend(_handed_out(indent, hint if hints else "", handout))
         elif inside and handout is not None:
             handout.append(line)
         elif not inside:
@@ -90,7 +92,7 @@ def _handed_out(indent: str, hint: str, handout: list[str] | None) -> list[str]:
                 raise ValueError(f"a HANDOUT line must be commented out in the solution: {line.strip()!r}")
             lines.append(indent + body[2:] if body.startswith("# ") else indent + body[1:])
         return lines
-    hint = hint or "write this part"
+    hint = hint or NO_HINT
     lines = [f"{indent}# YOUR CODE HERE"]
     if len(indent) + len(hint) <= HINT_WIDTH - 30:
         lines.append(f"{indent}raise NotImplementedError({json.dumps(hint)})")
@@ -112,7 +114,8 @@ def hint_of(cell) -> str | None:
 def student_version(solution, hints: bool = True):
     """The notebook handed to students: solution blocks stripped and no stored output (no verdict shows before the
     student's own run; the expected verdicts stay in the solution, where the grader reads them). With
-    `hints=False` the hint cells (markdown cells with metadata parlab.hint) are left out too."""
+    `hints=False` the hint cells (markdown cells with metadata parlab.hint) are left out too, and every stub says
+    only "write this"."""
     nb = copy.deepcopy(solution)
     if not hints:
         nb.cells = [cell for cell in nb.cells if hint_of(cell) is None]
@@ -128,7 +131,7 @@ def student_version(solution, hints: bool = True):
             if name in answers:
                 raise ValueError(f"two answer cells are named {name!r}")
             answers.add(name)
-            cell.source = strip_solution(cell.source)
+            cell.source = strip_solution(cell.source, hints)
         cell.metadata.pop("execution", None)  # timestamps: the generated file must not change from run to run
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None

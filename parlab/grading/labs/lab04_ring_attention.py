@@ -12,10 +12,7 @@ parlab/schemes/sequence/ulysses.py, ...) are seen too (a profile hook): the lab 
 from __future__ import annotations
 
 import math
-import os
-import sys
 import time
-from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -25,6 +22,7 @@ import parlab
 from parlab.core import comm, probe
 from parlab.core.check import compare
 from parlab.grading.labs import prediction_lines, run_check
+from parlab.grading.labs.guard import library_calls, library_line
 
 LAUNCH = {"timeout": 60, "echo": False}  # a hang (a send nobody receives) stops after 60 s and names the ranks
 P, B, NH, HS = 4, 1, 2, 4  # ranks; q, k, v: [B, NH, T, HS]
@@ -42,7 +40,7 @@ MERGE_CASES = {  # name: (where the keys are cut into blocks, a factor on q: lar
     "three blocks merged left to right": ((5, 11), 1.0),
     "scores in the thousands (exp(lse) overflows)": ((8,), 2000.0),
 }
-LIBRARY = ("ring_attention.py", "ulysses.py", "sequence_parallel.py", os.path.join("lessons", "sequence_parallel.py"))
+LIBRARY = ("schemes/sequence/", "lessons/sequence_parallel.py")  # parlab/grading/labs/guard.py
 
 STRUCTURAL = {
     "merge": "the merged output and log-sum-exp equal attention over all the keys for two, uneven and three blocks, "
@@ -136,33 +134,8 @@ def full_attention(q, k, v):
 # --------------------------------------------------------------------------------------- what the ranks did
 
 
-@contextmanager
-def library_calls():
-    """Record the names of the functions of parlab's own sequence-parallel modules called inside the block."""
-    root = os.path.dirname(os.path.realpath(parlab.__file__))
-    files = {os.path.join(root, name) for name in LIBRARY}
-    seen: list[str] = []
-    known: dict[str, bool] = {}
-
-    def profile(frame, event, arg):
-        if event == "call":
-            name = frame.f_code.co_filename
-            if name not in known:
-                known[name] = os.path.realpath(name) in files
-            if known[name]:
-                seen.append(frame.f_code.co_name)
-
-    previous = sys.getprofile()
-    sys.setprofile(profile)
-    try:
-        yield seen
-    finally:
-        sys.setprofile(previous)
-
-
 def _library_line(what: str, called: list[str]) -> str:
-    text = f"{what}: no call into the library's sequence-parallel code"
-    return f"{text}: PASS" if not called else f"{text}: called {sorted(set(called))[:4]}: FAIL"
+    return library_line(what, called, "the library's sequence-parallel code")
 
 
 def _tensor(x, shape) -> torch.Tensor | None:
@@ -216,7 +189,7 @@ def _sent(calls) -> torch.Tensor:
 
 def collect_merge(merge) -> dict:
     results = {}
-    with library_calls() as called:
+    with library_calls(LIBRARY) as called:
         for name, (cuts, scale) in MERGE_CASES.items():
             q, k, v = full_problem(1, T_RING, scale)
             bounds = [0, *cuts, T_RING]
@@ -259,7 +232,7 @@ def _run_ring(ring_step) -> dict:
     q, k, v = full_problem(2)
     tiles = _recording({"q": [chunk(q, j, n) for j in range(P)], "k": [chunk(k, j, n) for j in range(P)]})
     since = time.perf_counter()
-    with probe.recording() as calls, library_calls() as called:
+    with probe.recording() as calls, library_calls(LIBRARY) as called:
         out, lse, starts = ring_forward(
             chunk(q, r, n).clone(), chunk(k, r, n).clone(), chunk(v, r, n).clone(), ring_step
         )
@@ -393,7 +366,7 @@ def _run_causal(causal_attention) -> dict:
         every = range(P * n)
         tiles = _recording({"q": [chunk(q, c, size) for c in every], "k": [chunk(k, c, size) for c in every]})
         mine = [blocks_of(t, layout)[r].clone() for t in (q, k, v)]
-        with probe.recording() as calls, library_calls() as called:
+        with probe.recording() as calls, library_calls(LIBRARY) as called:
             out = causal_attention(*mine, layout)
         results[name] = {
             "out": _tensor(out, [B, NH, n * size, HS]),
