@@ -442,14 +442,27 @@ def test_a_class_gradebook_has_a_row_per_notebook_and_a_feedback_file_per_studen
     assert by_notebook["lab02_wrong"]["student"] == "wrong"
     assert by_notebook["redefined_checks"]["student"] == "redefined_checks"  # no lab prefix: the whole name
     feedback = graded["gradebook"].with_name("grades_feedback")
-    assert {p.stem for p in feedback.glob("*.md")} == {row["student"] for row in rows}
-    wrong = (feedback / "wrong.md").read_text()  # every lab's first wrong answer: lab00_wrong, lab01_wrong, ...
+    assert {p.name for p in feedback.glob("*.md")} == {gradebook.file_name_of(row["student"]) for row in rows}
+    wrong = (feedback / gradebook.file_name_of("wrong")).read_text()  # every lab's first wrong answer: lab00_wrong, lab01_wrong, ...
     for stem, case in graded["cases"].items():
         if case["kind"] == "wrong" and stem.endswith("_wrong"):
             assert f"## {graded['grades'][stem]['lab']} " in wrong
             for check in case["fail"]:
                 assert f"**{check}** (0/" in wrong, (stem, check)
     assert wrong.count("hint:") >= sum(len(c["fail"]) for s, c in graded["cases"].items() if s.endswith("_wrong"))
+    # The class at a glance: a summary per lab and check, and one row per student with a column per lab.
+    out = graded["gradebook"].parent
+    with open(out / "grades_wide.csv", newline="", encoding="utf-8") as f:
+        wide = list(csv.DictReader(f))
+    assert sorted(r["student"] for r in wide) == sorted({row["student"] for row in rows})
+    for r in wide:
+        own = [row for row in rows if row["student"] == r["student"]]
+        for lab in {row["lab"] for row in own}:
+            assert int(r[lab]) == max(int(row["points"]) for row in own if row["lab"] == lab)
+    text = (out / "grades_summary.md").read_text()
+    for lab in {row["lab"] for row in rows}:
+        assert f"| {lab} (/" in text
+    assert "Pass rate per check" in text and "<svg" in (out / "grades_summary.html").read_text()
 
 
 def test_partly_broken_submissions_keep_exactly_the_points_of_what_works(graded):

@@ -151,3 +151,21 @@ def test_no_hints_handouts_carry_no_hint_cell_and_bare_stubs(lab):
             c.source for c in solution.cells if markers.answer_name(c) == markers.answer_name(cell)
         ):
             assert "# YOUR CODE HERE" in cell.source
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_hint_is_for_the_check_that_follows_it(lab):
+    """A failing check's feedback quotes the hint cells named after it: a hint must name the first check cell below
+    it, or the check of the answer cell just above it (a prediction made before the run it predicts); a hint filed
+    under another check would explain the wrong failure."""
+    cells = nbformat.read(HANDOUTS / "solutions" / f"{lab}.ipynb", as_version=4).cells
+    misfiled = []
+    for index, cell in enumerate(cells):
+        named = markers.hint_of(cell)
+        if named is None:
+            continue
+        following = next((m[0] for c in cells[index + 1 :] if (m := markers.check_marker(c))), None)
+        above = next((markers.answer_name(c) for c in reversed(cells[:index]) if c.cell_type == "code"), None)
+        if named not in (following, above):
+            misfiled.append(f"cell {index}: hint for {named!r}, but the next check is {following!r}")
+    assert misfiled == []

@@ -43,7 +43,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from parlab.grading.official import DEFAULT_TIMEOUT, LABS_DIR, PACKAGE, load_labs
+from parlab.grading.official import DEFAULT_TIMEOUT, LABS_DIR, MAX_TIMEOUT, PACKAGE, load_labs
 from parlab.grading.scores import NotebookGrade, format_table
 
 
@@ -77,7 +77,13 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT,
-        help="seconds an answer or check cell may run before it is interrupted (and killed 5 s later) and fails",
+        help="seconds an answer or check cell may run before it is interrupted (and killed 5 s later) and fails "
+        f"(at most {MAX_TIMEOUT})",
+    )
+    parser.add_argument(
+        "--no-hints",
+        action="store_true",
+        help="feedback files without the labs' hints (for handouts made without them)",
     )
     parser.add_argument(
         "--sandbox",
@@ -88,6 +94,53 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def _error(message: str) -> int:
+    print(f"parlab grade: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _outputs_problem(args: argparse.Namespace) -> str:
+    """Why an output the run will write (--report, --gradebook and the files beside it, --feedback) cannot be
+    written, or ''. Each is tried now (a file opened for appending and removed again if it was new), not after an
+    hour of grading."""
+    files = [("--report", args.report)]
+    if args.gradebook:
+        from parlab.grading.gradebook import class_files
+
+        files += [("--gradebook", str(path)) for path in class_files(Path(args.gradebook))]
+    for option, name in files:
+        if name is None:
+            continue
+        path = Path(name)
+        if path.is_dir():
+            return f"{option} {name} is a folder, not a file"
+        existed = path.exists()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8"):
+                pass
+        except OSError as exc:
+            return f"{option} {name} cannot be written: {exc.strerror or exc}"
+        if not existed:
+            path.unlink(missing_ok=True)
+    if args.gradebook:
+        folder = (
+            Path(args.feedback)
+            if args.feedback
+            else Path(args.gradebook).with_name(f"{Path(args.gradebook).stem}_feedback")
+        )
+        if folder.exists() and not folder.is_dir():
+            return f"--feedback {folder} is a file, not a folder"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / ".parlab-write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            return f"the feedback folder {folder} cannot be written: {exc.strerror or exc}"
+    return ""
+
+
 def run(args: argparse.Namespace) -> int:
     from parlab.grading import gradebook
     from parlab.grading.isolation import Sandbox, TreeGuard, become_subreaper
@@ -95,30 +148,28 @@ def run(args: argparse.Namespace) -> int:
     sys.dont_write_bytecode = True  # the grader's own imports must not change the package it guards
     missing = [p for p in args.notebooks if not (Path(p).is_file() or Path(p).is_dir())]
     if missing:
-        print(f"parlab grade: error: no such notebook or folder: {', '.join(missing)}", file=sys.stderr)
-        return 2
-    found = gradebook.notebooks_in(args.notebooks)
+        return _error(f"no such notebook or folder: {', '.join(missing)}")
+    found, skipped = gradebook.notebooks_in(args.notebooks)
+    for path, why in skipped:
+        print(f"parlab grade: skipped {path}: {why}", file=sys.stderr)
     if not found:
-        print(f"parlab grade: error: no notebook (.ipynb) in {', '.join(args.notebooks)}", file=sys.stderr)
-        return 2
+        return _error(f"no notebook (.ipynb) to grade in {', '.join(args.notebooks)}")
     if args.feedback and not args.gradebook:
-        print("parlab grade: error: --feedback goes with --gradebook", file=sys.stderr)
-        return 2
-    if not args.timeout > 0:
-        print(f"parlab grade: error: --timeout must be > 0, got {args.timeout}", file=sys.stderr)
-        return 2
+        return _error("--feedback goes with --gradebook")
+    if not 0 < args.timeout <= MAX_TIMEOUT:  # (nan fails both comparisons)
+        return _error(f"--timeout must be > 0 and at most {MAX_TIMEOUT} s, got {args.timeout}")
     if args.jobs < 1:
-        print(f"parlab grade: error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
-        return 2
+        return _error(f"--jobs must be >= 1, got {args.jobs}")
+    problem = _outputs_problem(args)  # before any grading: a run's work is never lost to a path
+    if problem:
+        return _error(problem)
     try:  # everything the verdicts depend on, read before any student code runs
         labs = load_labs(args.solutions)
         sandbox = Sandbox(args.sandbox)
     except (ValueError, RuntimeError, OSError) as exc:
-        print(f"parlab grade: error: {exc}", file=sys.stderr)
-        return 2
+        return _error(str(exc))
     if args.lab is not None and args.lab not in labs:
-        print(f"parlab grade: error: --lab {args.lab!r} is not one of {', '.join(labs)}", file=sys.stderr)
-        return 2
+        return _error(f"--lab {args.lab!r} is not one of {', '.join(labs)}")
     guard = TreeGuard([PACKAGE, LABS_DIR])
     become_subreaper()
     jobs = args.jobs
@@ -146,15 +197,18 @@ def run(args: argparse.Namespace) -> int:
         "max_points": max_points,
         "sandbox": sandbox.kind,
         "sandbox_note": sandbox.describe(),
+        "skipped": [{"path": path, "why": why} for path, why in skipped],
     }
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1))
     if args.gradebook:
         from parlab.grading.gradebook import write_class
 
-        write_class(args, labs, found, report["notebooks"])
+        write_class(args, labs, found, report["notebooks"], skipped)
     if args.json:
         print(json.dumps(report))
     else:
         print(format_table(grades, sandbox.describe()))
+        for path, why in skipped:
+            print(f"skipped {path}: {why}")
     return 1 if grader.failed else 0

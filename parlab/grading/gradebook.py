@@ -11,62 +11,118 @@ Whose notebook is it? The instructor's folder decides first, the notebook second
     DIR/alice/lab00.ipynb               -> alice       (a folder per student)
     DIR/lab00_bob.ipynb                 -> bob         (the file name, less the lab's prefix)
     DIR/lab00_ring_allreduce_carol.ipynb -> carol      (the lab's full name is a prefix too)
+    DIR/lab00_李雷.ipynb                 -> 李雷        (names are kept as written, in any script)
     DIR/lab00_ring_allreduce.ipynb      -> the notebook's metadata parlab.student, else "lab00_ring_allreduce"
 
 A notebook's metadata can claim any name, so it is used only where the file name says nothing; two notebooks of
-the same student and lab both get a row, each marked as a duplicate, and neither replaces the other.
+the same student and lab both get a row, each marked as a duplicate, and neither replaces the other. A feedback
+file is named by an ASCII slug of the name and a short hash of it as written (`Jose-3f2a9c1d.md`), so that no two
+students share one. Only regular files are graded (links, pipes and devices are named as skipped), and every CSV
+cell that a spreadsheet would read as a formula starts with a quote.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
+import os
 import re
+import stat
 import sys
+import unicodedata
 from pathlib import Path
 
-UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 COLUMNS = ["student", "lab", "notebook", "points", "max_points", "parts", "failed", "seconds", "notes"]
+SEPARATORS = "_-. "  # what joins a lab's prefix to a student's name in a file name (lab00_bob, lab00-bob)
+SPREADSHEET_FORMULA = ("=", "+", "-", "@", "\t", "\r")  # a cell starting so is a formula to a spreadsheet
 
 
-def notebooks_in(paths: list[str]) -> list[tuple[Path, Path | None]]:
-    """Every notebook named or found (recursively, in sorted order) under a named folder, as (path, folder it was
-    found in or None); checkpoints and hidden folders are skipped."""
-    found = []
+def notebooks_in(paths: list[str]) -> tuple[list[tuple[Path, Path | None]], list[tuple[str, str]]]:
+    """Every notebook named or found under a named folder (recursively, in sorted order, never through a link),
+    as (path, folder it was found in or None); checkpoints and hidden folders are skipped. Only regular files are
+    graded: a link, a pipe or a device is left out and named in the second list, (path, why)."""
+    found, skipped = [], []
+
+    def consider(path: Path, root: Path | None) -> None:
+        why = not_a_regular_file(path)
+        if why:
+            skipped.append((str(path), why))
+        else:
+            found.append((path, root))
+
     for name in paths:
         path = Path(name)
-        if path.is_dir():
-            for nb in sorted(path.rglob("*.ipynb")):
-                parts = nb.relative_to(path).parts
-                if not any(part.startswith(".") for part in parts):
-                    found.append((nb, path))
+        if path.is_dir() and not path.is_symlink():
+            for folder, subfolders, files in os.walk(path):  # os.walk follows no link to a folder
+                subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+                for file in sorted(files):
+                    if file.endswith(".ipynb") and not file.startswith("."):
+                        consider(Path(folder) / file, path)
         else:
-            found.append((path, None))
-    return found
+            consider(path, None)
+    found.sort(key=lambda item: str(item[0]))
+    return found, skipped
 
 
-def _clean(name: str) -> str:
-    return UNSAFE.sub("_", name).strip("._-")[:80]
+def not_a_regular_file(path: Path) -> str:
+    """Why `path` is not graded ('' when it is a regular file): a symbolic link could show any file on the
+    machine to the class's report, and reading a pipe waits for ever."""
+    try:
+        mode = path.lstat().st_mode
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link (only regular files are graded)"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (only regular files are graded)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device (only regular files are graded)"
+    if not stat.S_ISREG(mode):
+        return "not a regular file"
+    return ""
+
+
+def _as_written(name: str) -> str:
+    """A name as the student wrote it (Unicode kept, in its composed form so that one spelling is one student),
+    less the separators around it and any control character."""
+    name = unicodedata.normalize("NFC", name)
+    name = "".join("?" if unicodedata.category(ch).startswith("C") else ch for ch in name)
+    return name.strip(SEPARATORS)[:120]
 
 
 def student_of(path: Path, root: Path | None, lab: str, lab_key: str, metadata: dict | None = None) -> str:
-    """The student a notebook belongs to (see the module docstring), as a name safe for a file."""
+    """The student a notebook belongs to (see the module docstring), as written: "李雷", "José", "jo hn"."""
     if root is not None:
         relative = path.relative_to(root).parts
         if len(relative) > 1:  # DIR/<student>/...
-            return _clean(relative[0]) or "unknown"
+            return _as_written(relative[0]) or "unknown"
     stem = path.stem
     for prefix in sorted({lab, lab_key}, key=len, reverse=True):
         if prefix and stem.startswith(prefix):
             stem = stem[len(prefix) :]
             break
-    name = _clean(stem)
+    name = _as_written(stem)
     if name:
         return name
     claimed = (metadata or {}).get("student")
-    if isinstance(claimed, str) and _clean(claimed):
-        return _clean(claimed)
-    return _clean(path.stem) or "unknown"
+    if isinstance(claimed, str) and _as_written(claimed):
+        return _as_written(claimed)
+    return _as_written(path.stem) or "unknown"
+
+
+def file_name_of(student: str) -> str:
+    """A feedback file's name for `student`: safe on any file system and unique to the name as written (José and
+    Josè, jo hn and jo_hn, 李雷 and 王芳 each get their own): an ASCII slug, then a short hash of the full name."""
+    ascii_name = unicodedata.normalize("NFKD", student).encode("ascii", "ignore").decode()
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", ascii_name).strip("-")[:40] or "student"
+    return f"{slug}-{hashlib.sha256(student.encode('utf-8')).hexdigest()[:8]}.md"
+
+
+def spreadsheet_safe(value):
+    """A CSV cell a spreadsheet shows as text: one that starts like a formula gets a leading quote (the usual
+    CSV-injection rule)."""
+    return f"'{value}" if isinstance(value, str) and value.startswith(SPREADSHEET_FORMULA) else value
 
 
 def rows(grades: list[dict], students: list[str], roots: list[Path | None]) -> list[dict]:
@@ -107,7 +163,7 @@ def write_gradebook(path: Path, table: list[dict]) -> None:
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
-        writer.writerows(table)
+        writer.writerows({key: spreadsheet_safe(value) for key, value in row.items()} for row in table)
 
 
 def feedback_text(student: str, grades: list[dict], hints: dict[str, dict[str, str]]) -> str:
@@ -139,15 +195,32 @@ def write_feedback(folder: Path, table: list[dict], grades: list[dict], students
     written = []
     for student in sorted(set(students)):
         own = [g for g, s in zip(grades, students, strict=True) if s == student]
-        path = folder / f"{student}.md"
+        path = folder / file_name_of(student)
         path.write_text(feedback_text(student, own, hints), encoding="utf-8")
         written.append(path)
     return written
 
 
-def write_class(args, labs: dict, found, grades: list[dict]) -> None:
-    """`grade --gradebook CSV [--feedback DIR]`: the gradebook and a feedback file per student."""
+def class_files(csv_path: Path) -> list[Path]:
+    """The files `--gradebook CSV` writes beside the feedback folder: the gradebook, the wide CSV and the class
+    summary (Markdown and HTML; parlab/grading/summary.py)."""
+    return [csv_path, *summary_paths(csv_path).values()]
+
+
+def summary_paths(csv_path: Path) -> dict[str, Path]:
+    stem = csv_path.stem
+    return {
+        "wide": csv_path.with_name(f"{stem}_wide.csv"),
+        "md": csv_path.with_name(f"{stem}_summary.md"),
+        "html": csv_path.with_name(f"{stem}_summary.html"),
+    }
+
+
+def write_class(args, labs: dict, found, grades: list[dict], skipped=()) -> None:
+    """`grade --gradebook CSV [--feedback DIR] [--no-hints]`: the gradebook, a feedback file per student, the wide
+    CSV and the class summary."""
     from parlab.grading.official import MAX_NOTEBOOK_BYTES, lab_key
+    from parlab.grading.summary import write_summary
 
     students = []
     for (path, root), grade_ in zip(found, grades, strict=True):
@@ -158,9 +231,15 @@ def write_class(args, labs: dict, found, grades: list[dict]) -> None:
     csv_path = Path(args.gradebook)
     write_gradebook(csv_path, table)
     folder = Path(args.feedback) if args.feedback else csv_path.with_name(f"{csv_path.stem}_feedback")
-    hints = {name: _hints(lab) for name, lab in labs.items()}
+    hints = {} if getattr(args, "no_hints", False) else {name: _hints(lab) for name, lab in labs.items()}
     written = write_feedback(folder, table, grades, students, hints)
-    print(f"gradebook: {csv_path} ({len(table)} rows); feedback: {folder} ({len(written)} files)", file=sys.stderr)
+    write_summary(summary_paths(csv_path), table, grades, students, skipped, spreadsheet_safe)
+    print(
+        f"gradebook: {csv_path} ({len(table)} rows); feedback: {folder} ({len(written)} files); class summary: "
+        f"{summary_paths(csv_path)['md'].name}, {summary_paths(csv_path)['html'].name}, "
+        f"{summary_paths(csv_path)['wide'].name}",
+        file=sys.stderr,
+    )
 
 
 def _hints(lab) -> dict[str, str]:
@@ -173,10 +252,10 @@ def _hints(lab) -> dict[str, str]:
 
 def _metadata(path: Path, max_bytes: int) -> dict:
     """A notebook's parlab metadata, read as data (only the student's name is taken from it), or {}."""
+    from parlab.grading.official import read_regular_file
+
     try:
-        if path.stat().st_size > max_bytes:
-            return {}
-        meta = json.loads(path.read_text(encoding="utf-8")).get("metadata", {}).get("parlab", {})
+        meta = json.loads(read_regular_file(path, max_bytes)).get("metadata", {}).get("parlab", {})
         return meta if isinstance(meta, dict) else {}
     except (OSError, ValueError, AttributeError):
         return {}

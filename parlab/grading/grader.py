@@ -27,6 +27,7 @@ from parlab.grading.official import (
     OfficialLab,
     identify,
     lab_of_file_name,
+    read_regular_file,
 )
 from parlab.grading.scores import CheckResult, NotebookGrade, assemble, score_lines
 
@@ -154,9 +155,7 @@ class Grader:
 
         expected_lab = expected_lab or lab_of_file_name(path, self.labs)
         try:
-            if path.stat().st_size > MAX_NOTEBOOK_BYTES:
-                raise ValueError(f"larger than {MAX_NOTEBOOK_BYTES >> 20} MB")
-            submission = nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
+            submission = nbformat.reads(read_regular_file(path, MAX_NOTEBOOK_BYTES), as_version=4)
             if not isinstance(submission.get("cells"), list):
                 raise ValueError("no cells")
             actual, notes = identify(submission, self.labs)
@@ -283,6 +282,7 @@ class Grader:
         by_name = {(c.get("kind"), c.get("name")): c for c in cells}
         grade.timings = [[str(c.get("kind")), str(c.get("name")), c.get("seconds")] for c in cells if "seconds" in c]
         dead = ""
+        untouched = any(c.get("kind") == "answer" and _untouched(str(c.get("error") or "")) for c in cells)
         for cell in cells:
             if cell.get("kind") == "answer" and not cell.get("skipped"):
                 name = cell.get("name")
@@ -290,6 +290,8 @@ class Grader:
                     grade.notes.append(f"answer cell {name!r} ignored the interrupt after {self.timeout:g} s: killed")
                 elif cell.get("timed_out"):
                     grade.notes.append(f"answer cell {name!r} timed out after {self.timeout:g} s (interrupted)")
+                elif cell.get("error") and _untouched(cell["error"]):
+                    grade.notes.append(f"answer cell {name!r} not attempted (it still raises NotImplementedError)")
                 elif cell.get("error"):
                     grade.notes.append(f"answer cell {name!r} raised {_short(cell['error'])}")
             dead = dead or cell.get("dead") or ""
@@ -299,6 +301,8 @@ class Grader:
             cell = by_name.get(("check", name))
             data_path = scratch / "out" / f"{name}.pt"
             reason = _missing_reason(cell, self.timeout, log, dead)
+            if untouched and reason.startswith("NameError"):  # the name an untouched answer cell was to define
+                reason = f"not attempted: {reason} (an answer cell still raises NotImplementedError)"
             if cell is None or cell.get("skipped") or not data_path.is_file():
                 grade.checks.append(CheckResult(name, False, 0, points, reason))
                 continue
@@ -313,8 +317,17 @@ class Grader:
                 continue
             result = score_lines(name, points, lines, lab.expected[name])
             if not result.passed and isinstance(data, dict) and isinstance(data.get("error"), str):
-                result.detail = _with_log_line(data["error"], cell, log)
+                error = data["error"]
+                result.detail = NOT_ATTEMPTED if _untouched(error) else _with_log_line(error, cell, log)
             grade.checks.append(result)
+
+
+NOT_ATTEMPTED = "not attempted: the answer still raises NotImplementedError (the handout's stub)"
+
+
+def _untouched(error: str) -> bool:
+    """An error that is the handout's stub itself: the part was not attempted."""
+    return "NotImplementedError" in error
 
 
 def _short(text: str) -> str:
@@ -376,6 +389,8 @@ def _missing_reason(cell: dict | None, timeout: float, log: bytes, dead: str) ->
         return f"ignored the interrupt after {timeout:g} s: the kernel was killed"
     if cell.get("timed_out"):
         return f"timed out after {timeout:g} s (interrupted)"
+    if cell.get("error") and _untouched(str(cell["error"])):
+        return NOT_ATTEMPTED
     if cell.get("error"):
         return _with_log_line(_short(str(cell["error"])), cell, log)
     return "the check cell saved no data"

@@ -6,7 +6,9 @@ See parlab/grading/command.py for the whole procedure.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 from parlab.grading.markers import answer_name, check_marker, hint_of, student_version, verdict_lines
 
 DEFAULT_TIMEOUT = 120  # seconds per answer or check cell; the labs' own launches stop a hang sooner (60 s)
+MAX_TIMEOUT = 3600  # a larger --timeout would let one hanging submission hold a class's grading for hours
 
 
 GRACE = 5  # seconds between the interrupt of a cell past its timeout and the kill of its kernel
@@ -24,6 +27,20 @@ MAX_NOTEBOOK_BYTES = 20 * 2**20  # a submission larger than this is not read
 MAX_DATA_BYTES = 200 * 2**20  # nor a check's data file larger than this
 PACKAGE = Path(__file__).resolve().parents[1]  # parlab/
 LABS_DIR = PACKAGE.parent / "labs"
+
+
+def read_regular_file(path: Path, max_bytes: int) -> str:
+    """The text of `path` if it is a regular file of at most `max_bytes`: opened without following a link and
+    without waiting on a pipe, and checked on the opened file itself (a file swapped for a link between the folder's
+    listing and this read is refused all the same)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError("not a regular file")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"larger than {max_bytes >> 20} MB")
+    return data.decode("utf-8")
 
 
 def repo_solutions() -> Path:

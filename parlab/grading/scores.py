@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import asdict, dataclass, field
 
 from parlab.grading.markers import VERDICT_RE, answer_name, mask
@@ -57,11 +58,13 @@ class NotebookGrade:
 
 
 def score_lines(name: str, points: int, lines: list[str], expected: list[str]) -> CheckResult:
-    """Score one check from the verdict lines the grader computed, against the solution's."""
-    got = [mask(line.rstrip()) for line in lines if VERDICT_RE.search(line.rstrip())]  # the rest is information
-    fails = [line for line in got if not line.endswith(": PASS")]
+    """Score one check from the verdict lines the grader computed, against the solution's. The comparison masks
+    what varies from run to run (max |err| digits); what the student reads keeps the real numbers."""
+    verdicts = [line.rstrip() for line in lines if VERDICT_RE.search(line.rstrip())]  # the rest is information
+    got = [mask(line) for line in verdicts]
+    fails = [line for line in verdicts if not line.endswith(": PASS")]
     if fails:
-        detail = "; ".join(fails[:3]) + (f" (+{len(fails) - 3} more)" if len(fails) > 3 else "")
+        detail = failure_detail(fails)
     elif not got:
         detail = "no verdict"
     elif got != expected:
@@ -71,6 +74,29 @@ def score_lines(name: str, points: int, lines: list[str], expected: list[str]) -
     else:
         return CheckResult(name, True, points, points)
     return CheckResult(name, False, 0, points, detail)
+
+
+_RANK = re.compile(r"\brank (\d+)\b")
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def failure_detail(fails: list[str], most: int = 4) -> str:
+    """The FAIL lines of a check, one line per failure: lines that differ only in their rank (and the numbers that
+    come with it) are shown once, with every rank that failed named ("ranks 0, 1, 2, 3: ..."), the first rank's
+    numbers kept as they are."""
+    groups: dict[str, tuple[str, list[str]]] = {}
+    for line in fails:
+        ranks = _RANK.findall(line)
+        key = _NUMBER.sub("#", _RANK.sub("rank", line)) if ranks else line  # only a rank's lines are merged
+        first, seen = groups.setdefault(key, (line, []))
+        seen.extend(r for r in ranks[:1] if r not in seen)
+    shown = []
+    for first, ranks in groups.values():
+        if len(ranks) > 1:
+            first = _RANK.sub(f"ranks {', '.join(ranks)}", first, count=1)
+        shown.append(first)
+    more = len(shown) - most
+    return "; ".join(shown[:most]) + (f" (+{more} more)" if more > 0 else "")
 
 
 def assemble(submission, lab: OfficialLab):
