@@ -338,6 +338,73 @@ def test_a_send_without_its_recv_is_named(clean):
     assert raised - error.entered <= 5.0
 
 
+def test_a_second_wait_on_the_same_handles_is_named_as_such(clean):
+    """A ring step that waits for its isend/irecv handles, then waits for them again (issue 37): gloo's wait() on a
+    finished handle never returns. The diagnosis names that second wait, not a blocking send nobody made."""
+
+    def fn():
+        rank, P = dist.get_rank(), dist.get_world_size()
+        incoming = torch.empty(4)
+        works = [comm.isend(torch.full((4,), float(rank)), (rank + 1) % P), comm.irecv(incoming, (rank - 1) % P)]
+        comm.wait_all(works)
+        comm.wait_all(works)  # again: the send has completed, this wait() does not return
+
+    error, raised = _raise_time(fn, 3)
+    assert isinstance(error, CollectiveMismatch), error
+    text = str(error)
+    assert text.startswith("wait() called twice on the same handle: rank 0 is in a second wait() on send #1 "), text
+    assert "(16 bytes to rank 1), which had already completed" in text
+    assert "blocking send" not in text and "can never match" not in text
+    assert "Wait for each handle once" in text
+    assert raised - error.entered <= 5.0
+
+
+def test_the_call_board_tells_a_call_from_a_wait_and_a_second_wait():
+    slot = memoryview(bytearray(runtime.SLOT_BYTES))
+    board = rank._CallBoard(slot, rank=0, world_size=2)
+
+    def how():
+        length = int.from_bytes(slot[8:12], "little")
+        return json.loads(bytes(slot[12 : 12 + length]))["call"]["how"]
+
+    event = parlab.Event(0, "send", 0.0, bytes=8, peer=1)
+    board.hook(event, 1, "waiting")
+    assert how() == "call"  # in isend itself
+    board.hook(event, 1, "in flight")
+    board.hook(event, 1, "waiting")
+    assert how() == "wait"  # in its wait()
+    board.hook(event, 1, "done")
+    board.hook(event, 1, "waiting again")
+    assert how() == "again"
+
+
+def test_the_diagnosis_names_what_each_rank_is_blocked_in():
+    def call(kind, peer, how):
+        return {"i": 1, "kind": kind, "bytes": 8, "peer": peer, "group": None, "label": "", "since": 0.0, "how": how}
+
+    def error(states):
+        watch = hang._HangWatch(2)
+        watch.states, watch.seen_at = states, 10.0
+        return str(watch.mismatch())
+
+    # A second wait() is stuck whatever the peer does, even when the peer's pending receive matches it.
+    again = {"call": call("send", 1, "again")}
+    peer = {"call": call("recv", 0, "wait")}
+    assert hang._stuck_ranks([again, peer], 2) == [0, 1]
+    assert error([again, peer]).startswith(
+        "wait() called twice on the same handle: rank 0 is in a second wait() on send #1 (8 bytes to rank 1), "
+        "which had already completed, rank 1 in wait() on recv #1 (8 bytes from rank 0)."
+    )
+    # Two blocking sends, and two waits on isends: both deadlocks, named by what the ranks are in.
+    blocking = [{"call": call("send", 1, "call")}, {"call": call("send", 0, "call")}]
+    assert error(blocking).startswith("deadlock: each of these ranks waits in a blocking send and none is receiving")
+    waiting = [{"call": call("send", 1, "wait")}, {"call": call("send", 0, "wait")}]
+    assert error(waiting).startswith(
+        "deadlock: each of these ranks waits for its send to complete and none is receiving: "
+        "rank 0 is in wait() on send #1 (8 bytes to rank 1)"
+    )
+
+
 def test_a_slow_rank_is_not_a_mismatch(clean):
     """Rank 0 waits 4 s in its all_reduce while rank 1 computes: slow, not stuck."""
 

@@ -36,7 +36,9 @@ _events: list[Event] = []
 
 # Hang diagnosis: parlab.launch sets `call_hook` in each rank to publish the traced call the rank is in:
 # call_hook(event, index, state) with state "waiting" when the rank enters its call #index (or waits for it),
-# "in flight" when an asynchronous call has been issued, "done" once its data is here. None elsewhere.
+# "waiting again" when it calls wait() once more on a handle it has already waited for (gloo's wait() on a finished
+# send or receive does not return), "in flight" when an asynchronous call has been issued, "done" once its data is
+# here. None elsewhere.
 call_hook = None
 _calls = 0  # the traced communication calls this rank has made
 
@@ -130,12 +132,14 @@ class _TracedWork:
 
     def __init__(self, work, event: Event, tensor: torch.Tensor, index: int = 0):
         self.work, self.event, self.tensor, self.index = work, event, tensor, index
+        self.waited = False  # a wait() has returned: a second one is a wait on a finished handle
 
     def wait(self) -> bool:
-        _hook(self.event, self.index, "waiting")
+        _hook(self.event, self.index, "waiting again" if self.waited else "waiting")
         try:
             result = self.work.wait()
             _sync(self.tensor)
+            self.waited = True
         finally:
             _hook(self.event, self.index, "done")  # the data is here (or the wait failed): no rank to wait for
         if self.event.end is None:

@@ -50,21 +50,27 @@ class CollectiveMismatch(LaunchTimeout):
 
     A subclass of `LaunchTimeout` because it is a hang, diagnosed before the timeout: `except LaunchTimeout`
     catches both. `stuck`: the ranks whose calls can never complete; `calls`: every rank's state, in words;
-    `entered`: when (time.monotonic()) the last of the stuck ranks entered its call.
+    `entered`: when (time.monotonic()) the last of the stuck ranks entered its call. `advice`: what to do, when
+    the hang is no mismatch between ranks (e.g. a second wait() on a finished handle); else the general advice.
     """
 
-    def __init__(self, what: str, stuck: list[int], waited: float, entered: float, calls: dict[int, str]):
+    def __init__(
+        self, what: str, stuck: list[int], waited: float, entered: float, calls: dict[int, str], advice: str = ""
+    ):
         self.stuck, self.entered, self.calls = stuck, entered, calls
         self.unfinished = sorted(r for r, state in calls.items() if state != "returned")
         returned = sorted(r for r, state in calls.items() if state == "returned")
         parts = [f"rank {stuck[0]} is {calls[stuck[0]]}"] + [f"rank {r} {calls[r]}" for r in stuck[1:]]
         parts += [f"rank {r} had returned" for r in returned]
         text = f"{what}: " + ", ".join(parts) + "."
-        text += (
-            f"\nThese calls can never match (the ranks waited {waited:.1f} s and were stopped): every rank of a "
-            "group must make the same collective calls in the same order (same operation, size, group and root), "
-            "and each send needs a matching recv."
-        )
+        if advice:
+            text += f"\nThis can never complete (the ranks waited {waited:.1f} s and were stopped). {advice}"
+        else:
+            text += (
+                f"\nThese calls can never match (the ranks waited {waited:.1f} s and were stopped): every rank of a "
+                "group must make the same collective calls in the same order (same operation, size, group and "
+                "root), and each send needs a matching recv."
+            )
         others = [r for r in self.unfinished if r not in stuck]
         if others:
             text += "\nThe other ranks:" + "".join(f"\n  rank {r}: {calls[r]}" for r in others)

@@ -52,7 +52,9 @@ def _mismatch(report: dict, calls: dict[int, str]) -> str:
 #      "finished": {stream: how many calls of that stream it has finished}}
 # where a call is {"i": its index among the rank's traced calls (1-based), "kind", "bytes", "peer", "group",
 # "label", "stream" and "k": it is the k-th call of its stream (a group's collectives: "0,1,2"; the sends from
-# rank 0 to rank 1: "0>1"), "since": time.monotonic() when the rank entered it}.
+# rank 0 to rank 1: "0>1"), "since": time.monotonic() when the rank entered it, and for the call it is in, "how":
+# "call" (in the call itself), "wait" (in wait() on an asynchronous call) or "again" (in a second wait() on a
+# handle already waited for: that call has completed, and gloo's wait() on it never returns)}.
 
 P2P = ("send", "recv")
 
@@ -100,6 +102,8 @@ def _stuck_ranks(states: list[dict | None], world_size: int) -> list[int]:
         changed = False
         for rank in sorted(stuck):
             call = states[rank]["call"]
+            if call.get("how") == "again":
+                continue  # a second wait() on a finished handle: no rank can complete it
             partners = _partners(rank, call, world_size)
             if any(not 0 <= p < world_size for p in partners):
                 continue  # a send to (or recv from) a rank that does not exist can never complete
@@ -116,7 +120,7 @@ def _may_serve(partner: int, state: dict | None, rank: int, call: dict, stuck: s
         return True  # it is past the matching call (calls match in order): this one will complete
     if state.get("done"):
         return False
-    offers = [state["call"], *state.get("pending", [])]
+    offers = [c for c in (state["call"], *state.get("pending", [])) if c.get("how") != "again"]
     if any(_matches(rank, call, partner, other, world_size) for other in offers):
         return True
     return partner not in stuck  # in another call that may complete, after which it may come
@@ -138,7 +142,12 @@ def _describe_call(call: dict, world_size: int) -> str:
         parts.append("world" if members == tuple(range(world_size)) else f"group {list(members)}")
     if call.get("label"):
         parts.append(repr(call["label"]))
-    return f"{kind} #{call['i']} ({', '.join(parts)})"
+    text = f"{kind} #{call['i']} ({', '.join(parts)})"
+    if call.get("how") == "wait":
+        return f"wait() on {text}"
+    if call.get("how") == "again":
+        return f"a second wait() on {text}, which had already completed"
+    return text
 
 
 class _HangWatch:
@@ -167,11 +176,24 @@ class _HangWatch:
         if self.seen_at - entered < MISMATCH_SECONDS:  # not yet seen still there MISMATCH_SECONDS after
             return None
         waited = time.monotonic() - entered
-        kinds = {self.states[r]["call"]["kind"] for r in stuck}
-        what = "send/recv mismatch" if kinds <= set(P2P) else "collective mismatch"
-        if kinds == {"send"} and len(stuck) > 1:  # a cycle of blocking sends: nobody is there to receive
-            what = "deadlock: each of these ranks waits in a blocking send and none is receiving"
         calls = self.describe(with_time=False)
+        again = [r for r in stuck if self.states[r]["call"].get("how") == "again"]
+        if again:  # what the rank is blocked in is no communication with a peer: name it first
+            stuck = again + [r for r in stuck if r not in again]
+            what = "wait() called twice on the same handle"
+            advice = (
+                f"Rank {again[0]} called wait() on a send or receive it had already waited for: the transfer had "
+                "completed, and gloo's wait() on a finished handle never returns. Wait for each handle once "
+                "(keep the handles of one step apart from the next step's)."
+            )
+            return CollectiveMismatch(what, stuck, waited, entered, calls, advice=advice)
+        kinds = {self.states[r]["call"]["kind"] for r in stuck}
+        hows = {self.states[r]["call"].get("how", "call") for r in stuck}
+        what = "send/recv mismatch" if kinds <= set(P2P) else "collective mismatch"
+        if kinds == {"send"} and len(stuck) > 1:  # a cycle of sends: nobody is there to receive
+            what = "deadlock: each of these ranks waits in a blocking send and none is receiving"
+            if hows != {"call"}:  # some wait in wait() on an isend, not in a blocking send
+                what = "deadlock: each of these ranks waits for its send to complete and none is receiving"
         return CollectiveMismatch(what, stuck, waited, entered, calls)
 
     def longest_wait(self) -> str:
@@ -183,7 +205,8 @@ class _HangWatch:
             return ""
         since, rank = min(waiting)
         call = _describe_call(self.states[rank]["call"], self.world_size)
-        return f"rank {rank} waits in {call} for {time.monotonic() - since:.0f} s"
+        verb = "waits in" if self.states[rank]["call"].get("how", "call") == "call" else "is in"
+        return f"rank {rank} {verb} {call} for {time.monotonic() - since:.0f} s"
 
     def describe(self, with_time: bool = True) -> dict[int, str]:
         """Each rank's state in words: "in all_reduce #3 (8 bytes, world) for 1.9 s", "returned", ..."""

@@ -47,16 +47,21 @@ class _CallBoard:
         return ",".join(map(str, members))
 
     def hook(self, event, index: int, state: str) -> None:
-        """comm.call_hook: the rank is "waiting" in traced call #index, has it "in flight", or is "done" with it."""
-        if index > self.last_index:  # a new call (not a second wait() on an old one)
+        """comm.call_hook: the rank is "waiting" in traced call #index (or "waiting again" on a handle it has
+        already waited for), has it "in flight", or is "done" with it."""
+        new = index > self.last_index  # a new call, not a wait() on an asynchronous one issued before
+        if new:
             self.last_index = index
             stream = self._stream(event)
             self.issued[stream] = self.issued.get(stream, 0) + 1
             self.open[index] = (stream, self.issued[stream])
             if len(self.open) > 64 * self.MAX_PENDING:  # asynchronous calls never waited for: forget the oldest
                 self.open.pop(next(iter(self.open)))
-        if state == "waiting":
-            self.call = self._as_dict(event, index)
+        if state in ("waiting", "waiting again"):
+            # how: "call" (in the call itself), "wait" (in wait() on an asynchronous call), "again" (in a second
+            # wait() on a handle already waited for: it has completed, and gloo's wait() on it does not return)
+            how = "again" if state == "waiting again" else "call" if new else "wait"
+            self.call = {**self._as_dict(event, index), "how": how}
         else:
             self.call = None
             if state == "in flight":  # an asynchronous call: it may serve a peer's call until it is waited for

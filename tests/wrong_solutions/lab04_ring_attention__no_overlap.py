@@ -10,6 +10,7 @@ def ring_step(q, k, v, out, lse):
     kv = torch.stack([k, v])
     incoming = torch.empty_like(kv)
     comm.wait_all([comm.irecv(incoming, (rank - 1) % P), comm.isend(kv, (rank + 1) % P)])
-    o, block_lse = attend(q, k, v)
+    group = q.shape[1] // k.shape[1]
+    o, block_lse = attend(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1))
     out, lse = (o, block_lse) if out is None else merge(out, lse, o, block_lse)
     return out, lse, incoming[0], incoming[1]

@@ -1,7 +1,8 @@
 # ruff: noqa
 # A wrong answer to labs/lab04_ring_attention.ipynb. The bug: the merge follows the formula literally, forming each
-# block's total weight exp(lse) and dividing by their sum. Right for ordinary scores (the ring and the causal
-# attention pass), but with scores in the thousands exp(lse) is inf in float64: inf / inf gives NaN.
+# block's total weight exp(lse) and dividing by their sum. Right for ordinary scores (the ring and the layer pass),
+# but with scores in the thousands exp(lse) is inf in float64 (inf / inf: NaN), and a row that saw no key in
+# either block divides 0 by 0.
 # EXPECT FAIL: merge
 
 # ANSWER: merge
