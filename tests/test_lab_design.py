@@ -168,3 +168,33 @@ def test_every_hint_is_for_the_check_that_follows_it(lab):
         if named not in (following, above):
             misfiled.append(f"cell {index}: hint for {named!r}, but the next check is {following!r}")
     assert misfiled == []
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_prediction_is_scored_by_its_check_and_is_arithmetic_in_the_solution(lab):
+    cells = nbformat.read(HANDOUTS / "solutions" / f"{lab}.ipynb", as_version=4).cells
+    checks = {m[0] for c in cells if (m := markers.check_marker(c))}
+    for cell in cells:
+        name = markers.prediction_name(cell)
+        if name is not None:
+            assert name in checks, f"{lab}: the prediction {name!r} has no check of its name"
+            assert markers.prediction_problem(cell.source) == "", (lab, name)
+
+
+@pytest.mark.parametrize(
+    "source, refused",
+    [
+        ("# PREDICT: x\nimport math\nbytes_sent = 2 * (P - 1) / P * B * T * H * 8\nw = max(1, math.ceil(T / P))", ""),
+        ("pairs = sum(t // 4 + 1 for t in range(40))", ""),
+        ('x = checks.THEORY["work"]()["bytes_sent"]', "calls no code"),
+        ('x = checks.theory_of["work"]', "no attribute"),
+        ("from parlab.grading.labs import lab04_ring_attention as c\nx = 1", "ImportFrom"),
+        ("import parlab\nx = 1", "imports nothing but math"),
+        ('x = eval("1 + 1")', "calls no code"),
+        ("x = (lambda: 3)()", "calls no code"),
+        ("x = __builtins__", "dunder"),
+    ],
+)
+def test_a_prediction_cell_is_the_students_own_arithmetic(source, refused):
+    problem = markers.prediction_problem(source)
+    assert (problem == "") if not refused else (refused in problem), problem

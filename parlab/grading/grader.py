@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from parlab.grading.markers import answer_name, check_marker
+from parlab.grading.markers import answer_name, check_marker, prediction_name, prediction_problem
 from parlab.grading.official import (
     DEFAULT_TIMEOUT,
     GRACE,
@@ -264,15 +264,22 @@ class Grader:
                 elif changed:  # the sandbox kept the submission from writing there: someone else changed them
                     self.guard.accept()
                     grade.notes.append(f"files changed during grading, not by this (sandboxed) submission: {shown}")
-            self._judge(lab, scratch, grade)
+            own_numbers = {
+                name: problem
+                for cell in nb.cells
+                if (name := prediction_name(cell)) and (problem := prediction_problem(cell.source))
+            }
+            self._judge(lab, scratch, grade, own_numbers)
         finally:
             if os.environ.get("PARLAB_GRADE_KEEP"):  # debugging the grader: keep the worker's log and status
                 grade.notes.append(f"scratch folder kept: {scratch}")
             else:
                 remove_scratch(scratch)
 
-    def _judge(self, lab: OfficialLab, scratch: Path, grade: NotebookGrade) -> None:
-        """Score every check from the data its cell saved, judged here; explain every check without data."""
+    def _judge(self, lab: OfficialLab, scratch: Path, grade: NotebookGrade, own_numbers: dict | None = None) -> None:
+        """Score every check from the data its cell saved, judged here; explain every check without data.
+        own_numbers: {prediction: why its cell is not the student's own arithmetic}, each a FAIL of its check."""
+        own_numbers = own_numbers or {}
         import torch
 
         from parlab.grading.labs import judge
@@ -311,6 +318,8 @@ class Grader:
                     raise ValueError(f"the check's data is larger than {MAX_DATA_BYTES >> 20} MB")
                 data = torch.load(data_path, weights_only=True, map_location="cpu")  # data only: no code runs
                 lines = judge(lab.module, name, data)
+                if name in own_numbers:
+                    lines = [*lines, f"{name}: the prediction is your own number: {own_numbers[name]}: FAIL"]
             except Exception as exc:
                 detail = f"the check's data is malformed ({type(exc).__name__}: {str(exc)[:120]})"
                 grade.checks.append(CheckResult(name, False, 0, points, detail))

@@ -10,12 +10,14 @@ and how a verdict line is read: what it masks (`mask`, as tests/sanitize.cfg doe
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import re
 import textwrap
 
 ANSWER_RE = re.compile(r"^#\s*(?:ANSWER|PREDICT):\s*(?P<name>\S+)\s*$")  # a prediction is an answer too
+PREDICT_RE = re.compile(r"^#\s*PREDICT:\s*(?P<name>\S+)\s*$")
 CHECK_RE = re.compile(r"^#\s*CHECK:\s*(?P<name>\S+)\s*\((?P<points>\d+)\s*points?\)\s*$")
 BEGIN_RE = re.compile(r"^(?P<indent>\s*)#\s*BEGIN SOLUTION(?::\s*(?P<hint>.*?))?\s*$")
 END_RE = re.compile(r"^\s*#\s*END SOLUTION\s*$")
@@ -38,6 +40,12 @@ def answer_name(cell) -> str | None:
     if match:
         return match["name"]
     return cell.get("metadata", {}).get("parlab", {}).get("answer") if cell.cell_type == "code" else None
+
+
+def prediction_name(cell) -> str | None:
+    """The name of a PREDICT cell (a prediction is scored by the check of the same name), or None."""
+    match = PREDICT_RE.match(_first_line(cell))
+    return match["name"] if match else None
 
 
 def check_marker(cell) -> tuple[str, int] | None:
@@ -159,3 +167,76 @@ def verdict_lines(outputs) -> list[str]:
     """The masked verdict lines (ending in ': PASS' or ': FAIL') a cell printed to stdout."""
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stdout")
     return [mask(line.rstrip()) for line in text.splitlines() if VERDICT_RE.search(line.rstrip())]
+
+
+# ------------------------------------------------------------------------------------------- a prediction's cell
+
+# A prediction is the student's own number: arithmetic on numbers and the lab's sizes, never a call into code that
+# knows the answer (the lab's checks module computes every prediction's theory, and a student can import it).
+ARITHMETIC_CALLS = {"int", "float", "round", "min", "max", "abs", "sum", "pow", "range", "len", "divmod"}
+_ARITHMETIC_NODES = (
+    ast.Module,
+    ast.Assign,
+    ast.AugAssign,
+    ast.AnnAssign,
+    ast.Expr,
+    ast.Constant,
+    ast.Name,
+    ast.Load,
+    ast.Store,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.operator,
+    ast.unaryop,
+    ast.Tuple,
+    ast.List,
+    ast.Dict,
+    ast.Call,
+    ast.Attribute,
+    ast.Subscript,
+    ast.Slice,
+    ast.GeneratorExp,
+    ast.ListComp,
+    ast.comprehension,
+    ast.Compare,
+    ast.cmpop,
+    ast.IfExp,
+    ast.BoolOp,
+    ast.boolop,
+    ast.Import,
+    ast.alias,
+)
+
+
+def _data_or_math(node: ast.Attribute) -> bool:
+    """math.<function>, or a table the lab hands out: checks.<UPPER_CASE> (read, never called)."""
+    base = node.value.id if isinstance(node.value, ast.Name) else None
+    return base == "math" or (base == "checks" and node.attr.isupper() and not node.attr.startswith("_"))
+
+
+def prediction_problem(source: str) -> str:
+    """Why a PREDICT cell is not the student's own arithmetic ('' when it is): only numbers, names, operators, the
+    built-ins in ARITHMETIC_CALLS, `math`'s functions and the lab's tables (`checks.UPPER_CASE`, read); no other
+    call, attribute, import or dunder name."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        return f"the prediction cell does not parse ({exc.msg})"
+    for node in ast.walk(tree):
+        if not isinstance(node, _ARITHMETIC_NODES):
+            return f"a prediction is arithmetic: {type(node).__name__} (line {getattr(node, 'lineno', '?')}) is not"
+        if isinstance(node, ast.Import) and [a.name for a in node.names] != ["math"]:
+            return "a prediction imports nothing but math"
+        if isinstance(node, ast.Attribute) and not _data_or_math(node):
+            return f"a prediction uses no attribute but math's and the lab's tables: .{node.attr} (line {node.lineno})"
+        if isinstance(node, ast.Name) and node.id.startswith("__"):
+            return f"a prediction uses no dunder name: {node.id}"
+        math_call = isinstance(node, ast.Call) and getattr(getattr(node.func, "value", None), "id", "") == "math"
+        if isinstance(node, ast.Call) and not (
+            math_call or (isinstance(node.func, ast.Name) and node.func.id in ARITHMETIC_CALLS)
+        ):
+            called = ast.unparse(node.func)
+            return (
+                f"a prediction calls no code but arithmetic ({', '.join(sorted(ARITHMETIC_CALLS))}, math): {called}()"
+            )
+    return ""
