@@ -3,24 +3,15 @@ dp x pp x tp mesh holds of the lab model with ZeRO-1, and one hybrid training st
 each collective on its axis (see parlab/grading for collect_/judge_).
 
 The model is the labs' own (parlab/core/lab_model.py): RMSNorm, grouped-query attention with fewer K/V heads than
-query heads, RoPE, a SwiGLU MLP without biases, an untied head. Its tensor-parallel layout (Megatron's, for GQA):
-
-    q, o           rank t of T holds query heads [t nq/T, (t+1) nq/T): rows of q, the same columns of o
-    k, v           the K/V heads those query heads read: nkv/T of them when T <= nkv; when T > nkv one head,
-                   the same on the T/nkv ranks whose query heads share it (replicated: their gradients are partial
-                   sums, summed over those ranks: the "K/V group")
-    gate, up, down rows [t F/T, (t+1) F/T) of gate and up, the same columns of down
-    embed, head    rows [t V/T, (t+1) V/T) (vocabulary-parallel); the RMSNorm gains whole on every rank
-
-`layout` below is that rule, the one home of it: the checks deal the weights with it, count the bytes with it and
-predict with it, at the lab's sizes and at a Llama-like model's. Every call the step makes into torch.distributed
-is recorded at the process group, with the global ranks of that group (`recording`), so the checks see which
-group each call used; calls into the library's own hybrid code are seen too (`LIBRARY`, parlab/grading/labs/guard.py).
+query heads, RoPE, a SwiGLU MLP without biases, an untied head. Its layout on the mesh (which rank holds which
+piece), and every count made from it, are in parlab/grading/labs/lab07_layout.py, the reference: the answer of
+parts 1 and 2, on the lab's LIBRARY. Every call the step makes into torch.distributed is recorded at the process
+group, with the global ranks of that group (`recording`), so the checks see which group each call used; calls into
+the library's own hybrid code (and into the reference) are seen too (`LIBRARY`, parlab/grading/labs/guard.py).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -30,10 +21,27 @@ import torch.nn as nn
 import parlab
 from parlab.core import probe
 from parlab.core.check import compare
-from parlab.core.lab_model import LabConfig, LabModel, build_lab_model
-from parlab.core.mesh import DeviceMesh, mesh_coords, mesh_rank
-from parlab.grading.labs import prediction_lines, run_check
+from parlab.core.lab_model import LabConfig, build_lab_model
+from parlab.core.mesh import DeviceMesh, mesh_coords
+from parlab.grading.labs import lab07_layout, prediction_lines, run_check
 from parlab.grading.labs.guard import library_calls, library_line
+from parlab.grading.labs.lab07_layout import (
+    CFG,
+    KINDS,
+    STEP_MESHES,
+    B,
+    _rank0,
+    held_shapes,
+    held_states,
+    kv_ranks,
+    layout,
+    layouts_of,
+    memory_at_scale_theory,
+    own_groups,
+    row_major_group,
+    step_theory,
+    traffic_theory,
+)
 from parlab.schemes.tensor_parallel import copy_to_tensor_parallel, reduce_from_tensor_parallel
 from parlab.schemes.zero.stages import ZeRO
 
@@ -41,9 +49,11 @@ LAUNCH = {"timeout": 30, "echo": False}  # a hang (a call some rank never matche
 WORLD = 8
 
 # What the parts must not call: the library's mesh arithmetic (part 1 only: later parts may use parlab's mesh, it is
-# what part 1 built), its hybrid scheme and the pieces it composes, and the lesson helpers around them.
+# what part 1 built), its hybrid scheme and the pieces it composes, the lesson helpers around them, and this lab's
+# own reference (the answers of parts 1 and 2).
 LIBRARY = (
     "core/mesh.py",
+    "grading/labs/lab07_layout.py",
     "schemes/hybrid/",
     "schemes/pipeline/",
     "schemes/data_parallel.py",
@@ -51,12 +61,11 @@ LIBRARY = (
     "lessons/hybrid.py",
     "lessons/zero.py",
 )
+THEORY = lab07_layout.THEORY  # the predictions' theory, one home (tests/test_lab_design.py reads it here)
+WHAT = "the library's hybrid code or the checks' reference"
 MESH_CODE = "core/mesh.py"
 LATER = tuple(entry for entry in LIBRARY if entry != MESH_CODE)  # parts 2 and 3
 
-# The lab model at the lab's size: 8 query heads of 6 numbers, 2 K/V heads, 4 blocks; float64.
-CFG = LabConfig(vocab_size=64, seq_len=8, hidden=48, heads=8, kv_heads=2, ffn=64, layers=4)
-B = 4  # the step's global batch: x, target [B, T, H] (T = CFG.seq_len)
 
 # Part 1: meshes of 8 live ranks (torch's DeviceMesh builds their groups), then larger ones checked in the grader.
 LIVE_MESHES = [
@@ -79,24 +88,13 @@ KV_CASES = [  # (mesh, query heads, K/V heads): who shares this rank's K/V heads
     ({"pp": 2, "tp": 8, "dp": 1}, 8, 2),
 ]
 
-# Parts 2 and 3: two layouts of 8 live ranks. The second has more tp ranks than K/V heads (each K/V head on two
-# ranks), and tp slowest, so that a K/V group is not a block of consecutive ranks.
-STEP_MESHES = [
-    {"dp": 2, "pp": 2, "tp": 2},
-    {"tp": 4, "dp": 2, "pp": 1},
-]
-KINDS = ("params", "grads", "optimizer")
+
 MORE_MESHES = [  # part 2 in the grader, beside every other layout of 8 ranks
     {"pp": 2, "dp": 2, "tp": 4},
     {"dp": 2, "pp": 1, "tp": 8},
     {"tp": 2, "pp": 4, "dp": 2},
 ]
 
-# The prediction at scale: a Llama-like GQA model (Llama 3 70B's sizes) on 1024 GPUs, TP 8 x PP 8 x DP 16 (pp
-# slowest, as Megatron-LM orders it), ZeRO-1 over dp, mixed precision: 2 + 2 + 12 bytes per parameter.
-LLAMA = LabConfig(vocab_size=128256, seq_len=8192, hidden=8192, heads=64, kv_heads=8, ffn=28672, layers=80)
-LLAMA_AXES = {"pp": 8, "dp": 16, "tp": 8}
-MIXED = (2, 2, 12)
 
 STRUCTURAL = {
     "groups": "on 8 live ranks, torch's DeviceMesh (init_device_mesh) builds the groups of three layouts (axis "
@@ -170,71 +168,6 @@ def recording():
 # ------------------------------------------------------------------------------- the layout (the one home)
 
 
-@functools.cache
-def full_shapes(cfg: LabConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor of the lab model `cfg` and its shape (built on the meta device: no memory, any size)."""
-    with torch.device("meta"):
-        model = LabModel(cfg)
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
-
-
-def layout(cfg: LabConfig, axes: dict[str, int], rank: int) -> dict[str, tuple[int, int, int] | None]:
-    """What `rank` holds of the lab model on the mesh `axes` (with dp, pp and tp): {name: (dim, start, stop)}, its
-    piece of the tensor (indices [start, stop) along dim), or None for a tensor it holds whole."""
-    c = mesh_coords(rank, axes)
-    s, S, t, T = c.get("pp", 0), axes.get("pp", 1), c.get("tp", 0), axes.get("tp", 1)
-    hd, nq, nkv, F, V = cfg.head_size, cfg.heads, cfg.kv_heads, cfg.ffn, cfg.vocab_size
-    q = (0, t * nq // T * hd, (t + 1) * nq // T * hd)  # its query heads' rows
-    if T <= nkv:  # nkv / T K/V heads of its own
-        kv = (0, t * nkv // T * hd, (t + 1) * nkv // T * hd)
-    else:  # the one K/V head its query heads read, the same on the T / nkv ranks that share it
-        j = t * nkv // T
-        kv = (0, j * hd, (j + 1) * hd)
-    ffn, vocab = (0, t * F // T, (t + 1) * F // T), (0, t * V // T, (t + 1) * V // T)
-    held: dict[str, tuple[int, int, int] | None] = {}
-    if s == 0:
-        held["embed.weight"] = vocab
-    per = cfg.layers // S
-    for i in range(s * per, (s + 1) * per):
-        p = f"blocks.{i}."
-        held |= {
-            p + "attn_norm.weight": None,
-            p + "attn.q.weight": q,
-            p + "attn.k.weight": kv,
-            p + "attn.v.weight": kv,
-            p + "attn.o.weight": (1, q[1], q[2]),
-            p + "mlp_norm.weight": None,
-            p + "mlp.gate.weight": ffn,
-            p + "mlp.up.weight": ffn,
-            p + "mlp.down.weight": (1, ffn[1], ffn[2]),
-        }
-    if s == S - 1:
-        held["norm.weight"] = None
-        if not cfg.tied:
-            held["head.weight"] = vocab
-    return held
-
-
-def held_shapes(cfg: LabConfig, axes: dict[str, int], rank: int) -> dict[str, list[int]]:
-    """The shape of each piece `rank` holds."""
-    full, out = full_shapes(cfg), {}
-    for name, where in layout(cfg, axes, rank).items():
-        shape = list(full[name])
-        if where is not None:
-            shape[where[0]] = where[2] - where[1]
-        out[name] = shape
-    return out
-
-
-def held_states(cfg: LabConfig, axes: dict[str, int], rank: int, bytes_per=None) -> dict[str, int]:
-    """Bytes of parameters, gradients and optimizer states `rank` holds with ZeRO-1 over dp: its pieces whole,
-    their gradients whole, 1/D of the optimizer states. bytes_per: (param, grad, optimizer) bytes per number;
-    default the model's dtype with Adam's master, m and v in it."""
-    psi = sum(math.prod(shape) for shape in held_shapes(cfg, axes, rank).values())
-    p, g, k = bytes_per or (cfg.dtype_bytes, cfg.dtype_bytes, 3 * cfg.dtype_bytes)
-    return {"params": psi * p, "grads": psi * g, "optimizer": psi * k // axes.get("dp", 1)}
-
-
 def deal(cfg: LabConfig, axes: dict[str, int], rank: int, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The pieces of the full weights `rank` holds, copied onto this rank's device."""
     pieces = {}
@@ -250,38 +183,7 @@ def lab_weights() -> dict[str, torch.Tensor]:
     return {name: p.detach() for name, p in build_lab_model(CFG, 0).named_parameters()}
 
 
-def layouts_of(world: int, cfg: LabConfig = CFG) -> list[dict[str, int]]:
-    """Every dp x pp x tp layout of `world` ranks the lab model splits into: whole heads, FFN rows, vocabulary rows
-    and blocks per rank, and tp a divisor or a multiple of the K/V heads."""
-    found = []
-    for tp in range(1, world + 1):
-        whole = all(n % tp == 0 for n in (cfg.heads, cfg.ffn, cfg.vocab_size))
-        if not whole or (cfg.kv_heads % tp and tp % cfg.kv_heads):
-            continue
-        for pp in range(1, world // tp + 1):
-            if world % (tp * pp) == 0 and cfg.layers % pp == 0:
-                found.append({"dp": world // (tp * pp), "pp": pp, "tp": tp})
-    return found
-
-
 # ----------------------------------------------------------------------------------------- part 1: groups
-
-
-def row_major_group(rank: int, axes: dict[str, int], axis: str) -> list[int]:
-    """The ranks of `rank`'s group along `axis` in torch's layout: torch.arange(world).view(sizes), row-major."""
-    grid = torch.arange(math.prod(axes.values())).view(*axes.values())  # host: rank numbers, no data
-    rows = grid.movedim(list(axes).index(axis), -1).reshape(-1, axes[axis])  # every group along `axis`, one a row
-    return next(row.tolist() for row in rows if rank in row.tolist())
-
-
-def kv_ranks(rank: int, axes: dict[str, int], heads: int, kv_heads: int) -> list[int]:
-    """The ranks that hold the same K/V heads as `rank` (itself included), in tp order: its tp partners whose
-    query heads read the same K/V head when tp > kv_heads; itself alone otherwise."""
-    tp = row_major_group(rank, axes, "tp")
-    T, t = len(tp), tp.index(rank)
-    if T <= kv_heads:
-        return [rank]
-    return [r for u, r in enumerate(tp) if u * kv_heads // T == t * kv_heads // T]
 
 
 def _ranks(value) -> list[int] | str:
@@ -351,7 +253,7 @@ def judge_groups(data) -> list[str]:
         ]
         what = f"kv_group, {_shape(axes)}, {heads} query heads, {kv_heads} K/V: every rank's K/V group"
         lines.append(first_difference(what, items))
-    lines.append(library_line("groups", data["library"], "parlab's mesh and hybrid code"))
+    lines.append(library_line("groups", data["library"], "parlab's mesh, " + WHAT))
     return lines
 
 
@@ -407,9 +309,9 @@ def _as_states(value) -> dict | str:
 
 def collect_memory(local_shapes, state_bytes) -> dict:
     measured = [list(rank) for rank in parlab.launch(measure_states, WORLD, STEP_MESHES, **LAUNCH)]
-    yours = {}
+    yours, layouts = {}, STEP_MESHES + other_layouts()
     with library_calls(LATER) as called:
-        for axes in STEP_MESHES + other_layouts():
+        for axes in layouts:
             world = math.prod(axes.values())
             yours[_shape(axes)] = [
                 {
@@ -465,7 +367,7 @@ def judge_memory(data) -> list[str]:
             items += _state_items(label, held_states(CFG, axes, r), y["states"])
     what = "every other layout of 8 ranks and three of 16: every rank's shapes and bytes against the theory"
     lines.append(first_difference(what, items))
-    lines.append(library_line("memory", data["library"], "parlab's hybrid, ZeRO and mesh-lesson code"))
+    lines.append(library_line("memory", data["library"], WHAT))
     return lines
 
 
@@ -550,32 +452,6 @@ def single_device() -> dict:
     loss = loss_fn(h, target)
     loss.backward()
     return {"loss": loss.detach(), "grads": {n: p.grad for n, p in model.named_parameters() if p.grad is not None}}
-
-
-def own_groups(axes: dict[str, int], rank: int) -> dict[str, list[int]]:
-    """The rank's groups: one per axis of the mesh, and the ranks sharing its K/V head."""
-    groups = {axis: sorted(row_major_group(rank, axes, axis)) for axis in ("tp", "pp", "dp")}
-    return groups | {"kv": sorted(kv_ranks(rank, axes, CFG.heads, CFG.kv_heads))}
-
-
-def step_theory(axes: dict[str, int], rank: int) -> dict:
-    """What `rank` hands to each of its groups in one step (payload bytes): all-reduces on tp, dp and its K/V
-    group, and (op, stage step, bytes) of each send and receive on pp."""
-    c, e = mesh_coords(rank, axes), CFG.dtype_bytes
-    S, D, T = axes["pp"], axes["dp"], axes["tp"]
-    s, blocks = c["pp"], CFG.layers // S
-    message = B // D * CFG.seq_len * CFG.hidden * e  # one [b, T, H] activation or its gradient
-    sends = ([("send", +1)] if s < S - 1 else []) + ([("send", -1)] if s > 0 else [])
-    recvs = ([("recv", -1)] if s > 0 else []) + ([("recv", +1)] if s < S - 1 else [])
-    shapes = {name: shape for name, shape in held_shapes(CFG, axes, rank).items() if name.startswith("blocks.")}
-    k_numel = math.prod(next(shape for name, shape in shapes.items() if name.endswith("attn.k.weight")))
-    shared = len(kv_ranks(rank, axes, CFG.heads, CFG.kv_heads)) > 1
-    return {
-        "tp": 4 * blocks * message if T > 1 else 0,  # per block: g forward and f backward, attention and MLP
-        "pp": sorted((op, step, message) for op, step in sends + recvs),
-        "dp": sum(math.prod(shape) for shape in shapes.values()) * e if D > 1 else 0,  # every gradient of its blocks
-        "kv": 2 * blocks * k_numel * e if shared else 0,  # the K and V gradients of each block
-    }
 
 
 def per_group(result: dict, axes: dict[str, int], rank: int) -> dict:
@@ -676,7 +552,7 @@ def judge_step(data) -> list[str]:
             ]
             lines.append(first_difference(f"{shape}: every rank's {label} against the theory", items))
         called += [name for res in results for name in res["library"]]
-    lines.append(library_line("step", called, "parlab's hybrid, pipeline, data-parallel and ZeRO code"))
+    lines.append(library_line("step", called, WHAT))
     return lines
 
 
@@ -689,22 +565,6 @@ LABELS = {
     "dp_bytes": "rank 0 of dp=2 x pp=2 x tp=2: bytes all-reduced on dp in one step",
     "kv_bytes": "rank 0 of tp=4 x dp=2 x pp=1: bytes all-reduced on its K/V group in one step",
 }
-
-
-def _rank0(per_mesh: list[dict]) -> dict:
-    """The four quantities of the prediction, from rank 0's per-group bytes on the two meshes."""
-    a, b = per_mesh
-    return {
-        "tp_bytes": a["tp"],
-        "pp_bytes": sum(n for op, _, n in a["pp"] if op == "send"),
-        "dp_bytes": a["dp"],
-        "kv_bytes": b["kv"],
-    }
-
-
-def traffic_theory() -> dict:
-    """The prediction's theory: rank 0's payload per group in one step, on each of the two meshes."""
-    return _rank0([step_theory(axes, 0) for axes in STEP_MESHES])
 
 
 def collect_traffic(predicted: dict, hybrid_step) -> dict:
@@ -721,16 +581,6 @@ def judge_traffic(data) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------- the prediction at scale
-
-
-def memory_at_scale_theory() -> dict:
-    """The model-state GB of the busiest GPU of the Llama-like model on LLAMA_AXES, ZeRO-1, mixed precision."""
-    stages = [mesh_rank({"pp": s, "dp": 0, "tp": 0}, LLAMA_AXES) for s in range(LLAMA_AXES["pp"])]  # tp ranks: alike
-    busiest = max(sum(held_states(LLAMA, LLAMA_AXES, rank, MIXED).values()) for rank in stages)
-    return {"gb": busiest / 1e9}
-
-
-THEORY = {"traffic": traffic_theory, "memory_at_scale": memory_at_scale_theory}
 
 
 def collect_memory_at_scale(predicted) -> dict:
