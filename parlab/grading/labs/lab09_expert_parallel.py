@@ -263,7 +263,7 @@ def judge_dispatch(data) -> list[str]:
     lines.append(first_difference("received counts [P, E/P] (row s: rank s's rows for my experts), every rank", counts))
     grads = []
     for s in range(P):  # dL/dx of row i of rank s: the upstream weight of the row where it landed
-        g = torch.zeros(ROWS[s], H, dtype=torch.float64)
+        g = torch.zeros(ROWS[s], H, dtype=torch.float64)  # host: the reference on one device
         for i in range(ROWS[s]):
             d = owner(int(inputs[s][1][i]))
             g[i] = upstream(d, ref[d]["rows"].shape[0])[ref[d]["land"][(s, i)]]
@@ -383,7 +383,7 @@ def traffic_rank() -> dict:
     layout = sorted(range(E), key=lambda e: (owner(e), e))  # the library's expert i is round-robin expert layout[i]
     renumber = torch.tensor([layout.index(e) for e in range(E)])  # host: ids, then moved with the rows
     counts = torch.tensor(TRAFFIC_COUNTS[rank])  # host: the table
-    expert = torch.arange(E).repeat_interleave(counts).to(parlab.device())  # [n]: one row per assignment
+    expert = torch.arange(E).repeat_interleave(counts).to(parlab.device())  # host: the table, then moved; [n]
     n = expert.numel()
     gen = torch.Generator().manual_seed(400 + rank)
     x = torch.randn(n, H, generator=gen, dtype=torch.float64).to(parlab.device())  # host: the seeded draw

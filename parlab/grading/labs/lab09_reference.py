@@ -54,11 +54,10 @@ def expert_weights() -> dict[str, torch.Tensor]:
     """Every expert's weights: gate, up [E, F, H], down [E, H, F] (rank r holds those of its experts only)."""
     gen = torch.Generator().manual_seed(9)
     shapes = {"gate": (E, FFN, H), "up": (E, FFN, H), "down": (E, H, FFN)}
-    # host: the seeded draw; each rank copies its experts' weights onto its device
-    return {
-        name: torch.randn(shape, generator=gen, dtype=torch.float64) / math.sqrt(shape[-1])
-        for name, shape in shapes.items()
-    }
+    weights = {}
+    for name, shape in shapes.items():  # each rank copies its experts' weights onto its device
+        weights[name] = torch.randn(shape, generator=gen, dtype=torch.float64) / math.sqrt(shape[-1])  # host: seeded
+    return weights
 
 
 def dispatch_inputs(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,7 +68,7 @@ def dispatch_inputs(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     choices = torch.tensor([0, 1, 2, 4, 5, 7, 7, 0])  # host: the seeded draw's choices
     if rank == 3:
         choices = torch.tensor([2, 7, 7, 2])  # host: rank 3 sends nothing to ranks 0 and 1
-    return x, choices[torch.randint(len(choices), (n,), generator=gen)]
+    return x, choices[torch.randint(len(choices), (n,), generator=gen)]  # host: the seeded draw
 
 
 def layer_inputs(rank: int, tokens: int = TOKENS):
@@ -99,7 +98,7 @@ def shuffle_reference() -> list[dict]:
     inputs = [dispatch_inputs(r) for r in range(P)]
     out = []
     for d in range(P):
-        rows, counts, land, names = [], torch.zeros(P, PER, dtype=torch.long), {}, []
+        rows, counts, land, names = [], torch.zeros(P, PER, dtype=torch.long), {}, []  # host: one device
         for s, (x, chosen) in enumerate(inputs):
             for j, e in enumerate(experts_of(d)):
                 idx = (chosen == e).nonzero().flatten().tolist()
@@ -110,7 +109,7 @@ def shuffle_reference() -> list[dict]:
                     names.append(f"rank {s}'s row {i} (expert {e})")
         out.append(
             {
-                "rows": torch.stack(rows) if rows else torch.zeros(0, H, dtype=torch.float64),
+                "rows": torch.stack(rows) if rows else torch.zeros(0, H, dtype=torch.float64),  # host: one device
                 "counts": counts,
                 "land": land,
                 "names": names,
