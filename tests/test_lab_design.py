@@ -35,9 +35,7 @@ PENDING = {
     "lab03_pipeline_1f1b",
     "lab05_zero",
     "lab06_offload",
-    "lab07_hybrid",
     "lab08_parameter_server",
-    "lab09_expert_parallel",
     "lab11_fault_tolerance",
     "lab_bug_hunt",
 }

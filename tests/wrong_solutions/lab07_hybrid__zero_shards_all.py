@@ -1,24 +1,45 @@
 # ruff: noqa
 # A wrong answer to labs/lab07_hybrid.ipynb (the other answers are the solution's). The bug: ZeRO stage 1 taken
 # to divide every kind of state by the dp size (that is stage 3), so parameters and gradients come out D times
-# too small; the prediction at scale makes the same mistake (16 bytes per parameter over 16).
+# too small; the prediction at scale makes the same mistake (all 16 bytes per parameter over 16).
 # EXPECT FAIL: memory, memory_at_scale
 
 # ANSWER: memory
-def state_bytes(cfg, axes: dict[str, int], rank: int) -> dict[str, int]:
-    D, S, T = axes["dp"], axes["pp"], axes["tp"]
-    s = mesh_group(rank, axes, "pp").index(rank)
-    Hd, Fd, V = cfg.hidden, cfg.ffn, cfg.vocab_size
-    split = 4 * Hd * Hd + 3 * Hd + 2 * Hd * Fd + Fd
-    replicated = 6 * Hd
-    psi = cfg.layers // S * (split // T + replicated)
-    if s == 0:
-        psi += V * Hd // T + cfg.seq_len * Hd
+def local_shapes(cfg, axes, rank):
+    from parlab.core.mesh import mesh_coords
+
+    c = mesh_coords(rank, axes)
+    s, S, T = c["pp"], axes["pp"], axes["tp"]
+    H, F, V, hd = cfg.hidden, cfg.ffn, cfg.vocab_size, cfg.head_size
+    q_rows, kv_rows = cfg.heads // T * hd, max(cfg.kv_heads // T, 1) * hd
+    shapes = {"embed.weight": (V // T, H)} if s == 0 else {}
+    per = cfg.layers // S
+    for i in range(s * per, (s + 1) * per):
+        p = f"blocks.{i}."
+        shapes |= {
+            p + "attn_norm.weight": (H,),
+            p + "attn.q.weight": (q_rows, H),
+            p + "attn.k.weight": (kv_rows, H),
+            p + "attn.v.weight": (kv_rows, H),
+            p + "attn.o.weight": (H, q_rows),
+            p + "mlp_norm.weight": (H,),
+            p + "mlp.gate.weight": (F // T, H),
+            p + "mlp.up.weight": (F // T, H),
+            p + "mlp.down.weight": (H, F // T),
+        }
     if s == S - 1:
-        psi += V * Hd // T + 2 * Hd
-    e = cfg.dtype_bytes
+        shapes |= {"norm.weight": (H,), "head.weight": (V // T, H)}
+    return shapes
+
+
+def state_bytes(cfg, axes, rank):
+    psi = sum(math.prod(shape) for shape in local_shapes(cfg, axes, rank).values())
+    e, D = cfg.dtype_bytes, axes["dp"]
     return {"params": psi * e // D, "grads": psi * e // D, "optimizer": 3 * psi * e // D}
 
 
-# ANSWER: memory_at_scale
-gb = 175e9 / 64 * (2 + 2 + 12) / 16 / 1e9
+# PREDICT: memory_at_scale
+H, F, V, hd, T = 8192, 28672, 128256, 128, 8
+block = 2 * H + 2 * (64 // T * hd) * H + 2 * hd * H + 3 * (F // T) * H
+psi = 80 // 8 * block + V // T * H + H
+gb = psi * (2 + 2 + 12) / 16 / 1e9

@@ -1,10 +1,13 @@
-"""Lab 07's checks: the groups of a device mesh, one hybrid training step with each collective on its axis, and
-the memory of a layout with ZeRO-1 on the dp axis (see parlab/grading for collect_/judge_).
+"""Lab 07's checks: the groups of a device mesh (and of the ranks that share a K/V head), what each rank of a
+dp x pp x tp mesh holds of the lab model with ZeRO-1, and one hybrid training step of the lab model's blocks with
+each collective on its axis (see parlab/grading for collect_/judge_).
 
-The hybrid step runs on a toy model: L Megatron MLP blocks, h <- h + g(relu(f(h) W1^T) W2^T) with W1: [F, H]
-split by rows over tp (column-parallel), W2: [H, F] split by columns (row-parallel), float64; the loss is the mean
-over a replica's rows of |h - target|^2. Every call the step makes into torch.distributed is recorded at the
-process group, with the global ranks of that group (`recording`), so the checks see which axis each call used.
+The model is the labs' own (parlab/core/lab_model.py): RMSNorm, grouped-query attention with fewer K/V heads than
+query heads, RoPE, a SwiGLU MLP without biases, an untied head. Its layout on the mesh (which rank holds which
+piece), and every count made from it, are in parlab/grading/labs/lab07_layout.py, the reference: the answer of
+parts 1 and 2, on the lab's LIBRARY. Every call the step makes into torch.distributed is recorded at the process
+group, with the global ranks of that group (`recording`), so the checks see which group each call used; calls into
+the library's own hybrid code (and into the reference) are seen too (`LIBRARY`, parlab/grading/labs/guard.py).
 """
 
 from __future__ import annotations
@@ -13,20 +16,56 @@ import math
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 
 import parlab
 from parlab.core import probe
-from parlab.core.check import check_equal, compare
+from parlab.core.check import compare
+from parlab.core.lab_model import LabConfig, build_lab_model
 from parlab.core.mesh import DeviceMesh, mesh_coords
-from parlab.core.models import GPTConfig, build_model, make_batches
-from parlab.grading.labs import prediction_lines, run_check
-from parlab.schemes.hybrid.planner import Cluster, ModelSpec, Plan, estimate
-from parlab.schemes.hybrid.train import train_hybrid
-from parlab.schemes.pipeline.schedules import make_schedule
+from parlab.grading.labs import lab07_layout, prediction_lines, run_check
+from parlab.grading.labs.guard import library_calls, library_line
+from parlab.grading.labs.lab07_layout import (
+    CFG,
+    KINDS,
+    STEP_MESHES,
+    B,
+    _rank0,
+    held_shapes,
+    held_states,
+    kv_ranks,
+    layout,
+    layouts_of,
+    memory_at_scale_theory,
+    own_groups,
+    row_major_group,
+    step_theory,
+    traffic_theory,
+)
 from parlab.schemes.tensor_parallel import copy_to_tensor_parallel, reduce_from_tensor_parallel
+from parlab.schemes.zero.stages import ZeRO
 
-LAUNCH = {"timeout": 60, "echo": False}  # a hang (a call some rank never matches) stops after 60 s
+LAUNCH = {"timeout": 30, "echo": False}  # a hang (a call some rank never matches) is diagnosed after 30 s
 WORLD = 8
+
+# What the parts must not call: the library's mesh arithmetic (part 1 only: later parts may use parlab's mesh, it is
+# what part 1 built), its hybrid scheme and the pieces it composes, the lesson helpers around them, and this lab's
+# own reference (the answers of parts 1 and 2).
+LIBRARY = (
+    "core/mesh.py",
+    "grading/labs/lab07_layout.py",
+    "schemes/hybrid/",
+    "schemes/pipeline/",
+    "schemes/data_parallel.py",
+    "schemes/zero/",
+    "lessons/hybrid.py",
+    "lessons/zero.py",
+)
+THEORY = lab07_layout.THEORY  # the predictions' theory, one home (tests/test_lab_design.py reads it here)
+WHAT = "the library's hybrid code or the checks' reference"
+MESH_CODE = "core/mesh.py"
+LATER = tuple(entry for entry in LIBRARY if entry != MESH_CODE)  # parts 2 and 3
+
 
 # Part 1: meshes of 8 live ranks (torch's DeviceMesh builds their groups), then larger ones checked in the grader.
 LIVE_MESHES = [
@@ -40,42 +79,41 @@ LARGE_MESHES = [
     {"tp": 3, "pp": 2, "dp": 2},
     {"dp": 2, "pp": 1, "tp": 3},
 ]
-
-# Part 2: the toy model and the layouts the step runs on (one launch, two meshes in turn).
-B, H, F, L = 12, 8, 32, 4  # global batch [B, H]; W1: [F, H], W2: [H, F]; L blocks
-STEP_MESHES = [
-    {"dp": 2, "pp": 2, "tp": 2},
-    {"pp": 4, "dp": 2, "tp": 1},  # pp slowest, and middle stages that both receive and send
+KV_CASES = [  # (mesh, query heads, K/V heads): who shares this rank's K/V heads
+    ({"dp": 2, "pp": 2, "tp": 2}, 8, 2),  # one K/V head per rank: nobody
+    ({"tp": 4, "dp": 2, "pp": 1}, 8, 2),  # two ranks per K/V head, tp slowest: partners 2 apart
+    ({"pp": 2, "dp": 1, "tp": 4}, 8, 1),  # one K/V head (multi-query): the whole tp group
+    ({"dp": 2, "tp": 8}, 16, 4),
+    ({"tp": 2, "pp": 3, "dp": 2}, 4, 4),  # two K/V heads per rank: nobody
+    ({"pp": 2, "tp": 8, "dp": 1}, 8, 2),
 ]
-TRAFFIC_MESH = STEP_MESHES[0]  # the predicted run: rank 0 of this mesh
 
-# Part 3: the reference GPT (float64) trained with ZeRO-1 and Adam on two layouts; every 8-rank layout estimated.
-CFG = GPTConfig(layers=4)
-MEASURED_MESHES = [{"dp": 2, "pp": 2, "tp": 2}, {"pp": 2, "dp": 4, "tp": 1}]
-KINDS = ("params", "grads", "optimizer")
-PLANNER_RTOL = 1e-3  # the planner counts no ZeRO padding (there is none at these sizes)
 
-# The prediction at scale: GPT-3 175B on 1024 GPUs, Megatron-LM's TP 8 x PP 8, ZeRO-1 over DP 16, mixed precision.
-GPT3 = ModelSpec(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200, tied=True)
-GPT3_PLAN = Plan(dp=16, tp=8, pp=8, zero=1)
-GPT3_BATCH = 1536
+MORE_MESHES = [  # part 2 in the grader, beside every other layout of 8 ranks
+    {"pp": 2, "dp": 2, "tp": 4},
+    {"dp": 2, "pp": 1, "tp": 8},
+    {"tp": 2, "pp": 4, "dp": 2},
+]
+
 
 STRUCTURAL = {
     "groups": "on 8 live ranks, torch's DeviceMesh (init_device_mesh) builds the groups of three layouts (axis "
-    "orders dp-pp-tp, pp-dp-tp and tp-dp); your function, called on each rank, must name the same ranks, in axis "
+    "orders dp-pp-tp, pp-dp-tp and tp-dp); your mesh_group, called on each rank, must name the same ranks, in axis "
     "order, for every rank and axis; four larger layouts (12 to 24 ranks, an axis of size 1) against torch's "
-    "row-major layout",
-    "step": "your step on 8 live ranks for two meshes (dp-pp-tp with 2 stages; pp-dp-tp with 4): the loss and "
+    "row-major layout; kv_group for six (mesh, heads, K/V heads): fewer, as many and more tp ranks than K/V heads, "
+    "tp slowest; a FAIL names the first rank, axis, expected and received group; no call into parlab.core.mesh",
+    "memory": "two ZeRO-1 runs on 8 live ranks (the library's ZeRO over dp on the pieces the layout deals out): "
+    "every rank's tensors and their shapes, and its params, grads and optimizer bytes counted from its tensors, "
+    "against yours; then every other layout of 8 ranks and three of 16 against the theory; a FAIL names the first "
+    "rank and tensor (or kind) with expected and received bytes",
+    "step": "your step on 8 live ranks for dp-pp-tp (2 stages) and tp-dp-pp (tp = 4 > 2 K/V heads): the loss and "
     "every rank's gradient slices against one device (float64); every call it makes into torch.distributed, "
-    "recorded at the process group with that group's ranks, must be on one of the rank's own axis groups, with "
-    "exactly the theory's bytes: all-reduces on tp, sends and receives with its pipeline neighbours on pp, the "
-    "gradient all-reduce on dp",
-    "traffic": "the predicted payload bytes of rank 0 on each axis in one step, against the grader's theory and "
-    "against the bytes your step handed to each axis' group on rank 0 (recorded at the process group)",
-    "memory": "every rank's parameter, gradient and optimizer-state bytes against what the ranks hold in two live "
-    "ZeRO-1 hybrid runs (parlab.schemes.hybrid.train.train_hybrid, counted from the tensors; axis orders dp-pp-tp "
-    "and pp-dp-tp); the busiest rank of every 8-rank layout against parlab's planner",
-    "memory_at_scale": "the predicted model-state bytes of the busiest GPU against parlab's planner",
+    "recorded at the process group with that group's ranks, on one of the rank's own groups (tp, pp, dp, or the "
+    "ranks sharing its K/V head), with exactly the theory's bytes on each; no call into the library's hybrid code",
+    "traffic": "the predicted payload bytes of rank 0 on tp, pp and dp (dp-pp-tp) and on its K/V group (tp-dp-pp), "
+    "against the grader's theory and against the bytes your step handed to each group on rank 0",
+    "memory_at_scale": "the predicted model-state GB of the busiest GPU of a Llama-like GQA model against the "
+    "grader's count of what each rank holds (the same layout as part 2), 5%",
 }
 
 
@@ -96,7 +134,29 @@ def _shape(axes: dict[str, int]) -> str:
     return " x ".join(f"{axis}={size}" for axis, size in axes.items())
 
 
-# ----------------------------------------------------------------------------------- recording, with groups
+def _where(rank: int, axes: dict[str, int]) -> str:
+    """'rank 5 (dp 1, pp 0, tp 1)'."""
+    return f"rank {rank} ({', '.join(f'{a} {i}' for a, i in mesh_coords(rank, axes).items())})"
+
+
+def _shown(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return "none" if value is None else str(value)
+    if isinstance(value, (int, float)) and float(value).is_integer():
+        return f"{int(value):,}"
+    return str(value)
+
+
+def first_difference(what: str, items: list[tuple[str, object, object]]) -> str:
+    """One verdict over many (label, expected, received): PASS when every one is as expected, else FAIL with the
+    first that is not, what was expected and what came."""
+    wrong = [(label, e, r) for label, e, r in items if e != r]
+    if not wrong:
+        return f"{what}: all {len(items)} as expected: PASS"
+    label, e, r = wrong[0]
+    return (
+        f"{what}: {len(wrong)} of {len(items)} differ; first {label}: expected {_shown(e)}, received {_shown(r)}: FAIL"
+    )
 
 
 def recording():
@@ -105,274 +165,139 @@ def recording():
     return probe.recording(keep_sent_data=False, with_groups=True)
 
 
+# ------------------------------------------------------------------------------- the layout (the one home)
+
+
+def deal(cfg: LabConfig, axes: dict[str, int], rank: int, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The pieces of the full weights `rank` holds, copied onto this rank's device."""
+    pieces = {}
+    for name, where in layout(cfg, axes, rank).items():
+        tensor = full[name] if where is None else full[name].narrow(where[0], where[1], where[2] - where[1])
+        pieces[name] = tensor.detach().clone().to(parlab.device())
+    return pieces
+
+
+def lab_weights() -> dict[str, torch.Tensor]:
+    """The lab model's full weights, seeded: the same on every rank."""
+    # host: the seeded model; each rank copies its pieces onto its device (deal)
+    return {name: p.detach() for name, p in build_lab_model(CFG, 0).named_parameters()}
+
+
 # ----------------------------------------------------------------------------------------- part 1: groups
 
 
-def torch_groups(mesh_group, layouts: list[dict[str, int]]) -> list[dict]:
-    """Rank code: for each layout, torch's DeviceMesh groups of this rank and what your function says."""
+def _ranks(value) -> list[int] | str:
+    try:
+        return [int(r) for r in value]
+    except (TypeError, ValueError):
+        return f"{type(value).__name__}: {value!r}"[:60]
+
+
+def torch_groups(mesh_group, layouts: list[dict[str, int]]) -> dict:
+    """Rank code: for each layout, torch's DeviceMesh groups of this rank and what mesh_group says."""
     rank, out = dist.get_rank(), []
+    called: list[str] = []
     for axes in layouts:
         mesh = DeviceMesh(axes)  # torch's init_device_mesh: one process group per axis
         torch_says = {axis: sorted(dist.get_process_group_ranks(mesh.group(axis))) for axis in axes}
-        yours = {axis: [int(r) for r in mesh_group(rank, dict(axes), axis)] for axis in axes}
+        with library_calls(LIBRARY) as seen:
+            yours = {axis: _ranks(mesh_group(rank, dict(axes), axis)) for axis in axes}
+        called += seen
         out.append({"torch": torch_says, "yours": yours})
-    return out
+    return {"layouts": out, "library": called}
 
 
-def collect_groups(mesh_group) -> dict:
+def collect_groups(mesh_group, kv_group) -> dict:
     live = list(parlab.launch(torch_groups, WORLD, mesh_group, LIVE_MESHES, **LAUNCH))
-    large = []
-    for axes in LARGE_MESHES:
-        n = math.prod(axes.values())
-        large.append(
-            [{axis: [int(r) for r in mesh_group(rank, dict(axes), axis)] for axis in axes} for rank in range(n)]
-        )
-    return {"live": live, "large": large}
-
-
-def row_major_group(rank: int, axes: dict[str, int], axis: str) -> list[int]:
-    """The ranks of `rank`'s group along `axis` in torch's layout: torch.arange(world).view(sizes), row-major."""
-    grid = torch.arange(math.prod(axes.values())).view(*axes.values())
-    rows = grid.movedim(list(axes).index(axis), -1).reshape(-1, axes[axis])  # every group along `axis`, one a row
-    return next(row.tolist() for row in rows if rank in row.tolist())
+    with library_calls(LIBRARY) as called:
+        large = [
+            [
+                {axis: _ranks(mesh_group(rank, dict(axes), axis)) for axis in axes}
+                for rank in range(math.prod(axes.values()))
+            ]
+            for axes in LARGE_MESHES
+        ]
+        kv = [
+            [_ranks(kv_group(rank, dict(axes), heads, kv_heads)) for rank in range(math.prod(axes.values()))]
+            for axes, heads, kv_heads in KV_CASES
+        ]
+    return {
+        "live": [rank["layouts"] for rank in live],
+        "large": large,
+        "kv": kv,
+        "library": [name for rank in live for name in rank["library"]] + list(called),
+    }
 
 
 def judge_groups(data) -> list[str]:
     lines = []
     for i, axes in enumerate(LIVE_MESHES):
-        wrong = sum(
-            data["live"][r][i]["yours"][axis] != data["live"][r][i]["torch"][axis]
+        items = [
+            (f"rank {r}, axis {axis}", data["live"][r][i]["torch"][axis], data["live"][r][i]["yours"][axis])
             for r in range(WORLD)
             for axis in axes
+        ]
+        lines.append(
+            first_difference(f"{_shape(axes)} on 8 ranks: every rank's group on each axis against torch's", items)
         )
-        what = f"{_shape(axes)} on 8 ranks: (rank, axis) pairs whose group differs from torch's DeviceMesh"
-        lines.append(check_equal(what, wrong, 0).line)
     for i, axes in enumerate(LARGE_MESHES):
-        yours = data["large"][i]
-        wrong = sum(
-            yours[r][axis] != row_major_group(r, axes, axis) for r in range(math.prod(axes.values())) for axis in axes
-        )
-        what = f"{_shape(axes)}: (rank, axis) pairs whose group differs from torch's row-major layout"
-        lines.append(check_equal(what, wrong, 0).line)
+        items = [
+            (f"rank {r}, axis {axis}", row_major_group(r, axes, axis), data["large"][i][r][axis])
+            for r in range(math.prod(axes.values()))
+            for axis in axes
+        ]
+        lines.append(first_difference(f"{_shape(axes)}: every rank's group on each axis, row-major", items))
+    for i, (axes, heads, kv_heads) in enumerate(KV_CASES):
+        items = [
+            (f"rank {r}", kv_ranks(r, axes, heads, kv_heads), data["kv"][i][r]) for r in range(math.prod(axes.values()))
+        ]
+        what = f"kv_group, {_shape(axes)}, {heads} query heads, {kv_heads} K/V: every rank's K/V group"
+        lines.append(first_difference(what, items))
+    lines.append(library_line("groups", data["library"], "parlab's mesh, " + WHAT))
     return lines
 
 
-# -------------------------------------------------------------------------------------- part 2: the step
+# ------------------------------------------------------------------------------------------ part 2: memory
 
 
-def full_weights(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The L blocks' full weights (W1: [F, H], W2: [H, F]), the same on every rank."""
-    gen = torch.Generator().manual_seed(seed)
-    return [
-        (
-            torch.randn(F, H, generator=gen, dtype=torch.float64) / H**0.5,
-            torch.randn(H, F, generator=gen, dtype=torch.float64) / F**0.5,
-        )
-        for _ in range(L)
-    ]
+def held_module(pieces: dict[str, torch.Tensor]) -> nn.Module:
+    """The pieces as parameters of modules named as in the lab model (embed, blocks.2, ..., norm, head): ZeRO's
+    units are the top-level children."""
+    root = nn.Module()
+    for name, tensor in pieces.items():
+        *path, leaf = name.split(".")
+        module = root
+        for part in path:
+            if not hasattr(module, part):
+                module.add_module(part, nn.Module())
+            module = getattr(module, part)
+        module.register_parameter(leaf, nn.Parameter(tensor))
+    return root
 
 
-def full_batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch x: [B, H] and its target: [B, H], the same on every rank."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(B, H, generator=gen, dtype=torch.float64), torch.randn(B, H, generator=gen, dtype=torch.float64)
-
-
-def mlp_block(h: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, tp_group) -> torch.Tensor:
-    """One Megatron MLP block on this rank's slices, h: [b, H] -> [b, H]. w1: [F/T, H] (rows of W1, column-
-    parallel), w2: [H, F/T] (columns of W2, row-parallel). f and g talk over `tp_group`."""
-    a = torch.relu(copy_to_tensor_parallel(h, "mlp", tp_group) @ w1.T)  # [b, F/T]: f, identity forward
-    return h + reduce_from_tensor_parallel(a @ w2.T, "mlp", tp_group)  # [b, H]: g sums the T partial products
-
-
-def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The mean over the rows of |out - target|^2: out, target [rows, H]."""
-    return ((out - target) ** 2).sum(dim=1).mean()
-
-
-def stage_blocks(mesh: DeviceMesh) -> tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]:
-    """The blocks this rank holds: its stage's (L / S consecutive blocks), and of each its tp slices."""
-    s, S = mesh.index("pp"), mesh.size("pp")
-    t, T = mesh.index("tp"), mesh.size("tp")
-    ids = list(range(s * L // S, (s + 1) * L // S))
-    k = F // T
-    weights = full_weights()
-    blocks = [
-        (
-            weights[i][0][t * k : (t + 1) * k].clone().requires_grad_(),  # [F/T, H]
-            weights[i][1][:, t * k : (t + 1) * k].clone().requires_grad_(),
-        )  # [H, F/T]
-        for i in ids
-    ]
-    return ids, blocks
-
-
-def run_step(hybrid_step, layouts: list[dict[str, int]]) -> list[dict]:
-    """Rank code: for each layout, build the mesh, deal out the blocks, run your step once, recording every call."""
-    out = []
+def measure_states(layouts: list[dict[str, int]]) -> list[dict]:
+    """Rank code: for each layout, the pieces this rank holds, and one ZeRO-1 step (the library's, Adam, over the
+    dp group) on them: the shapes, and the bytes of parameters, gradients and optimizer states counted from the
+    tensors it holds afterwards."""
+    full, out = lab_weights(), []
     for axes in layouts:
         mesh = DeviceMesh(axes)
-        ids, blocks = stage_blocks(mesh)
-        x, target = full_batch()
-        x.requires_grad_()  # x stands for an embedding's output: its gradient is wanted too
-        with recording() as calls:
-            loss = hybrid_step(mesh, blocks, x, target)
-        out.append(
-            {
-                "coords": dict(mesh.coords),
-                "groups": {axis: sorted(mesh.ranks(axis)) for axis in ("dp", "pp", "tp")},
-                "ids": ids,
-                "loss": None if loss is None else torch.as_tensor(loss, dtype=torch.float64).detach().reshape(()),
-                "grads": [[w.grad for w in block] for block in blocks],
-                "calls": calls,
-            }
-        )
+        pieces = deal(CFG, axes, mesh.rank, full)
+        zero = ZeRO(held_module(pieces), 1, lr=0.01, group=mesh.group("dp"))
+        for unit in zero.units:
+            unit.grad_flat.fill_(1.0)  # a gradient: the step reduce-scatters it, steps Adam and gathers
+        zero.step()
+        held = zero.held()
+        zero.remove()
+        out.append({"shapes": {n: list(t.shape) for n, t in pieces.items()}, "states": {k: held[k] for k in KINDS}})
     return out
 
 
-def single_device() -> dict:
-    """One device: the whole batch through the L full blocks."""
-    blocks = [(w1.requires_grad_(), w2.requires_grad_()) for w1, w2 in full_weights()]
-    h, target = full_batch()
-    for w1, w2 in blocks:
-        h = h + torch.relu(h @ w1.T) @ w2.T
-    loss = loss_fn(h, target)
-    loss.backward()
-    return {"loss": loss.detach(), "grads": [(w1.grad, w2.grad) for w1, w2 in blocks]}
-
-
-def step_theory(axes: dict[str, int], coords: dict[str, int]) -> dict:
-    """What one rank hands to each axis' group in one step (payload bytes)."""
-    S, D, T, e = axes.get("pp", 1), axes.get("dp", 1), axes.get("tp", 1), 8
-    s, blocks, message = coords["pp"], L // S, B // D * H * e  # one [b, H] activation or gradient
-    sends = ([("send", +1)] if s < S - 1 else []) + ([("send", -1)] if s > 0 else [])
-    recvs = ([("recv", -1)] if s > 0 else []) + ([("recv", +1)] if s < S - 1 else [])
-    return {
-        "tp": 2 * blocks * message,  # f (backward) and g (forward) of every block
-        "pp": sorted((op, step, message) for op, step in sends + recvs),
-        "dp": blocks * 2 * (F // T) * H * e,  # all of this rank's gradients
-    }
-
-
-def axis_of(call: dict, groups: dict[str, list[int]]) -> str | None:
-    """The axis whose group the call ran on (None: not one of the rank's axis groups)."""
-    return next((axis for axis, ranks in groups.items() if call["group"] == ranks), None)
-
-
-def _per_axis(result: dict) -> dict:
-    """A rank's calls by axis: all-reduce bytes on tp and dp, (op, stage step, bytes) of its pp messages, and the
-    number of calls on no axis of its own (or a kind of call its axis does not use)."""
-    groups, coords = result["groups"], result["coords"]
-    pp_ranks = groups["pp"]
-    got = {"tp": 0, "dp": 0, "pp": [], "stray": 0}
-    for call in result["calls"]:
-        axis = axis_of(call, groups)
-        if axis in ("tp", "dp") and call["op"] == "allreduce":
-            got[axis] += int(call["bytes"])
-        elif axis == "pp" and call["op"] in probe.P2P and call["peer"] in pp_ranks:
-            got["pp"].append((call["op"], pp_ranks.index(call["peer"]) - coords["pp"], int(call["bytes"])))
-        else:
-            got["stray"] += 1
-    got["pp"] = sorted(got["pp"])
-    return got
-
-
-def collect_step(hybrid_step) -> dict:
-    return {"ranks": list(parlab.launch(run_step, WORLD, hybrid_step, STEP_MESHES, **LAUNCH))}
-
-
-def judge_step(data) -> list[str]:
-    reference, lines = single_device(), []
-    for i, axes in enumerate(STEP_MESHES):
-        results = [rank[i] for rank in data["ranks"]]
-        shape = _shape(axes)
-        T = axes["tp"]
-        k = F // T
-        last = [res for res in results if res["coords"]["pp"] == axes["pp"] - 1 and res["coords"]["tp"] == 0]
-        losses = [res["loss"] for res in last]
-        loss = None if None in losses else sum(losses) / len(losses)  # one per replica: their mean
-        lines.append(compare(f"{shape}: loss, the mean over the replicas", loss, reference["loss"]).line)
-        yours, expected = [], []
-        for res in results:
-            t = res["coords"]["tp"]
-            for block, grads in zip(res["ids"], res["grads"], strict=True):
-                w1, w2 = reference["grads"][block]
-                yours += list(grads)
-                expected += [w1[t * k : (t + 1) * k], w2[:, t * k : (t + 1) * k]]
-        lines.append(compare(f"{shape}: every rank's gradient slices", yours, expected).line)
-        per_axis = [_per_axis(res) for res in results]
-        theory = [step_theory(axes, res["coords"]) for res in results]
-        stray = sum(got["stray"] for got in per_axis)
-        lines.append(check_equal(f"{shape}: calls not on one of the rank's own axis groups", stray, 0).line)
-        for axis, what in [
-            ("tp", "tp all-reduce bytes"),
-            ("pp", "sends and receives with its pipeline neighbours"),
-            ("dp", "dp all-reduce bytes"),
-        ]:
-            wrong = sum(got[axis] != th[axis] for got, th in zip(per_axis, theory, strict=True))
-            lines.append(check_equal(f"{shape}: ranks whose {what} differ from theory", wrong, 0).line)
-    return lines
-
-
-# ------------------------------------------------------------------------------------ traffic prediction
-
-PREDICTED = ("tp_bytes", "pp_bytes", "dp_bytes")
-
-
-def collect_traffic(predicted: dict, hybrid_step) -> dict:
-    rank0 = parlab.launch(run_step, WORLD, hybrid_step, [TRAFFIC_MESH], **LAUNCH)[0][0]
-    got = _per_axis(rank0)
-    measured = {
-        "tp_bytes": got["tp"],
-        "pp_bytes": sum(b for op, _, b in got["pp"] if op == "send"),
-        "dp_bytes": got["dp"],
-    }
-    return {"predicted": {k: plain(predicted.get(k)) for k in PREDICTED}, "measured": measured}
-
-
-def judge_traffic(data) -> list[str]:
-    theory = step_theory(TRAFFIC_MESH, mesh_coords(0, TRAFFIC_MESH))
-    theory = {
-        "tp_bytes": theory["tp"],
-        "pp_bytes": sum(b for op, _, b in theory["pp"] if op == "send"),
-        "dp_bytes": theory["dp"],
-    }
-    labels = {
-        "tp_bytes": "rank 0: bytes all-reduced on tp in one step",
-        "pp_bytes": "rank 0: bytes sent on pp in one step",
-        "dp_bytes": "rank 0: bytes all-reduced on dp in one step",
-    }
-    lines = []
-    for key in PREDICTED:
-        lines += prediction_lines(labels[key], data["predicted"][key], theory[key], data["measured"][key])
-    return lines
-
-
-# ------------------------------------------------------------------------------------------ part 3: memory
-
-
-def layouts_of(world: int, cfg: GPTConfig = CFG) -> list[dict[str, int]]:
-    """Every dp x pp x tp layout of `world` ranks that the hybrid can run the GPT `cfg` on."""
-    found = []
-    for tp in range(1, world + 1):
-        for pp in range(1, world // tp + 1):
-            if world % (tp * pp) or cfg.heads % tp or cfg.vocab_size % tp or cfg.layers % pp:
-                continue
-            found.append({"dp": world // (tp * pp), "pp": pp, "tp": tp})
-    return found
-
-
-def measure_states(layouts: list[dict[str, int]]) -> list[dict[str, int]]:
-    """Rank code: one step of the GPT with DP x PP x TP and ZeRO-1 over dp (Adam) for each layout; the bytes of
-    parameters, gradients and optimizer states this rank holds afterwards, counted from its tensors."""
-    out = []
-    for axes in layouts:
-        mesh = DeviceMesh(axes)
-        schedule = make_schedule("1f1b", axes["pp"], 2)  # 2 micro-batches of a 8-row batch per replica
-        batches = make_batches(CFG, 8, 1, seed=0)
-        result = train_hybrid(build_model(CFG, 0), mesh, schedule, batches, optimizer="adam", lr=0.01, zero_stage=1)
-        out.append({kind: result["state_bytes"][kind] for kind in KINDS})
-    return out
+def _as_shapes(value) -> dict | str:
+    try:
+        return {str(name): [int(n) for n in shape] for name, shape in dict(value).items()}
+    except (TypeError, ValueError, AttributeError) as exc:
+        return f"{type(exc).__name__}: {exc}"[:80]
 
 
 def _as_states(value) -> dict | str:
@@ -382,43 +307,280 @@ def _as_states(value) -> dict | str:
         return f"{type(exc).__name__}: {exc}"[:80]
 
 
-def collect_memory(state_bytes) -> dict:
-    measured = [list(rank) for rank in parlab.launch(measure_states, WORLD, MEASURED_MESHES, **LAUNCH)]
-    yours = {
-        _shape(axes): [_as_states(state_bytes(CFG, dict(axes), rank)) for rank in range(WORLD)]
-        for axes in MEASURED_MESHES + layouts_of(WORLD)
-    }
-    return {"measured": measured, "yours": yours}
+def collect_memory(local_shapes, state_bytes) -> dict:
+    measured = [list(rank) for rank in parlab.launch(measure_states, WORLD, STEP_MESHES, **LAUNCH)]
+    yours, layouts = {}, STEP_MESHES + other_layouts()
+    with library_calls(LATER) as called:
+        for axes in layouts:
+            world = math.prod(axes.values())
+            yours[_shape(axes)] = [
+                {
+                    "shapes": _as_shapes(local_shapes(CFG, dict(axes), r)),
+                    "states": _as_states(state_bytes(CFG, dict(axes), r)),
+                }
+                for r in range(world)
+            ]
+    return {"measured": measured, "yours": yours, "library": list(called)}
 
 
-def planner_states(axes: dict[str, int]) -> float:
-    """The planner's model states on the busiest device: float64 params and grads, Adam's master, m, v (24 bytes)."""
-    spec = ModelSpec(CFG.layers, CFG.hidden, CFG.heads, CFG.seq_len, CFG.vocab_size, CFG.ffn, CFG.tied)
-    plan = Plan(dp=axes["dp"], tp=axes["tp"], pp=axes["pp"], zero=1)
-    device = estimate(spec, Cluster(WORLD, float("inf")), plan, batch=8, bytes_per=(8, 8, 24)).device_bytes
-    return device["params"] + device["grads"] + device["optimizer"]
+def other_layouts() -> list[dict[str, int]]:
+    """The layouts part 2 checks against the theory only: every other one of 8 ranks, and three of 16."""
+    return [axes for axes in layouts_of(WORLD) if axes not in STEP_MESHES] + MORE_MESHES
+
+
+def _shape_items(rank_label: str, expected: dict, received) -> list[tuple[str, object, object]]:
+    """(label, expected, received) per tensor: its shape and bytes, 'none' when not held."""
+    if isinstance(received, str):
+        return [(rank_label, "a dict {name: shape}", received)]
+
+    def shown(shape):
+        return None if shape is None else f"{shape} ({math.prod(shape) * CFG.dtype_bytes:,} bytes)"
+
+    names = list(expected) + sorted(set(received) - set(expected))
+    return [(f"{rank_label}, {name}", shown(expected.get(name)), shown(received.get(name))) for name in names]
+
+
+def _state_items(rank_label: str, expected: dict, received) -> list[tuple[str, object, object]]:
+    if isinstance(received, str):
+        return [(rank_label, "a dict with params, grads, optimizer", received)]
+    return [(f"{rank_label}, {kind} bytes", expected[kind], received[kind]) for kind in KINDS]
 
 
 def judge_memory(data) -> list[str]:
     lines = []
-    for i, axes in enumerate(MEASURED_MESHES):
+    for i, axes in enumerate(STEP_MESHES):
         yours = data["yours"][_shape(axes)]
-        for kind in KINDS:
-            wrong = sum(not isinstance(y, dict) or y[kind] != data["measured"][r][i][kind] for r, y in enumerate(yours))
-            what = f"{_shape(axes)}: ranks whose {kind} bytes differ from what the ranks held (measured)"
-            lines.append(check_equal(what, wrong, 0).line)
-    off = []
-    for axes in layouts_of(WORLD):
-        yours = data["yours"][_shape(axes)]
-        if not all(isinstance(y, dict) for y in yours):
-            off.append(_shape(axes))
-            continue
-        busiest, planner = max(sum(y.values()) for y in yours), planner_states(axes)
-        if abs(busiest - planner) > PLANNER_RTOL * planner:
-            off.append(_shape(axes))
-    what = f"layouts of 8 ranks whose busiest rank is off the planner's estimate by more than {PLANNER_RTOL:.1%}"
-    lines.append(check_equal(what, len(off), 0).line)
+        shapes, states = [], []
+        for r, y in enumerate(yours):
+            held = data["measured"][r][i]
+            shapes += _shape_items(_where(r, axes), held["shapes"], y["shapes"])
+            states += _state_items(_where(r, axes), held["states"], y["states"])
+        what = f"{_shape(axes)}: every rank's tensors and their shapes against what the ranks held"
+        lines.append(first_difference(what, shapes))
+        what = f"{_shape(axes)}: every rank's params, grads and optimizer bytes against ZeRO-1's (measured)"
+        lines.append(first_difference(what, states))
+    items = []
+    for axes in other_layouts():
+        for r, y in enumerate(data["yours"][_shape(axes)]):
+            label = f"{_shape(axes)} {_where(r, axes)}"
+            items += _shape_items(label, held_shapes(CFG, axes, r), y["shapes"])
+            items += _state_items(label, held_states(CFG, axes, r), y["states"])
+    what = "every other layout of 8 ranks and three of 16: every rank's shapes and bytes against the theory"
+    lines.append(first_difference(what, items))
+    lines.append(library_line("memory", data["library"], WHAT))
     return lines
+
+
+# ---------------------------------------------------------------------------------------- part 3: the step
+
+BLOCK_KEYS = {  # a block's weights as the step receives them: short name -> the lab model's name in a block
+    "attn_norm": "attn_norm.weight",
+    "q": "attn.q.weight",
+    "k": "attn.k.weight",
+    "v": "attn.v.weight",
+    "o": "attn.o.weight",
+    "mlp_norm": "mlp_norm.weight",
+    "gate": "mlp.gate.weight",
+    "up": "mlp.up.weight",
+    "down": "mlp.down.weight",
+}
+
+
+def f(x: torch.Tensor, tp_group) -> torch.Tensor:
+    """Megatron's f over `tp_group`: identity forward, all-reduce of the gradient backward. x: [b, T, H]."""
+    return copy_to_tensor_parallel(x, "f", tp_group)
+
+
+def g(x: torch.Tensor, tp_group) -> torch.Tensor:
+    """Megatron's g over `tp_group`: all-reduce forward (the sum of the ranks' partial products), identity
+    backward. x: [b, T, H]."""
+    return reduce_from_tensor_parallel(x, "g", tp_group)
+
+
+def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The mean over the tokens of |out - target|^2: out, target [rows, T, H]."""
+    return ((out - target) ** 2).sum(dim=-1).mean()
+
+
+def full_batch(seed: int = 1, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch x: [B, T, H] (an embedding's output) and its target [B, T, H], the same on every rank."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (B, CFG.seq_len, CFG.hidden)
+    x, target = (torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(2))  # host: the seeded draw
+    return x.to(device or "cpu"), target.to(device or "cpu")
+
+
+def stage_blocks(axes: dict[str, int], rank: int, full: dict[str, torch.Tensor]) -> tuple[list[int], list[dict]]:
+    """The blocks `rank` holds (its stage's), each as {short name: its piece} (leaves that require grad)."""
+    pieces = deal(CFG, axes, rank, full)
+    ids = sorted({int(name.split(".")[1]) for name in pieces if name.startswith("blocks.")})
+    blocks = [{key: pieces[f"blocks.{i}.{name}"].requires_grad_() for key, name in BLOCK_KEYS.items()} for i in ids]
+    return ids, blocks
+
+
+def run_step(hybrid_step, layouts: list[dict[str, int]]) -> list[dict]:
+    """Rank code: for each layout, build the mesh, deal out the blocks, run your step once, recording every call."""
+    full, out = lab_weights(), []
+    for axes in layouts:
+        mesh = DeviceMesh(axes)
+        ids, blocks = stage_blocks(axes, mesh.rank, full)
+        x, target = full_batch(device=parlab.device())
+        x.requires_grad_()  # x stands for an embedding's output: its gradient is wanted too
+        with recording() as calls, library_calls(LATER) as called:
+            loss = hybrid_step(mesh, blocks, x, target)
+        out.append(
+            {
+                "coords": dict(mesh.coords),
+                "ids": ids,
+                "loss": None if loss is None else torch.as_tensor(loss, dtype=torch.float64).detach().reshape(()),
+                "grads": [{key: w.grad for key, w in block.items()} for block in blocks],
+                "calls": calls,
+                "library": list(called),
+            }
+        )
+    return out
+
+
+def single_device() -> dict:
+    """One device: the whole batch through the lab model's 4 full blocks (parlab.core.lab_model.LabBlock)."""
+    model = build_lab_model(CFG, 0)
+    x, target = full_batch()
+    h = x
+    positions = torch.arange(CFG.seq_len)  # host: the reference on one device
+    for block in model.blocks:
+        h = block(h, positions)
+    loss = loss_fn(h, target)
+    loss.backward()
+    return {"loss": loss.detach(), "grads": {n: p.grad for n, p in model.named_parameters() if p.grad is not None}}
+
+
+def per_group(result: dict, axes: dict[str, int], rank: int) -> dict:
+    """A rank's calls by group: all-reduce bytes on tp, dp and its K/V group, (op, stage step, bytes) of its pp
+    messages, and the calls on no group of its own (or of a kind its group does not carry). A call on a group of
+    one rank moves nothing and is left out."""
+    groups = own_groups(axes, rank)
+    got = {"tp": 0, "dp": 0, "kv": 0, "pp": [], "stray": []}
+    pp_ranks = row_major_group(rank, axes, "pp")
+    for call in result["calls"]:
+        if len(call["group"]) == 1:
+            continue
+        axis = next((axis for axis, ranks in groups.items() if call["group"] == ranks and len(ranks) > 1), None)
+        if axis in ("tp", "dp", "kv") and call["op"] == "allreduce":
+            got[axis] += int(call["bytes"])
+        elif axis == "pp" and call["op"] in probe.P2P and call["peer"] in pp_ranks:
+            got["pp"].append((call["op"], pp_ranks.index(call["peer"]) - pp_ranks.index(rank), int(call["bytes"])))
+        else:
+            got["stray"].append(f"{call['op']} of {int(call['bytes']):,} bytes on ranks {call['group']}")
+    got["pp"] = sorted(got["pp"])
+    return got
+
+
+def _messages(pp: list) -> str:
+    """[('send', 1, 4096), ...] as 'send to the next stage 4,096 bytes, ...' ('nothing' when empty)."""
+    where = {1: "the next stage", -1: "the previous stage"}
+    text = [
+        f"{op} {'to' if op == 'send' else 'from'} {where.get(step, f'stage {step:+d}')} {b:,} bytes"
+        for op, step, b in pp
+    ]
+    return ", ".join(text) or "nothing"
+
+
+def gradient_line(what: str, items: list[tuple[str, object, torch.Tensor]], tol: float = 1e-10) -> str:
+    """One verdict over many gradients (label, received, expected): compare's line when all match, else the first
+    that does not, with its expected and received size."""
+    worst, wrong = 0.0, []
+    for label, got, expected in items:
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(expected.shape):
+            shape = "none" if not isinstance(got, torch.Tensor) else f"shape {list(got.shape)}"
+            wrong.append(f"{label}: expected shape {list(expected.shape)}, received {shape}")
+            continue
+        err = (got.detach().cpu().to(torch.float64) - expected).abs().max().item() if expected.numel() else 0.0
+        if not err <= tol:
+            wrong.append(
+                f"{label}: max |err| {err:.1e}, expected |g| {expected.norm():.3e}, received |g| {got.norm():.3e}"
+            )
+        else:
+            worst = max(worst, err)
+    if not wrong:
+        return f"{what}: matches single device: max |err| {worst:.1e} <= tol {tol:.0e} (float64): PASS"
+    return f"{what}: DIFFERS from single device: {len(wrong)} of {len(items)} tensors; first {wrong[0]}: FAIL"
+
+
+def collect_step(hybrid_step) -> dict:
+    return {"ranks": list(parlab.launch(run_step, WORLD, hybrid_step, STEP_MESHES, **LAUNCH))}
+
+
+def judge_step(data) -> list[str]:
+    reference, lines, called = single_device(), [], []
+    for i, axes in enumerate(STEP_MESHES):
+        results = [rank[i] for rank in data["ranks"]]
+        shape = _shape(axes)
+        last = [
+            r for r, res in enumerate(results) if res["coords"]["pp"] == axes["pp"] - 1 and res["coords"]["tp"] == 0
+        ]
+        losses = [results[r]["loss"] for r in last]
+        loss = None if None in losses else sum(losses) / len(losses)  # one per replica: their mean
+        lines.append(compare(f"{shape}: loss, the mean over the replicas", loss, reference["loss"]).line)
+        grads = []
+        for r, res in enumerate(results):
+            where = layout(CFG, axes, r)
+            for block, held in zip(res["ids"], res["grads"], strict=True):
+                for key, name in BLOCK_KEYS.items():
+                    full_name = f"blocks.{block}.{name}"
+                    expected, piece = reference["grads"][full_name], where[full_name]
+                    if piece is not None:
+                        expected = expected.narrow(piece[0], piece[1], piece[2] - piece[1])
+                    grads.append((f"{_where(r, axes)} {full_name}", held[key], expected))
+        lines.append(gradient_line(f"{shape}: every rank's gradient pieces", grads))
+        got = [per_group(res, axes, r) for r, res in enumerate(results)]
+        theory = [step_theory(axes, r) for r in range(WORLD)]
+        stray = [(f"{_where(r, axes)}", "none", ", ".join(g["stray"][:2])) for r, g in enumerate(got) if g["stray"]]
+        what = f"{shape}: calls on a group that is not one of the rank's own (tp, pp, dp, its K/V group)"
+        lines.append(first_difference(what, stray) if stray else f"{what}: none: PASS")
+        checked = [("tp", "tp all-reduce bytes"), ("pp", "sends and receives on pp"), ("dp", "dp all-reduce bytes")]
+        checked = [(axis, label) for axis, label in checked if axes[axis] > 1]  # a group of one rank moves nothing
+        if any(th["kv"] for th in theory):
+            checked.append(("kv", "all-reduce bytes on the ranks sharing its K/V head"))
+        for axis, label in checked:
+            items = [
+                (
+                    _where(r, axes),
+                    _messages(th["pp"]) if axis == "pp" else th[axis],
+                    _messages(g["pp"]) if axis == "pp" else g[axis],
+                )
+                for r, (g, th) in enumerate(zip(got, theory, strict=True))
+            ]
+            lines.append(first_difference(f"{shape}: every rank's {label} against the theory", items))
+        called += [name for res in results for name in res["library"]]
+    lines.append(library_line("step", called, WHAT))
+    return lines
+
+
+# ------------------------------------------------------------------------------------ traffic prediction
+
+PREDICTED = ("tp_bytes", "pp_bytes", "dp_bytes", "kv_bytes")
+LABELS = {
+    "tp_bytes": "rank 0 of dp=2 x pp=2 x tp=2: bytes all-reduced on tp in one step",
+    "pp_bytes": "rank 0 of dp=2 x pp=2 x tp=2: bytes sent on pp in one step",
+    "dp_bytes": "rank 0 of dp=2 x pp=2 x tp=2: bytes all-reduced on dp in one step",
+    "kv_bytes": "rank 0 of tp=4 x dp=2 x pp=1: bytes all-reduced on its K/V group in one step",
+}
+
+
+def collect_traffic(predicted: dict, hybrid_step) -> dict:
+    rank0 = parlab.launch(run_step, WORLD, hybrid_step, STEP_MESHES, **LAUNCH)[0]
+    measured = _rank0([per_group(result, axes, 0) for result, axes in zip(rank0, STEP_MESHES, strict=True)])
+    return {"predicted": {k: plain(predicted.get(k)) for k in PREDICTED}, "measured": measured}
+
+
+def judge_traffic(data) -> list[str]:
+    theory, lines = traffic_theory(), []
+    for key in PREDICTED:
+        lines += prediction_lines(LABELS[key], data["predicted"][key], theory[key], data["measured"][key])
+    return lines
+
+
+# ---------------------------------------------------------------------------------- the prediction at scale
 
 
 def collect_memory_at_scale(predicted) -> dict:
@@ -426,8 +588,5 @@ def collect_memory_at_scale(predicted) -> dict:
 
 
 def judge_memory_at_scale(data) -> list[str]:
-    cluster = Cluster(devices=1024, memory=80e9)
-    device = estimate(GPT3, cluster, GPT3_PLAN, GPT3_BATCH).device_bytes  # mixed precision: 2 + 2 + 12 bytes
-    theory = (device["params"] + device["grads"] + device["optimizer"]) / 1e9
-    label = f"GPT-3 175B, {GPT3_PLAN}: GB of model states on the busiest GPU"
-    return prediction_lines(label, data["predicted"], theory)
+    label = "Llama-like 70B (GQA), TP 8 x PP 8 x DP 16 + ZeRO-1: GB of model states on the busiest GPU"
+    return prediction_lines(label, data["predicted"], memory_at_scale_theory()["gb"])

@@ -1,57 +1,82 @@
 """Lab 09's checks: the dispatch of expert parallelism (counts, permutation, all_to_all_single with split sizes),
-the combine (an MoE layer forward and backward), a prediction of its traffic, and a capacity per expert over the
-whole group, on live ranks (see parlab/grading).
+an MoE layer that sends each token at most once to each rank, a prediction of lesson 09's layer's traffic, and a
+capacity per expert over the whole group, on live ranks (see parlab/grading).
 
 Every check runs on P = 4 ranks, E = 8 experts placed round-robin (expert e on rank e % P: rank r holds experts r
-and r + 4, not the lesson's contiguous blocks), H = 6, float64. The inputs are seeded and skewed: some experts get no
-rows, one rank sends none to some ranks. What the ranks handed to
-torch.distributed is recorded at the process group (parlab.core.probe), and what went through parlab.core.comm from
-its trace; the judge recomputes every reference on one device.
+and r + 4, not the lesson's contiguous blocks), H = 6, float64. The experts are the lab model's MLP
+(parlab/core/lab_model.py's SwiGLU, no biases: down(silu(gate x) * up x), width F = 8), not the lesson's. The inputs
+are seeded and skewed: some experts get no rows, one rank sends none to some ranks, and a token's two experts often
+live on the same rank (experts e and e + 4). What the ranks handed to torch.distributed is recorded at the process
+group (parlab.core.probe), and what went through parlab.core.comm from its trace; calls into the library's own
+expert-parallel code, and into the checks' reference (parlab/grading/labs/lab09_reference.py: the inputs of every
+rank, one device's results), are seen too (`LIBRARY`, parlab/grading/labs/guard.py). The judge recomputes every
+reference on one device.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.distributed as dist
 
 import parlab
 from parlab.core import comm, probe
-from parlab.core.check import check_equal, compare
-from parlab.grading.labs import prediction_lines, run_check
+from parlab.grading.labs import lab09_reference, prediction_lines, run_check
+from parlab.grading.labs.guard import library_calls, library_line
+from parlab.grading.labs.lab09_reference import (
+    CAPACITY,
+    PER,
+    ROWS,
+    TOKENS,
+    TRAFFIC_COUNTS,
+    E,
+    H,
+    K,
+    P,
+    dispatch_inputs,
+    expert_weights,
+    experts_of,
+    layer_inputs,
+    layer_reference,
+    owner,
+    pair_matrix,
+    shuffle_reference,
+    traffic_theory,
+    upstream,
+)
 
-LAUNCH = {"timeout": 60, "echo": False}
-P, E, H = 4, 8, 6  # ranks, experts, hidden size
-PER = E // P  # experts per rank: rank r holds r, r + P, r + 2P, ... (round-robin)
-K = 2  # experts per token
-TOKENS = 10  # tokens per rank in the combine and capacity checks
-ROWS = (5, 0, 7, 9)  # rows per rank in the dispatch check (rank 1 sends nothing)
-CAPACITY = 8  # slots per expert over the whole group in the capacity check
-# The prediction's routing: TRAFFIC_COUNTS[s][e] = rows (assignments) rank s routes to expert e.
-TRAFFIC_COUNTS = [
-    [6, 1, 0, 3, 5, 2, 0, 4],
-    [2, 7, 1, 0, 4, 0, 3, 1],
-    [0, 2, 9, 1, 3, 1, 2, 0],
-    [5, 0, 2, 6, 1, 3, 0, 2],
-]
+LAUNCH = {"timeout": 30, "echo": False}  # a hang (an all-to-all some rank never makes) is diagnosed after 30 s
 A2A = ("all_to_all_single", "alltoall_base", "alltoall")  # the process group's all-to-alls (single tensor, list)
+# What the parts must not call: the library's expert parallelism, its MoE layer (the dispatch and combine of one
+# device), the hybrid's experts and the lesson's helpers.
+LIBRARY = (
+    "grading/labs/lab09_reference.py",
+    "schemes/expert_parallel.py",
+    "core/moe.py",
+    "schemes/hybrid/experts.py",
+    "lessons/expert_parallel.py",
+)
+WHAT = "parlab's expert-parallel and MoE code or the checks' reference"
+THEORY = lab09_reference.THEORY  # the prediction's theory, one home (tests/test_lab_design.py reads it here)
 
 STRUCTURAL = {
     "dispatch": "round-robin placement, uneven rows (a rank with none, an expert with none): each rank's received "
     "rows, their counts per source and expert, and the gradient of x equal one device's shuffle; the split sizes "
     "each rank handed to the rows' all-to-all (to and from every rank) are the placement's; forward exactly two "
-    "all-to-alls (the counts, then the rows), backward one (the rows back); every call through parlab.core.comm",
-    "combine": "an MoE layer, top-2, round-robin placement: the output, the gradients of x, of the gates and of "
-    "every expert's weights (each held by one rank only) equal one device; five all-to-alls (counts, dispatch, "
-    "combine; backward: combine, dispatch) and no other collective; the split sizes are the placement's and the "
-    "float64 payload is the rows' only",
+    "all-to-alls (the counts, then the rows), backward one (the rows back); every call through parlab.core.comm; no "
+    "call into the library's expert-parallel or MoE code; a FAIL names the first rank and row (which source row "
+    "was expected there, which came) or count",
+    "combine": "an MoE layer, top-2, round-robin placement, SwiGLU experts: the output, the gradients of x, of the "
+    "gates and of every expert's gate, up and down weights (each held by one rank only) equal one device; only "
+    "all-to-alls; every float64 all-to-all has the split sizes of one row per (token, destination rank), so a token "
+    "whose two experts share a rank travels there once, and the float64 payload is those rows' (H numbers and the "
+    "destination's E/P gates out, H back) and nothing more; no call into the library's code",
     "traffic": "a skewed routing given as a table, round-robin placement: the payload rank 0 hands to its "
-    "all-to-alls in one forward and backward, and the float64 bytes that leave rank 0 in the forward, measured from "
-    "the split sizes of a live run, against the theory and the predictions",
+    "all-to-alls in one forward and backward of lesson 09's layer, and the float64 bytes that leave rank 0 in the "
+    "forward, measured from the split sizes of a live run, against the theory and the predictions",
     "capacity": f"a capacity of {CAPACITY} slots per expert over the whole group (rank order, then row order): the "
-    "kept assignments of every rank, the output and all gradients equal one device's; the float64 payload of the "
-    "all-to-alls is the kept rows only and no float64 data goes through any other collective",
+    "kept assignments of every rank, the output and all gradients equal one device's; the rows' all-to-alls carry "
+    "one row per (token, destination) of the kept assignments only, and no float64 data goes through any other "
+    "collective; no call into the library's code",
 }
 
 
@@ -60,53 +85,39 @@ def run(check: str, *answers) -> None:
     run_check(__name__, check, *answers)
 
 
-# ------------------------------------------------------------------------------------------------ inputs
+def first_difference(what: str, items: list[tuple[str, object, object]]) -> str:
+    """One verdict over many (label, expected, received): PASS when every one is as expected, else FAIL with the
+    first that is not, what was expected and what came."""
+    wrong = [(label, e, r) for label, e, r in items if e != r]
+    if not wrong:
+        return f"{what}: all {len(items)} as expected: PASS"
+    label, e, r = wrong[0]
+    return f"{what}: {len(wrong)} of {len(items)} differ; first {label}: expected {e}, received {r}: FAIL"
 
 
-def expert(w: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Expert e on its rows: tanh(rows @ W_e). rows [n, H], w [H, H] -> [n, H]."""
-    return torch.tanh(rows @ w)
+def tensors_line(what: str, items: list[tuple[str, object, torch.Tensor]], tol: float = 1e-10) -> str:
+    """One verdict over many tensors (label, received, expected): compare's line when all match, else the first
+    that does not, with its expected and received size."""
+    worst, wrong = 0.0, []
+    for label, got, expected in items:
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(expected.shape):
+            shape = "none" if not isinstance(got, torch.Tensor) else f"shape {list(got.shape)}"
+            wrong.append(f"{label}: expected shape {list(expected.shape)}, received {shape}")
+            continue
+        err = (got.detach().cpu().to(torch.float64) - expected).abs().max().item() if expected.numel() else 0.0
+        if not err <= tol:
+            wrong.append(
+                f"{label}: max |err| {err:.1e}, expected norm {expected.norm():.3e}, received {got.norm():.3e}"
+            )
+        else:
+            worst = max(worst, err)
+    if not wrong:
+        return f"{what}: matches single device: max |err| {worst:.1e} <= tol {tol:.0e} (float64): PASS"
+    return f"{what}: DIFFERS from single device: {len(wrong)} of {len(items)}; first {wrong[0]}: FAIL"
 
 
-def owner(e: int) -> int:
-    """The rank that holds expert e (round-robin)."""
-    return e % P
-
-
-def experts_of(rank: int) -> list[int]:
-    """The global ids of the experts `rank` holds, in its local order."""
-    return [e for e in range(E) if owner(e) == rank]
-
-
-def expert_weights() -> torch.Tensor:
-    """W [E, H, H]: every expert's weights (rank r holds W[e] for its experts only)."""
-    return torch.randn(E, H, H, generator=torch.Generator().manual_seed(9), dtype=torch.float64) / math.sqrt(H)
-
-
-def dispatch_inputs(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank r's rows x [n, H] and the expert of each row [n] (skewed: experts 3 and 6 get none)."""
-    gen = torch.Generator().manual_seed(100 + rank)
-    n = ROWS[rank]
-    x = torch.randn(n, H, generator=gen, dtype=torch.float64)
-    choices = torch.tensor([0, 1, 2, 4, 5, 7, 7, 0])
-    if rank == 3:
-        choices = torch.tensor([2, 7, 7, 2])  # rank 3 sends nothing to ranks 0 and 1
-    return x, choices[torch.randint(len(choices), (n,), generator=gen)]
-
-
-def layer_inputs(rank: int, tokens: int = TOKENS):
-    """Rank r's tokens x [N, H], their K experts [N, K] (distinct, skewed) and gates [N, K] (rows sum to 1)."""
-    gen = torch.Generator().manual_seed(200 + rank)
-    x = torch.randn(tokens, H, generator=gen, dtype=torch.float64)
-    probs = torch.tensor([8.0, 1, 4, 0.2, 3, 6, 0.5, 2], dtype=torch.float64)
-    chosen = torch.stack([torch.multinomial(probs, K, generator=gen) for _ in range(tokens)])
-    gates = torch.rand(tokens, K, generator=gen, dtype=torch.float64) + 0.1
-    return x, chosen, gates / gates.sum(dim=1, keepdim=True)
-
-
-def upstream(rank: int, rows: int) -> torch.Tensor:
-    """A fixed weight [rows, H] per output row: backward of (out * upstream).sum()."""
-    return torch.randn(rows, H, generator=torch.Generator().manual_seed(300 + rank), dtype=torch.float64)
+def _on_device(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t.to(parlab.device()) for t in tensors]
 
 
 # ------------------------------------------------------------------------------------------------ rank code
@@ -143,13 +154,16 @@ def _float_payload_recorder():
 
 def dispatch_rank(dispatch) -> dict:
     rank = dist.get_rank()
-    x, chosen = dispatch_inputs(rank)
+    x, chosen = _on_device(*dispatch_inputs(rank))
     x.requires_grad_()
     start = len(comm.trace_events())
     context, calls = _float_payload_recorder()
     with context:
-        received, recv_counts, order = dispatch(x, chosen, E)
-        (received * upstream(rank, received.shape[0])).sum().backward()
+        with library_calls(LIBRARY) as called:
+            received, recv_counts, order = dispatch(x, chosen, E)
+        weight = upstream(rank, received.shape[0]).to(received.device)  # the check's, outside the guard
+        with library_calls(LIBRARY) as called_back:
+            (received * weight).sum().backward()
     grad = x.grad if x.grad is not None else torch.zeros_like(x)
     return {
         "received": received.detach().clone(),
@@ -158,28 +172,34 @@ def dispatch_rank(dispatch) -> dict:
         "grad": grad.clone(),
         "calls": calls,
         "comm": _a2a_inputs(start),
+        "library": list(called) + list(called_back),
     }
 
 
 def layer_rank(combine, keep_within=None) -> dict:
-    """Rank code: an MoE layer made of the student's combine (one row per kept assignment), forward and backward;
-    with keep_within, only the assignments it keeps (a capacity of CAPACITY per expert over the group)."""
+    """Rank code: an MoE layer made of the student's combine (one assignment per kept (token, choice)), forward and
+    backward; with keep_within, only the assignments it keeps (a capacity of CAPACITY per expert over the group)."""
     rank = dist.get_rank()
-    x, chosen, gates = layer_inputs(rank)
+    x, chosen, gates = _on_device(*layer_inputs(rank))
     x.requires_grad_()
     gates.requires_grad_()
     W = expert_weights()
-    weights = {e: W[e].clone().requires_grad_() for e in experts_of(rank)}  # keys: global expert ids
-    token = torch.arange(TOKENS).repeat_interleave(K)  # [N K]: one row per (token, choice), token-major
+    weights = {  # keys: global expert ids
+        e: {name: W[name][e].clone().to(parlab.device()).requires_grad_() for name in W} for e in experts_of(rank)
+    }
+    token = torch.arange(TOKENS, device=x.device).repeat_interleave(K)  # [N K]: one per (token, choice), token-major
     flat, gate = chosen.reshape(-1), gates.reshape(-1)
     start = len(comm.trace_events())
     context, calls = _float_payload_recorder()
     with context:
-        keep = torch.ones_like(flat, dtype=torch.bool)
-        if keep_within is not None:
-            keep = torch.as_tensor(keep_within(flat, E, CAPACITY)).bool()
-        y = combine(x, token[keep], flat[keep], gate[keep], weights, E)
-        (y * upstream(rank, y.shape[0])).sum().backward()
+        with library_calls(LIBRARY) as called:
+            keep = torch.ones_like(flat, dtype=torch.bool)
+            if keep_within is not None:
+                keep = torch.as_tensor(keep_within(flat, E, CAPACITY)).bool()
+            y = combine(x, token[keep], flat[keep], gate[keep], weights, E)
+        weight = upstream(rank, y.shape[0]).to(y.device)  # the check's, outside the guard
+        with library_calls(LIBRARY) as called_back:
+            (y * weight).sum().backward()
 
     def grad(t):
         return (t.grad if t.grad is not None else torch.zeros_like(t)).detach().clone()
@@ -188,80 +208,17 @@ def layer_rank(combine, keep_within=None) -> dict:
         "y": y.detach().clone(),
         "dx": grad(x),
         "dgates": grad(gates),
-        "dW": {str(e): grad(w) for e, w in weights.items()},
+        "dW": {str(e): {name: grad(w) for name, w in ws.items()} for e, ws in weights.items()},
         "keep": keep.clone(),
         "calls": calls,
         "comm": _a2a_inputs(start),
+        "library": list(called) + list(called_back),
     }
 
 
-# ------------------------------------------------------------------------------------------------ one device
-
-
-def shuffle_reference() -> list[dict]:
-    """Per destination rank d: the rows it receives (by source, then its experts in local order, each expert's rows
-    in their order), the counts [P, PER], and where each source row lands (for the gradient of x)."""
-    inputs = [dispatch_inputs(r) for r in range(P)]
-    out = []
-    for d in range(P):
-        rows, counts, land = [], torch.zeros(P, PER, dtype=torch.long), {}
-        for s, (x, chosen) in enumerate(inputs):
-            for j, e in enumerate(experts_of(d)):
-                idx = (chosen == e).nonzero().flatten().tolist()
-                counts[s, j] = len(idx)
-                for i in idx:
-                    land[(s, i)] = len(rows)
-                    rows.append(x[i])
-        out.append(
-            {
-                "rows": torch.stack(rows) if rows else torch.zeros(0, H, dtype=torch.float64),
-                "counts": counts,
-                "land": land,
-            }
-        )
-    return out
-
-
-def layer_reference(tokens: int = TOKENS, capacity: int | None = None):
-    """One device: every rank's y, the gradients, and the kept mask [N, K] per rank (global slots: rank order, then
-    row order of expert.flatten())."""
-    W = expert_weights().requires_grad_()
-    used, results = [0] * E, []
-    for r in range(P):
-        x, chosen, gates = layer_inputs(r, tokens)
-        x.requires_grad_(), gates.requires_grad_()
-        keep = torch.ones_like(chosen, dtype=torch.bool)
-        if capacity is not None:
-            for flat, e in enumerate(chosen.flatten().tolist()):
-                keep.view(-1)[flat] = used[e] < capacity
-                used[e] += 1
-        y = torch.zeros_like(x)
-        for i in range(tokens):
-            for j in range(K):
-                if keep[i, j]:
-                    y = y.index_add(0, torch.tensor([i]), gates[i, j] * expert(W[chosen[i, j]], x[i : i + 1]))
-        (y * upstream(r, tokens)).sum().backward()
-        results.append({"y": y.detach(), "dx": x.grad, "dgates": gates.grad, "keep": keep, "chosen": chosen})
-    for r in range(P):
-        results[r]["dW"] = {str(e): W.grad[e] for e in experts_of(r)}
-    return results
-
-
-def split_matrix(ref: list[dict]) -> list[list[int]]:
-    """M[s][d]: kept rows rank s sends to rank d (the owner of their expert)."""
-    return [[int(((x["chosen"] % P == d) & x["keep"]).sum()) for d in range(P)] for x in ref]
-
-
 def _row_splits(calls: list[list]) -> list[list[list[int]]]:
-    """The [output, input] split sizes of a rank's float64 all-to-alls, sorted (the order between calls aside)."""
-    return sorted([out, inp] for op, dtype, _, out, inp in calls if op in A2A and dtype == "torch.float64")
-
-
-def _expected_splits(M: list[list[int]], rank: int, calls: int) -> list[list[list[int]]]:
-    """The sorted [output, input] split sizes of `calls` row all-to-alls of `rank`: half rows out (receive from
-    each rank, send to each rank), half rows back (the same, swapped)."""
-    receive, send = [M[s][rank] for s in range(P)], M[rank]
-    return sorted([[receive, send], [send, receive]] * (calls // 2))
+    """The [output, input] split sizes of a rank's float64 all-to-alls, in the order it made them."""
+    return [[out, inp] for op, dtype, _, out, inp in calls if op in A2A and dtype == "torch.float64"]
 
 
 # ------------------------------------------------------------------------------------------------ the checks
@@ -271,48 +228,69 @@ def collect_dispatch(dispatch) -> dict:
     return {"ranks": list(parlab.launch(dispatch_rank, P, dispatch, **LAUNCH))}
 
 
+def _counts(t: torch.Tensor) -> list:
+    """Received counts as [P, E/P] when they have that many, else as they came."""
+    t = t.reshape(-1).cpu()
+    return t.reshape(P, PER).tolist() if t.numel() == P * PER else t.tolist()
+
+
+def _which_row(row: torch.Tensor, names: dict[tuple, str]) -> str:
+    return names.get(tuple(row.tolist()), "a row of no rank")
+
+
 def judge_dispatch(data) -> list[str]:
     ranks, ref = data["ranks"], shuffle_reference()
     inputs = [dispatch_inputs(r) for r in range(P)]
+    every_row = {
+        tuple(x[i].tolist()): f"rank {s}'s row {i} (expert {int(e[i])})"
+        for s, (x, e) in enumerate(inputs)
+        for i in range(len(x))
+    }
+    items = []
+    for d, (res, exp) in enumerate(zip(ranks, ref, strict=True)):
+        got = res["received"].cpu()
+        if tuple(got.shape) != tuple(exp["rows"].shape):
+            items.append((f"rank {d}", f"{len(exp['names'])} rows", f"shape {list(got.shape)}"))
+            continue
+        items += [
+            (f"rank {d}, received row {i}", name, _which_row(got[i], every_row)) for i, name in enumerate(exp["names"])
+        ]
+    lines = [first_difference("received rows, every rank, in order (by source, then my expert, then row)", items)]
+    counts = [
+        (f"rank {d}", exp["counts"].tolist(), _counts(res["recv_counts"]))
+        for d, (res, exp) in enumerate(zip(ranks, ref, strict=True))
+    ]
+    lines.append(first_difference("received counts [P, E/P] (row s: rank s's rows for my experts), every rank", counts))
     grads = []
     for s in range(P):  # dL/dx of row i of rank s: the upstream weight of the row where it landed
-        g = torch.zeros(ROWS[s], H, dtype=torch.float64)
+        g = torch.zeros(ROWS[s], H, dtype=torch.float64)  # host: the reference on one device
         for i in range(ROWS[s]):
             d = owner(int(inputs[s][1][i]))
             g[i] = upstream(d, ref[d]["rows"].shape[0])[ref[d]["land"][(s, i)]]
-        grads.append(g)
-    lines = [
-        compare("received rows, every rank", [r["received"] for r in ranks], [x["rows"] for x in ref]).line,
-        compare(
-            "received counts [P, E/P], every rank",
-            [r["recv_counts"].reshape(P, PER).double() for r in ranks],
-            [x["counts"].double() for x in ref],
-        ).line,
-        compare("gradient of x (backward), every rank", [r["grad"] for r in ranks], grads).line,
+        grads.append((f"rank {s}", ranks[s]["grad"], g))
+    lines.append(tensors_line("gradient of x (backward), every rank", grads))
+    ops = [
+        (f"rank {r}", "3 all-to-alls", f"{len(res['calls'])}: {[c[0] for c in res['calls']][:6]}")
+        for r, res in enumerate(ranks)
+        if len(res["calls"]) != 3 or any(c[0] not in A2A for c in res["calls"])
     ]
-    wrong = sum(len(r["calls"]) != 3 or any(c[0] not in A2A for c in r["calls"]) for r in ranks)
-    lines.append(
-        check_equal("ranks not making exactly 3 all-to-alls (counts, rows; rows back) and nothing else", wrong, 0).line
-    )
+    what = "calls per rank: 3 all-to-alls (counts, rows; rows back) and nothing else"
+    lines.append(first_difference(what, ops) if ops else f"{what}: PASS")
     M = [[sum(int(owner(int(e)) == d) for e in inputs[s][1]) for d in range(P)] for s in range(P)]
-    wrong = sum(_row_splits(r["calls"]) != _expected_splits(M, rank, 2) for rank, r in enumerate(ranks))
+    splits = []
+    for r, res in enumerate(ranks):
+        receive, send = [M[s][r] for s in range(P)], M[r]
+        splits.append((f"rank {r}", [[receive, send], [send, receive]], _row_splits(res["calls"])))
+    what = "the rows' split sizes [output, input] of each rank, forward then backward: the round-robin placement's"
+    lines.append(first_difference(what, splits))
+    payloads = [
+        (f"rank {r}", [E * 8, ROWS[r] * H * 8, ref[r]["rows"].shape[0] * H * 8], [b for b, _ in res["comm"]])
+        for r, res in enumerate(ranks)
+    ]
     lines.append(
-        check_equal(
-            "ranks whose rows' split sizes (to and from each rank) are not the round-robin placement's",
-            wrong,
-            0,
-        ).line
+        first_difference("all-to-all payloads through parlab.core.comm [counts, rows sent, rows back]", payloads)
     )
-    expected = [[E * 8, ROWS[r] * H * 8, ref[r]["rows"].shape[0] * H * 8] for r in range(P)]
-    wrong = sum([b for b, _ in r["comm"]] != exp for r, exp in zip(ranks, expected, strict=True))
-    lines.append(
-        check_equal(
-            "ranks whose all-to-all payloads (bytes) are not [counts, the rows it routes, the rows "
-            "its experts received]",
-            wrong,
-            0,
-        ).line
-    )
+    lines.append(library_line("dispatch", [n for res in ranks for n in res["library"]], WHAT))
     return lines
 
 
@@ -321,18 +299,22 @@ def collect_combine(combine) -> dict:
 
 
 def _layer_lines(ranks: list[dict], ref: list[dict], what: str) -> list[str]:
+    y = [(f"rank {r}", res["y"], exp["y"]) for r, (res, exp) in enumerate(zip(ranks, ref, strict=True))]
+    dx = [
+        (f"rank {r}, {name}", res[key], exp[key])
+        for r, (res, exp) in enumerate(zip(ranks, ref, strict=True))
+        for key, name in (("dx", "dL/dx"), ("dgates", "dL/dgates"))
+    ]
+    dW = [
+        (f"rank {r}, expert {e} {name}", res["dW"].get(e, {}).get(name), w)
+        for r, (res, exp) in enumerate(zip(ranks, ref, strict=True))
+        for e, ws in exp["dW"].items()
+        for name, w in ws.items()
+    ]
     return [
-        compare(f"{what}: output y, every rank", [r["y"] for r in ranks], [x["y"] for x in ref]).line,
-        compare(
-            f"{what}: gradients of x and of the gates, every rank",
-            [[r["dx"], r["dgates"]] for r in ranks],
-            [[x["dx"], x["dgates"]] for x in ref],
-        ).line,
-        compare(
-            f"{what}: gradients of the experts' weights, every rank",
-            [r["dW"] for r in ranks],
-            [x["dW"] for x in ref],
-        ).line,
+        tensors_line(f"{what}: output y, every rank", y),
+        tensors_line(f"{what}: gradients of x and of the gates, every rank", dx),
+        tensors_line(f"{what}: gradients of every expert's gate, up and down weights", dW),
     ]
 
 
@@ -344,41 +326,49 @@ def _float_payloads(rank: dict) -> tuple[int, int]:
 
 
 def _traffic_lines(ranks: list[dict], ref: list[dict], what: str) -> list[str]:
-    """The row all-to-alls' split sizes and float64 payload of every rank against the placement's."""
-    M = split_matrix(ref)
-    wrong = sum(_row_splits(r["calls"]) != _expected_splits(M, rank, 4) for rank, r in enumerate(ranks))
-    lines = [
-        check_equal(
-            f"{what}: ranks whose rows' split sizes (dispatch, combine, and back) are not the round-robin placement's",
-            wrong,
-            0,
-        ).line
+    """Every float64 all-to-all carries one row per (token, destination) pair, and the payload is those rows'."""
+    M, items, payload = pair_matrix(ref), [], []
+    for r, res in enumerate(ranks):
+        receive, send = [M[s][r] for s in range(P)], M[r]
+        allowed = [
+            [receive, send],
+            [send, receive],
+        ]  # the dispatch and the combine's backward; the combine and the dispatch's
+        got = _row_splits(res["calls"])
+        ok = all(split in allowed for split in got) and all(way in got for way in allowed)
+        expected = f"{allowed[0]} and {allowed[1]} only"
+        items.append((f"rank {r}", expected, expected if ok else f"{got}"))
+        rows = sum(send) + sum(receive)  # each row out and back, forward and backward: 2 H numbers at least
+        least, most = rows * 2 * H * 8, rows * (2 * H + PER) * 8  # at most E/P more on the way out (and its grad)
+        expected, got = f"between {least:,} and {most:,} bytes", _float_payloads(res)[0]
+        payload.append((f"rank {r}", expected, expected if least <= got <= most else f"{got:,} bytes"))
+    return [
+        first_difference(
+            f"{what}: split sizes [output, input] of every float64 all-to-all: one row per (token, destination rank)",
+            items,
+        ),
+        first_difference(
+            f"{what}: float64 payload of the all-to-alls: each pair's row out (H and at most E/P) and back (H)", payload
+        ),
     ]
-    need = [2 * (sum(M[r]) + sum(M[s][r] for s in range(P))) * H * 8 for r in range(P)]
-    wrong = sum(_float_payloads(r)[0] != n for r, n in zip(ranks, need, strict=True))
-    lines.append(
-        check_equal(
-            f"{what}: ranks handing other float64 bytes to all-to-alls than their rows' (dropped rows must not travel)",
-            wrong,
-            0,
-        ).line
-    )
-    return lines
+
+
+def _only_all_to_alls(ranks: list[dict], what: str) -> str:
+    ops = [
+        (f"rank {r}", "all-to-alls only", [c[0] for c in res["calls"] if c[0] not in A2A][:3])
+        for r, res in enumerate(ranks)
+    ]
+    ops = [item for item in ops if item[2]]
+    return first_difference(what, ops) if ops else f"{what}: PASS"
 
 
 def judge_combine(data) -> list[str]:
     ranks, ref = data["ranks"], layer_reference()
     lines = _layer_lines(ranks, ref, "MoE layer")
-    wrong = sum(len(r["calls"]) != 5 or any(c[0] not in A2A for c in r["calls"]) for r in ranks)
-    lines.append(
-        check_equal(
-            "ranks not making exactly 5 all-to-alls (counts, dispatch, combine; combine and "
-            "dispatch backward) and nothing else",
-            wrong,
-            0,
-        ).line
-    )
-    return lines + _traffic_lines(ranks, ref, "MoE layer")
+    lines.append(_only_all_to_alls(ranks, "MoE layer: calls into torch.distributed, every rank: all-to-alls only"))
+    lines += _traffic_lines(ranks, ref, "MoE layer")
+    lines.append(library_line("combine", [n for res in ranks for n in res["library"]], WHAT))
+    return lines
 
 
 def traffic_rank() -> dict:
@@ -391,14 +381,22 @@ def traffic_rank() -> dict:
 
     rank = dist.get_rank()
     layout = sorted(range(E), key=lambda e: (owner(e), e))  # the library's expert i is round-robin expert layout[i]
-    renumber = torch.tensor([layout.index(e) for e in range(E)])
-    expert = torch.arange(E).repeat_interleave(torch.tensor(TRAFFIC_COUNTS[rank]))  # [n]: one row per assignment
+    renumber = torch.tensor([layout.index(e) for e in range(E)])  # host: ids, then moved with the rows
+    counts = torch.tensor(TRAFFIC_COUNTS[rank])  # host: the table
+    expert = torch.arange(E).repeat_interleave(counts).to(parlab.device())  # host: the table, then moved; [n]
     n = expert.numel()
-    x = torch.randn(n, H, generator=torch.Generator().manual_seed(400 + rank), dtype=torch.float64)
+    gen = torch.Generator().manual_seed(400 + rank)
+    x = torch.randn(n, H, generator=gen, dtype=torch.float64).to(parlab.device())  # host: the seeded draw
     x.requires_grad_()  # so that backward runs the dispatch's reverse shuffle too
-    layer = ExpertParallelMoE(MoE(H, H, MoEConfig(experts=E, top_k=1)).double(), group=None)
-    ones = torch.ones(n, 1, dtype=torch.float64)
-    routing = Routing(renumber[expert].unsqueeze(1), ones, ones.bool(), torch.zeros(()), torch.bincount(expert))
+    layer = ExpertParallelMoE(MoE(H, H, MoEConfig(experts=E, top_k=1)).double().to(parlab.device()), group=None)
+    ones = torch.ones(n, 1, dtype=torch.float64, device=x.device)
+    routing = Routing(
+        renumber.to(x.device)[expert].unsqueeze(1),
+        ones,
+        ones.bool(),
+        torch.zeros((), device=x.device),
+        torch.bincount(expert),
+    )
     start = len(comm.trace_events())
     context, calls = _float_payload_recorder()
     with context:
@@ -414,20 +412,19 @@ def collect_traffic(payload_rank0, wire_rank0) -> dict:
 
 
 def judge_traffic(data) -> list[str]:
-    C, mine = TRAFFIC_COUNTS, experts_of(0)
-    sent = sum(C[0])  # every row rank 0 routes goes out once in the dispatch
-    received = sum(C[s][e] for s in range(P) for e in mine)  # rows for rank 0's experts, from every rank
-    home = sum(C[0][e] for e in mine)  # rows rank 0 sends itself: they never leave it, nor come back over the wire
-    payload = E * 8 + 2 * (sent + received) * H * 8  # counts; dispatch and combine, forward and backward
-    wire = (sent - home + received - home) * H * 8  # forward: dispatch and combine, the rows to other ranks
+    theory = traffic_theory()
     (p_pay, p_wire), (m_pay, m_wire) = data["predicted"], data["measured"]
     return prediction_lines(
-        "payload rank 0 hands to all-to-alls, forward and backward", p_pay, payload, m_pay, rtol=0.005
-    ) + prediction_lines("float64 bytes leaving rank 0, forward", p_wire, wire, m_wire, rtol=0.005)
+        "payload rank 0 hands to all-to-alls, forward and backward", p_pay, theory["payload_rank0"], m_pay, rtol=0.005
+    ) + prediction_lines("float64 bytes leaving rank 0, forward", p_wire, theory["wire_rank0"], m_wire, rtol=0.005)
 
 
 def collect_capacity(keep_within_capacity, combine) -> dict:
     return {"ranks": list(parlab.launch(layer_rank, P, combine, keep_within_capacity, **LAUNCH))}
+
+
+def _kept(mask: torch.Tensor) -> list[int]:
+    return mask.reshape(-1).nonzero().flatten().tolist()
 
 
 def judge_capacity(data) -> list[str]:
@@ -440,11 +437,14 @@ def judge_capacity(data) -> list[str]:
         f"{E * CAPACITY} slots (E x C); load per expert {load.tolist()}: the busy experts drop {dropped}, "
         f"the others leave {empty} slots empty"
     ]
-    masks = [r["keep"].reshape(TOKENS, K) for r in ranks]
-    wrong = sum(not torch.equal(m, x["keep"]) for m, x in zip(masks, ref, strict=True))
-    lines.append(check_equal("ranks whose kept assignments differ from one device's", wrong, 0).line)
+    kept = [
+        (f"rank {r}", f"assignments {_kept(x['keep'])}", f"assignments {_kept(res['keep'].reshape(TOKENS, K))}")
+        for r, (res, x) in enumerate(zip(ranks, ref, strict=True))
+    ]
+    lines.append(first_difference("kept assignments of every rank (index token x k + choice)", kept))
     lines += _layer_lines(ranks, ref, f"capacity {CAPACITY}")
     lines += _traffic_lines(ranks, ref, f"capacity {CAPACITY}")
-    wrong = sum(_float_payloads(r)[1] != 0 for r in ranks)
-    lines.append(check_equal("ranks handing float64 data to other collectives", wrong, 0).line)
+    other = [(f"rank {r}", "0 bytes", f"{_float_payloads(res)[1]:,} bytes") for r, res in enumerate(ranks)]
+    lines.append(first_difference("float64 data handed to collectives other than all-to-alls", other))
+    lines.append(library_line("capacity", [n for res in ranks for n in res["library"]], WHAT))
     return lines

@@ -1,0 +1,167 @@
+"""Lab 09's reference: the inputs every rank draws (seeded), the experts, and what one device computes of them.
+
+The checks of parlab/grading/labs/lab09_expert_parallel.py build every rank's inputs and judge every answer with the
+functions here. Called from an answer they would stand in for work the lab asks for (a rank reading the other ranks'
+rows instead of exchanging counts, a dispatch copying the reference's order), so this file is on the lab's
+`LIBRARY`: an answer that calls into it is a FAIL line naming the call.
+
+P = 4 ranks, E = 8 experts placed round-robin (expert e on rank e % P), H = 6, float64. The experts are the lab
+model's MLP (parlab/core/lab_model.py's SwiGLU, no biases), width F = 8.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+P, E, H, FFN = 4, 8, 6, 8  # ranks, experts, hidden size, each expert's SwiGLU width
+PER = E // P  # experts per rank: rank r holds r, r + P, r + 2P, ... (round-robin)
+K = 2  # experts per token
+TOKENS = 10  # tokens per rank in the combine and capacity checks
+ROWS = (5, 0, 7, 9)  # rows per rank in the dispatch check (rank 1 sends nothing)
+CAPACITY = 8  # slots per expert over the whole group in the capacity check
+# The prediction's routing: TRAFFIC_COUNTS[s][e] = rows (assignments) rank s routes to expert e.
+TRAFFIC_COUNTS = [
+    [6, 1, 0, 3, 5, 2, 0, 4],
+    [2, 7, 1, 0, 4, 0, 3, 1],
+    [0, 2, 9, 1, 3, 1, 2, 0],
+    [5, 0, 2, 6, 1, 3, 0, 2],
+]
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+
+
+def swiglu(w: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+    """One expert, the lab model's MLP: down(silu(gate rows) * up rows). rows [n, H]; w: gate, up [F, H], down
+    [H, F] -> [n, H]."""
+    return (F.silu(rows @ w["gate"].T) * (rows @ w["up"].T)) @ w["down"].T
+
+
+def owner(e: int) -> int:
+    """The rank that holds expert e (round-robin)."""
+    return e % P
+
+
+def experts_of(rank: int) -> list[int]:
+    """The global ids of the experts `rank` holds, in its local order."""
+    return [e for e in range(E) if owner(e) == rank]
+
+
+def expert_weights() -> dict[str, torch.Tensor]:
+    """Every expert's weights: gate, up [E, F, H], down [E, H, F] (rank r holds those of its experts only)."""
+    gen = torch.Generator().manual_seed(9)
+    shapes = {"gate": (E, FFN, H), "up": (E, FFN, H), "down": (E, H, FFN)}
+    weights = {}
+    for name, shape in shapes.items():  # each rank copies its experts' weights onto its device
+        weights[name] = torch.randn(shape, generator=gen, dtype=torch.float64) / math.sqrt(shape[-1])  # host: seeded
+    return weights
+
+
+def dispatch_inputs(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank r's rows x [n, H] and the expert of each row [n] (skewed: experts 3 and 6 get none)."""
+    gen = torch.Generator().manual_seed(100 + rank)
+    n = ROWS[rank]
+    x = torch.randn(n, H, generator=gen, dtype=torch.float64)  # host: the seeded draw
+    choices = torch.tensor([0, 1, 2, 4, 5, 7, 7, 0])  # host: the seeded draw's choices
+    if rank == 3:
+        choices = torch.tensor([2, 7, 7, 2])  # host: rank 3 sends nothing to ranks 0 and 1
+    return x, choices[torch.randint(len(choices), (n,), generator=gen)]  # host: the seeded draw
+
+
+def layer_inputs(rank: int, tokens: int = TOKENS):
+    """Rank r's tokens x [N, H], their K experts [N, K] (distinct, skewed: experts e and e + 4, on the same rank,
+    often together) and gates [N, K] (rows sum to 1)."""
+    gen = torch.Generator().manual_seed(200 + rank)
+    x = torch.randn(tokens, H, generator=gen, dtype=torch.float64)  # host: the seeded draw
+    probs = torch.tensor([7.0, 3, 1, 0.2, 6, 2, 0.5, 1.5], dtype=torch.float64)  # host: the router's skew
+    chosen = torch.stack([torch.multinomial(probs, K, generator=gen) for _ in range(tokens)])
+    gates = torch.rand(tokens, K, generator=gen, dtype=torch.float64) + 0.1  # host: the seeded draw
+    return x, chosen, gates / gates.sum(dim=1, keepdim=True)
+
+
+def upstream(rank: int, rows: int) -> torch.Tensor:
+    """A fixed weight [rows, H] per output row: backward of (out * upstream).sum()."""
+    gen = torch.Generator().manual_seed(300 + rank)
+    return torch.randn(rows, H, generator=gen, dtype=torch.float64)  # host: the seeded draw
+
+
+# ------------------------------------------------------------------------------------------------ one device
+
+
+def shuffle_reference() -> list[dict]:
+    """Per destination rank d: the rows it receives (by source, then its experts in local order, each expert's rows
+    in their order), the counts [P, PER], where each source row lands (for the gradient of x), and which source row
+    each received row is ("rank s's row i (expert e)")."""
+    inputs = [dispatch_inputs(r) for r in range(P)]
+    out = []
+    for d in range(P):
+        rows, counts, land, names = [], torch.zeros(P, PER, dtype=torch.long), {}, []  # host: one device
+        for s, (x, chosen) in enumerate(inputs):
+            for j, e in enumerate(experts_of(d)):
+                idx = (chosen == e).nonzero().flatten().tolist()
+                counts[s, j] = len(idx)
+                for i in idx:
+                    land[(s, i)] = len(rows)
+                    rows.append(x[i])
+                    names.append(f"rank {s}'s row {i} (expert {e})")
+        out.append(
+            {
+                "rows": torch.stack(rows) if rows else torch.zeros(0, H, dtype=torch.float64),  # host: one device
+                "counts": counts,
+                "land": land,
+                "names": names,
+            }
+        )
+    return out
+
+
+def layer_reference(tokens: int = TOKENS, capacity: int | None = None):
+    """One device: every rank's y, the gradients, and the kept mask [N, K] per rank (global slots: rank order, then
+    row order of expert.flatten())."""
+    W = {name: w.requires_grad_() for name, w in expert_weights().items()}
+    used, results = [0] * E, []
+    for r in range(P):
+        x, chosen, gates = layer_inputs(r, tokens)
+        x.requires_grad_(), gates.requires_grad_()
+        keep = torch.ones_like(chosen, dtype=torch.bool)
+        if capacity is not None:
+            for flat, e in enumerate(chosen.flatten().tolist()):
+                keep.view(-1)[flat] = used[e] < capacity
+                used[e] += 1
+        y = torch.zeros_like(x)
+        for i in range(tokens):
+            for j in range(K):
+                if keep[i, j]:
+                    e = int(chosen[i, j])
+                    out = swiglu({name: w[e] for name, w in W.items()}, x[i : i + 1])
+                    y = y.index_add(0, torch.tensor([i]), gates[i, j] * out)  # host: the reference on one device
+        (y * upstream(r, tokens)).sum().backward()
+        results.append({"y": y.detach(), "dx": x.grad, "dgates": gates.grad, "keep": keep, "chosen": chosen})
+    for r in range(P):
+        results[r]["dW"] = {str(e): {name: w.grad[e] for name, w in W.items()} for e in experts_of(r)}
+    return results
+
+
+def pair_matrix(ref: list[dict]) -> list[list[int]]:
+    """M[s][d]: the (token, destination) pairs of rank s for destination d: its tokens with at least one kept
+    assignment to an expert on rank d (one row each, however many of d's experts the token chose)."""
+    return [[int((((x["chosen"] % P) == d) & x["keep"]).any(dim=1).sum()) for d in range(P)] for x in ref]
+
+
+def traffic_theory() -> dict:
+    """Rank 0's all-to-all payload (forward and backward) and forward wire bytes of lesson 09's layer on the table's
+    routing, round-robin placement."""
+    C, mine = TRAFFIC_COUNTS, experts_of(0)
+    sent = sum(C[0])  # every row rank 0 routes goes out once in the dispatch
+    received = sum(C[s][e] for s in range(P) for e in mine)  # rows for rank 0's experts, from every rank
+    home = sum(C[0][e] for e in mine)  # rows rank 0 sends itself: they never leave it, nor come back over the wire
+    return {
+        "payload_rank0": E * 8 + 2 * (sent + received) * H * 8,  # counts; dispatch and combine, forward and backward
+        "wire_rank0": (sent - home + received - home) * H * 8,  # forward: dispatch and combine, to other ranks
+    }
+
+
+THEORY = {"traffic": traffic_theory}
