@@ -443,7 +443,9 @@ def test_a_class_gradebook_has_a_row_per_notebook_and_a_feedback_file_per_studen
     assert by_notebook["redefined_checks"]["student"] == "redefined_checks"  # no lab prefix: the whole name
     feedback = graded["gradebook"].with_name("grades_feedback")
     assert {p.name for p in feedback.glob("*.md")} == {gradebook.file_name_of(row["student"]) for row in rows}
-    wrong = (feedback / gradebook.file_name_of("wrong")).read_text()  # every lab's first wrong answer: lab00_wrong, lab01_wrong, ...
+    wrong = (
+        feedback / gradebook.file_name_of("wrong")
+    ).read_text()  # every lab's first wrong answer: lab00_wrong, lab01_wrong, ...
     for stem, case in graded["cases"].items():
         if case["kind"] == "wrong" and stem.endswith("_wrong"):
             assert f"## {graded['grades'][stem]['lab']} " in wrong

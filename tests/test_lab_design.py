@@ -196,3 +196,9 @@ def test_every_prediction_is_scored_by_its_check_and_is_arithmetic_in_the_soluti
 def test_a_prediction_cell_is_the_students_own_arithmetic(source, refused):
     problem = markers.prediction_problem(source)
     assert (problem == "") if not refused else (refused in problem), problem
+
+
+def test_a_prediction_may_read_the_labs_data_but_call_none_of_it():
+    assert markers.prediction_problem("h = CFG.hidden * checks.SIZES[0]") == ""
+    assert "calls no code" in markers.prediction_problem("h = CFG.head_size()")
+    assert "no attribute" in markers.prediction_problem("h = CFG.__class__")

@@ -209,15 +209,18 @@ _ARITHMETIC_NODES = (
 
 
 def _data_or_math(node: ast.Attribute) -> bool:
-    """math.<function>, or a table the lab hands out: checks.<UPPER_CASE> (read, never called)."""
+    """math.<function>, or data the lab hands out, read and never called: a table of its checks module
+    (checks.<UPPER_CASE>) or a field of a constant its set-up cell imported (CFG.hidden)."""
     base = node.value.id if isinstance(node.value, ast.Name) else None
-    return base == "math" or (base == "checks" and node.attr.isupper() and not node.attr.startswith("_"))
+    if base is None or node.attr.startswith("_"):
+        return False
+    return base == "math" or (base == "checks" and node.attr.isupper()) or base.isupper()
 
 
 def prediction_problem(source: str) -> str:
     """Why a PREDICT cell is not the student's own arithmetic ('' when it is): only numbers, names, operators, the
-    built-ins in ARITHMETIC_CALLS, `math`'s functions and the lab's tables (`checks.UPPER_CASE`, read); no other
-    call, attribute, import or dunder name."""
+    built-ins in ARITHMETIC_CALLS, `math`'s functions and the lab's data (`checks.UPPER_CASE`, `CFG.hidden`, read);
+    no other call, attribute, import or dunder name."""
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
