@@ -39,7 +39,6 @@ PENDING = {
     "lab08_parameter_server",
     "lab09_expert_parallel",
     "lab11_fault_tolerance",
-    "lab_bug_hunt",
 }
 
 
