@@ -32,12 +32,10 @@ PENDING = {
     "lab00_ring_allreduce",
     "lab01_data_parallel",
     "lab02_tensor_parallel",
-    "lab03_pipeline_1f1b",
     "lab05_zero",
     "lab06_offload",
     "lab08_parameter_server",
     "lab11_fault_tolerance",
-    "lab_bug_hunt",
 }
 
 

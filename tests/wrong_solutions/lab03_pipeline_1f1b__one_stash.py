@@ -1,28 +1,32 @@
 # ruff: noqa
-# A wrong answer to labs/lab03_pipeline_1f1b.ipynb (the other answers are the solution's). The bug: BI keeps what
-# BW needs in one slot, as if BW always ran right after its own BI. In a zero-bubble order other micro-batches' BI
-# run before a postponed BW, which then computes its weight gradient from another micro-batch's tensors.
+# A wrong answer to labs/lab03_pipeline_1f1b.ipynb (the other answers are the solution's). The bug: BI keeps what BW
+# needs in one slot, as if BW always ran right after its own BI. In a zero-bubble order other micro-batches' BI run
+# before a postponed BW, which then computes its weight gradients from another micro-batch's tensors.
 # EXPECT FAIL: zero_bubble
 
 # ANSWER: zero_bubble
-class SplitStage:
-    def __init__(self, w1, w2):
-        self.w1, self.w2 = w1, w2
-        self.grad_w1, self.grad_w2 = torch.zeros_like(w1), torch.zeros_like(w2)
+class SplitMLP:
+    def __init__(self, w_gate, w_up, w_down):
+        self.w_gate, self.w_up, self.w_down = w_gate, w_up, w_down
+        self.grad_gate, self.grad_up, self.grad_down = (torch.zeros_like(w) for w in (w_gate, w_up, w_down))
         self.saved = {}
 
     def forward(self, mb, x):
-        h = torch.tanh(x @ self.w1.T)
-        self.saved[mb] = (x, h)
-        return h @ self.w2.T
+        a, u = x @ self.w_gate.T, x @ self.w_up.T
+        self.saved[mb] = (x, a, u)
+        return (F.silu(a) * u) @ self.w_down.T
 
     def backward_input(self, mb, grad_y):
-        x, h = self.saved[mb]
-        grad_u = (grad_y @ self.w2) * (1 - h * h)
-        self.pending = (x, h, grad_y, grad_u)
-        return grad_u @ self.w1
+        x, a, u = self.saved[mb]
+        sig = torch.sigmoid(a)
+        grad_h = grad_y @ self.w_down
+        grad_u = grad_h * a * sig
+        grad_a = grad_h * u * sig * (1 + a * (1 - sig))
+        self.pending = (x, a * sig * u, grad_y, grad_a, grad_u)
+        return grad_a @ self.w_gate + grad_u @ self.w_up
 
     def backward_weight(self, mb):
-        x, h, grad_y, grad_u = self.pending
-        self.grad_w2 += grad_y.T @ h
-        self.grad_w1 += grad_u.T @ x
+        x, h, grad_y, grad_a, grad_u = (t.flatten(0, 1) for t in self.pending)
+        self.grad_down += grad_y.T @ h
+        self.grad_gate += grad_a.T @ x
+        self.grad_up += grad_u.T @ x

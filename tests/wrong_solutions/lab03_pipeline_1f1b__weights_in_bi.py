@@ -5,24 +5,29 @@
 # EXPECT FAIL: zero_bubble
 
 # ANSWER: zero_bubble
-class SplitStage:
-    def __init__(self, w1, w2):
-        self.w1, self.w2 = w1, w2
-        self.grad_w1, self.grad_w2 = torch.zeros_like(w1), torch.zeros_like(w2)
+class SplitMLP:
+    def __init__(self, w_gate, w_up, w_down):
+        self.w_gate, self.w_up, self.w_down = w_gate, w_up, w_down
+        self.grad_gate, self.grad_up, self.grad_down = (torch.zeros_like(w) for w in (w_gate, w_up, w_down))
         self.saved = {}
 
     def forward(self, mb, x):
-        h = torch.tanh(x @ self.w1.T)
-        self.saved[mb] = (x, h)
-        return h @ self.w2.T
+        a, u = x @ self.w_gate.T, x @ self.w_up.T
+        self.saved[mb] = (x, a, u)
+        return (F.silu(a) * u) @ self.w_down.T
 
     def backward_input(self, mb, grad_y):
-        x, h = self.saved[mb]
-        grad_u = (grad_y @ self.w2) * (1 - h * h)
-        self.saved[mb] = (grad_u.T @ x, grad_y.T @ h)
-        return grad_u @ self.w1
+        x, a, u = (t.flatten(0, 1) for t in self.saved.pop(mb))
+        g = grad_y.flatten(0, 1)
+        sig = torch.sigmoid(a)
+        grad_h = g @ self.w_down
+        grad_u = grad_h * a * sig
+        grad_a = grad_h * u * sig * (1 + a * (1 - sig))
+        self.saved[mb] = (grad_a.T @ x, grad_u.T @ x, g.T @ (a * sig * u))
+        return (grad_a @ self.w_gate + grad_u @ self.w_up).view_as(grad_y)
 
     def backward_weight(self, mb):
-        grad_w1, grad_w2 = self.saved.pop(mb)
-        self.grad_w1 += grad_w1
-        self.grad_w2 += grad_w2
+        grad_gate, grad_up, grad_down = self.saved.pop(mb)
+        self.grad_gate += grad_gate
+        self.grad_up += grad_up
+        self.grad_down += grad_down

@@ -10,7 +10,7 @@
 def train_step(model: torch.nn.Module, x_r: torch.Tensor, y_r: torch.Tensor, M: int) -> None:
     P = comm.group_size()
     for i, (x_m, y_m) in enumerate(zip(x_r.chunk(M), y_r.chunk(M))):
-        loss = F.mse_loss(model(x_m), y_m) / M
+        loss = lab_loss(model(x_m), y_m) / M
         loss.backward()
         if i == 0:
             for p in model.parameters():

@@ -1,6 +1,6 @@
-"""Lab 03's checks: the 1F1B order, a pipeline executor's point-to-point messages, the zero-bubble split of a
-stage's backward (in lab03_zero_bubble.py), and a prediction of a pipeline's traffic (see parlab/grading for
-collect_/judge_).
+"""Lab 03's checks: the 1F1B order, the same under a memory cap (in lab03_capped.py, with the prediction of its
+bubble), an executor whose messages all share one process group, and the zero-bubble split of the lab model's
+SwiGLU MLP (in lab03_zero_bubble.py); see parlab/grading for collect_/judge_.
 
 The executor runs on a toy pipeline: S = p v stages, stage s computes y = tanh(x W_s^T) on micro-batches of
 [b, H] rows (float64), the last stage's loss is 0.5 |y - target|^2 / BATCH summed over its rows. `StageWork` is
@@ -9,6 +9,7 @@ what one rank computes; the executor you write only decides when to receive and 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from fractions import Fraction
 
 import torch
@@ -17,40 +18,61 @@ import torch.distributed as dist
 import parlab
 from parlab.core import probe
 from parlab.core.check import compare
-from parlab.core.models import GPTConfig, build_model
-from parlab.grading.labs import error_summary, lab03_zero_bubble, prediction_lines, run_check
+from parlab.grading.labs import error_summary, lab03_capped, lab03_zero_bubble, run_check
+from parlab.grading.labs.guard import library_calls, library_line
 from parlab.schemes.pipeline.actions import Action, Schedule
-from parlab.schemes.pipeline.executor import Boundary, build_stages, run_step, theory_send_bytes
 from parlab.schemes.pipeline.schedules import ScheduleError, bubble, make_schedule, messages, peak_inflight, validate
 
 # This lab's checks written in other files: the grader looks each one up here, then in these.
-PARTS = (lab03_zero_bubble,)
+PARTS = (lab03_capped, lab03_zero_bubble)
+
+# What no answer may call (parlab/grading/labs/guard.py): the schedules, the executor and the lesson's helpers.
+# parlab/schemes/pipeline/actions.py (Action, Schedule: the notation, with stage() and rank_of()) is handed out.
+LIBRARY = (
+    "schemes/pipeline/schedules.py",
+    "schemes/pipeline/schedules_v.py",
+    "schemes/pipeline/executor.py",
+    "lessons/pipeline.py",
+)
+
+# The predictions' theory, one function per PREDICT cell: what its judge scores against.
+THEORY = {"capped_bubble": lab03_capped.capped_theory}
 
 ORDER_CASES = [(4, 8), (3, 7), (4, 2), (2, 5)]  # (p, m); (4, 2) has fewer micro-batches than stages
 EXECUTOR_LAUNCH = {"timeout": 10, "echo": False}  # a deadlock is diagnosed in ~2 s; 10 s stops anything else
-# (schedule, p, m, v). Interleaved on 2 ranks: each pair of ranks exchanges activations and gradients both ways.
-EXECUTOR_CASES = [("gpipe", 4, 4, 1), ("1f1b", 4, 8, 1), ("interleaved", 4, 8, 2), ("interleaved", 2, 4, 2)]
+# (schedule, p, m, v). Interleaved on 2 ranks: each pair of ranks exchanges activations and gradients both ways,
+# on the one group the executor may use.
+EXECUTOR_CASES = [
+    ("gpipe", 4, 4, 1),
+    ("1f1b", 4, 8, 1),
+    ("interleaved", 4, 8, 2),
+    ("interleaved", 2, 4, 2),
+    ("interleaved", 2, 8, 3),
+]
 H, BATCH = 8, 16  # the toy pipeline: hidden size; the global batch is [BATCH, H], a micro-batch [BATCH / m, H]
-TRAFFIC = {"p": 4, "v": 2, "m": 8, "b": 1}  # the predicted run: interleaved 1F1B, one row per micro-batch
-TRAFFIC_CFG = GPTConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=8)  # float64: [b, T, H] messages
-LAUNCH = {"timeout": 60, "echo": False}
 
 STRUCTURAL = {
     "order": "the order itself, simulated by the grader for several (p, m), m < p included: every micro-batch "
     "forward and backward once, no deadlock, messages in order, the bubble of (p-1)/(m+p-1), and the most "
-    "micro-batches in flight on each rank against 1F1B's bound",
-    "executor": "your executor on live ranks for GPipe, 1F1B and interleaved 1F1B (on 4 ranks, and on 2), each "
-    "launched separately with a short timeout (a deadlock FAILs with the launcher's diagnosis): each rank ran its "
-    "actions in the schedule's order, every action received the very message meant for it (compared with one "
-    "device's activations and gradients), the gradients of every stage match one device, and each rank sent and "
-    "received exactly the messages the schedule implies (peer, count, bytes, seen at the process group), no "
-    "collective",
-    "zero_bubble": "your split backward in two action orders (the last rank's in ZB-H1, and every BW postponed to "
-    "the end in reverse): each BI's input gradient and the summed weight gradients match autograd, and the FLOPs "
-    "of the matrix products in each call (counted at the aten level, autograd's included) show that BI does no "
-    "weight-gradient GEMM and BW no input-gradient GEMM",
-    "traffic": "the predicted bytes each of ranks 0 and 1 sends in one interleaved step, against the grader's "
-    "count from the schedule and against the bytes measured at the process group in a real run",
+    "micro-batches in flight on each rank against 1F1B's bound; no call into parlab's schedules",
+    "capped": "your orders under a memory cap k (k < p, k = p, k = 1), simulated by the grader: complete, no "
+    "deadlock, messages in order, at most k micro-batches in flight on every rank, and the bubble of the ideal "
+    "timeline no more than the least possible under the cap (the grader's formula, not an order of its own); no "
+    "call into parlab's schedules",
+    "capped_bubble": "the predicted least bubble under a cap at a size no check prints (p = 8, m = 24, k = 3), "
+    "against the grader's formula (within 1%)",
+    "executor": "your executor on live ranks for GPipe, 1F1B and interleaved 1F1B (on 4 ranks, and on 2 where "
+    "both kinds of message share each direction), each launched separately with a short timeout (a deadlock FAILs "
+    "with the launcher's diagnosis): each rank ran its actions in the schedule's order, every action received the "
+    "very message meant for it (compared with one device's activations and gradients), the gradients of every "
+    "stage match one device, each rank sent and received exactly the messages the schedule implies (peer, count, "
+    "bytes, seen at the process group), no collective, every message on the default process group without a tag; "
+    "no call into parlab's executor",
+    "zero_bubble": "your split backward of the lab model's SwiGLU MLP in two action orders (the last rank's in "
+    "ZB-H1, and every BW postponed to the end in reverse): each BI's input gradient and the summed weight gradients "
+    "match autograd, the FLOPs of the matrix products in each call (counted at the aten level) show that BI does "
+    "no weight-gradient product and BW does not redo BI's, and no operator ever ran on a tensor that requires "
+    "grad (no autograd); no call into parlab's executor",
 }
 
 
@@ -80,11 +102,13 @@ def _from_orders(orders, p: int, m: int) -> Schedule:
 
 
 def collect_order(one_f_one_b_actions) -> dict:
-    return {"orders": {f"{p},{m}": _orders(one_f_one_b_actions, p, m) for p, m in ORDER_CASES}}
+    with library_calls(LIBRARY) as called:
+        orders = {f"{p},{m}": _orders(one_f_one_b_actions, p, m) for p, m in ORDER_CASES}
+    return {"orders": orders, "library": called}
 
 
 def judge_order(data) -> list[str]:
-    lines = []
+    lines = [library_line("your 1F1B order", data.get("library", ["(calls not recorded)"]))]
     for p, m in ORDER_CASES:
         try:
             schedule = _from_orders(data["orders"][f"{p},{m}"], p, m)
@@ -107,11 +131,12 @@ def judge_order(data) -> list[str]:
 
 
 def chain_problem(stages: int, seed: int = 0) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
-    """The toy pipeline: one [H, H] weight per stage, the global batch's inputs and targets ([BATCH, H] each)."""
+    """The toy pipeline: one [H, H] weight per stage, the global batch's inputs and targets ([BATCH, H] each), on
+    the host (the seeded draw; StageWork moves its share to parlab.device(), the references stay on one device)."""
     gen = torch.Generator().manual_seed(seed)
-    weights = [torch.randn(H, H, generator=gen, dtype=torch.float64) / H**0.5 for _ in range(stages)]
-    x = torch.randn(BATCH, H, generator=gen, dtype=torch.float64)
-    return weights, x, torch.randn(BATCH, H, generator=gen, dtype=torch.float64)
+    weights = [torch.randn(H, H, generator=gen, dtype=torch.float64) / H**0.5 for _ in range(stages)]  # host: the draw
+    x = torch.randn(BATCH, H, generator=gen, dtype=torch.float64)  # host: the seeded draw
+    return weights, x, torch.randn(BATCH, H, generator=gen, dtype=torch.float64)  # host: the seeded draw
 
 
 class StageWork:
@@ -128,9 +153,12 @@ class StageWork:
 
     def __init__(self, schedule: Schedule, rank: int):
         weights, x, target = chain_problem(schedule.num_stages)
+        device = parlab.device()
         self.schedule, self.rank, self.last = schedule, rank, schedule.num_stages - 1
-        self.weights = {k: weights[schedule.stage(rank, k)].clone().requires_grad_() for k in range(schedule.v)}
-        self.xs, self.targets = x.chunk(schedule.m), target.chunk(schedule.m)  # m micro-batches of [b, H]
+        self.weights = {
+            k: weights[schedule.stage(rank, k)].clone().to(device).requires_grad_() for k in range(schedule.v)
+        }
+        self.xs, self.targets = x.to(device).chunk(schedule.m), target.to(device).chunk(schedule.m)  # m of [b, H]
         self.held: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.ran: list[list] = []  # the actions run, in order: [op, mb, chunk]
         self.received: list[list] = []  # what each action was handed: [op, mb, chunk, tensor]
@@ -162,15 +190,39 @@ class StageWork:
         return x.grad if self.schedule.stage(self.rank, a.chunk) > 0 else None
 
 
+@contextmanager
+def channels():
+    """Record, for every point-to-point call made inside the block, whether it ran on the default process group and
+    with which tag: [{"op", "peer", "world", "tag"}, ...]. (probe.recording sees the calls, not these two.)"""
+    from torch._C._distributed_c10d import ProcessGroup
+
+    world = dist.distributed_c10d._get_default_group().group_name
+    tag_at = {"send": 2, "recv": 2, "recv_anysource": 1}  # ProcessGroup.send(tensors, dst, tag), recv_anysource(t, tag)
+    seen: list[dict] = []
+
+    def wrap(name, original):
+        def recorded(self, *args, **kwargs):
+            tag = args[tag_at[name]] if len(args) > tag_at[name] else kwargs.get("tag", 0)
+            peer = args[1] if name != "recv_anysource" and len(args) > 1 else -1
+            seen.append({"op": name, "peer": int(peer), "world": self.group_name == world, "tag": int(tag)})
+            return original(self, *args, **kwargs)
+
+        return recorded
+
+    originals = {name: getattr(ProcessGroup, name) for name in tag_at}
+    with probe.wrapped(ProcessGroup, originals, wrap):
+        yield seen
+
+
 def run_executor(execute, name: str, p: int, m: int, v: int) -> dict:
     """Rank code: your executor runs this rank's actions of one step of schedule `name` on the toy pipeline."""
     r = dist.get_rank()
     schedule = make_schedule(name, p, m, v)
     work = StageWork(schedule, r)
-    with probe.recording(keep_sent_data=False) as calls:
+    with probe.recording(keep_sent_data=False) as calls, channels() as p2p, library_calls(LIBRARY) as called:
         execute(schedule, work)
     grads = {f"W{schedule.stage(r, k)}": w.grad for k, w in work.weights.items()}
-    return {"grads": grads, "ran": work.ran, "received": work.received, "calls": calls}
+    return {"grads": grads, "ran": work.ran, "received": work.received, "calls": calls, "p2p": p2p, "library": called}
 
 
 def chain_reference(stages: int) -> dict[str, torch.Tensor]:
@@ -279,8 +331,31 @@ def _described(counts: dict) -> str:
     return ", ".join(f"{op} {peer}: {n}" for (op, peer), (n, _b) in sorted(counts.items())) or "nothing"
 
 
+def _first_difference(ran: list, expected: list) -> str:
+    """Where a rank's actions first leave the schedule's order, in words."""
+
+    def label(action) -> str:
+        op, mb, chunk = action
+        return f"{op}{mb}" + (f"c{chunk}" if chunk else "")
+
+    for i, (got, want) in enumerate(zip(ran, expected, strict=False)):
+        if list(got) != list(want):
+            return f"action {i} was {label(got)}, the schedule's is {label(want)}"
+    return f"it ran {len(ran)} actions, the schedule has {len(expected)}"
+
+
+def _one_group(ranks) -> str:
+    """'' when every point-to-point call ran on the default group with tag 0, else the first that did not."""
+    for r, res in enumerate(ranks):
+        for c in res["p2p"]:
+            if not c["world"] or c["tag"] != 0:
+                where = "on another process group" if not c["world"] else f"with tag {c['tag']}"
+                return f"rank {r}'s {c['op']} (peer {c['peer']}) ran {where}"
+    return ""
+
+
 def judge_executor(data) -> list[str]:
-    lines = []
+    lines, called = [], []
     for name, p, m, v in EXECUTOR_CASES:
         label = _case_name(name, p, m, v)
         case = data["cases"].get(label, {"error": "not run"})
@@ -288,10 +363,15 @@ def judge_executor(data) -> list[str]:
             lines.append(f"{label}: did not complete: {case['error']}: FAIL")
             continue
         ranks, schedule = case["ranks"], make_schedule(name, p, m, v)
+        called += [call for res in ranks for call in res.get("library", ["(calls not recorded)"])]
         lines.append(f"{label}: every rank finished (no deadlock): PASS")
         in_order = [[[a.op, a.mb, a.chunk] for a in acts] for acts in schedule.actions]
         wrong = [r for r in range(p) if ranks[r]["ran"] != in_order[r]]
-        verdict = "PASS" if not wrong else f"ranks {wrong} did not: FAIL"
+        verdict = (
+            "PASS"
+            if not wrong
+            else f"rank {wrong[0]}: {_first_difference(ranks[wrong[0]]['ran'], in_order[wrong[0]])}: FAIL"
+        )
         lines.append(f"{label}: each rank ran its actions in the schedule's order: {verdict}")
         total, wrong, first = wrong_receives(ranks, schedule)
         verdict = "PASS" if not wrong else f"{wrong} of {total} did not, e.g. {first}: FAIL"
@@ -299,57 +379,19 @@ def judge_executor(data) -> list[str]:
         grads = {key: g for res in ranks for key, g in res["grads"].items()}
         lines.append(compare(f"{label}: dL/dW of every stage", grads, chain_reference(p * v)).line)
         expected = expected_messages(schedule, (BATCH // m) * H * 8)
-        bad = []
+        bad = ""
         for r in range(p):
             calls = ranks[r]["calls"]
             others = probe.library_collectives(calls)
             got = measured_messages([c for c in calls if c["op"] in probe.P2P])
             if others or got != expected[r]:
-                bad.append(f"rank {r}: {_described(got)}" + (f", collectives {others}" if others else ""))
-        verdict = "PASS" if not bad else f"{'; '.join(bad[:2])}: FAIL"
+                bad = f"rank {r} expected {_described(expected[r])}, made {_described(got)}"
+                bad += f" and collectives {others[:3]}" if others else ""
+                break
+        verdict = "PASS" if not bad else f"{bad}: FAIL"
         lines.append(f"{label}: every rank sent and received exactly the schedule's messages, no collective: {verdict}")
-    return lines
-
-
-# ------------------------------------------------------------------------------------- traffic prediction
-
-
-def run_traffic() -> int:
-    """Rank code: one step of interleaved 1F1B on the GPT (parlab.schemes.pipeline.executor's executor); the bytes this
-    rank sent."""
-    p, v, m, cfg = TRAFFIC["p"], TRAFFIC["v"], TRAFFIC["m"], TRAFFIC_CFG
-    schedule = make_schedule("interleaved", p, m, v)
-    model, r = build_model(cfg, seed=0), dist.get_rank()
-    stages = build_stages(model, schedule, r)
-    tokens = torch.randint(cfg.vocab_size, (TRAFFIC["b"] * m, cfg.seq_len + 1), generator=torch.Generator())
-    x, y = tokens[:, :-1], tokens[:, 1:]  # [b m, T] each: the bytes sent do not depend on the tokens
-    with probe.recording(keep_sent_data=False) as calls:
-        run_step(schedule, stages, Boundary.of(cfg), x, y, 0)
-    return probe.total_bytes(calls, "send")
-
-
-def traffic_theory() -> list[int]:
-    """Bytes each rank sends in one step, counted from the schedule by parlab.schemes.pipeline.executor."""
-    schedule, cfg = make_schedule("interleaved", TRAFFIC["p"], TRAFFIC["m"], TRAFFIC["v"]), TRAFFIC_CFG
-    return theory_send_bytes(schedule, TRAFFIC["b"] * cfg.seq_len * cfg.hidden * cfg.dtype_bytes)
-
-
-def plain(value) -> float | str:
-    """A prediction as plain data for the grader: a float, or (what cannot be one) a short text."""
-    try:
-        return float(value.item() if hasattr(value, "item") else value)
-    except (TypeError, ValueError, RuntimeError, OverflowError):
-        return repr(value)[:40]
-
-
-def collect_traffic(predicted: dict) -> dict:
-    measured = list(parlab.launch(run_traffic, TRAFFIC["p"], **LAUNCH))
-    return {"predicted": {k: plain(predicted.get(k)) for k in ("bytes_rank0", "bytes_rank1")}, "measured": measured}
-
-
-def judge_traffic(data) -> list[str]:
-    theory, measured, lines = traffic_theory(), data["measured"], []
-    for r in (0, 1):
-        predicted = data["predicted"][f"bytes_rank{r}"]
-        lines += prediction_lines(f"bytes rank {r} sends in one step", predicted, theory[r], measured[r])
+        off = _one_group(ranks)
+        verdict = "PASS" if not off else f"{off}: FAIL"
+        lines.append(f"{label}: every message on the default process group, without a tag: {verdict}")
+    lines.append(library_line("your executor", called, "parlab's pipeline executor and schedules"))
     return lines

@@ -3,7 +3,11 @@ with one device (float64), with what the ranks communicated watched at the proce
 
 Every rank function here is the working surroundings of one small function from the notebook (the student's):
 the model, the data, the single-device reference and the verdicts live here, the code under suspicion in the
-notebook's ANSWER cells.
+notebook's ANSWER cells. The code under suspicion is written for the labs' own model (parlab.core.lab_model) or a
+variant the library lacks: data parallelism on the lab model, Megatron's f and g around its SwiGLU MLP, a zigzag
+split that also hands out each token's RoPE position, ZeRO on a lab model whose size no rank count divides, 1F1B
+over the lab model's blocks, and a ring-attention forward with grouped K/V heads. The library's own versions do
+not fit, and an answer that calls them fails (LIBRARY, parlab/grading/labs/guard.py).
 
 The sizes of every part and the shared helpers are in lab_bug_hunt_setup.py; parts 5 and 6 (point-to-point code)
 are at the end of this file.
@@ -15,66 +19,96 @@ import math
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 
 import parlab
 from parlab.core import comm, probe
 from parlab.core.check import check_equal, compare
-from parlab.core.models import causal_attention
+from parlab.core.lab_model import LabModel, apply_rope, build_lab_model, gqa_attention, lab_batches, lab_loss, rms_norm
 from parlab.grading.labs import prediction_lines, run_check
+from parlab.grading.labs.guard import library_calls, library_line
 from parlab.grading.labs.lab_bug_hunt_setup import (
     B_DP,
     B_ZERO,
     BATCH,
-    FFN,
+    DP_CFG,
+    HD,
     HEADS,
-    HID,
-    HS,
-    IN,
+    KV_HEADS,
     LAUNCH,
-    OUT,
     P_PREDICT,
     PIPE_B,
-    PIPE_H,
+    PIPE_CFG,
     PIPE_M,
     PIPELINE_LAUNCH,
     RING_C,
     T_TP,
+    TP_CFG,
+    ZERO_CFG,
     ZERO_LR,
-    ZERO_SIZES,
     ZERO_STEPS,
     ZIGZAG_T,
-    H,
     M,
     P,
     _grads,
     _no_error,
     _randn,
+    adam_step,
     attention_problem,
-    mlp,
 )
 from parlab.schemes.sequence.ring_attention import RingAttention, ring_attention
-from parlab.schemes.zero.stages import adam_step
+
+# What no answer may call (parlab/grading/labs/guard.py): the library's implementations of the six schemes the bugs
+# are about, and the lesson helpers that hold the same code. The handed-out pieces live in this lab's own modules.
+LIBRARY = (
+    "schemes/data_parallel.py",
+    "schemes/tensor_parallel.py",
+    "schemes/sequence/",
+    "schemes/zero/",
+    "schemes/pipeline/",
+    "lessons/data_parallel.py",
+    "lessons/tensor_parallel.py",
+    "lessons/sequence_parallel.py",
+    "lessons/zero.py",
+    "lessons/pipeline.py",
+)
 
 STRUCTURAL = {
-    "dp_accumulation": "every rank ends with one device's gradient of the global batch; the bytes each rank "
-    "all-reduces in one step (M = 2) equal one copy of the gradients; no other collective",
-    "tp_backward": "Megatron's MLP on 4 ranks: y, dL/dx and every weight's gradient match one device; the bytes "
-    "each rank communicates in forward and in backward equal one [B, T, H] each",
-    "zigzag_padding": "for T = 16 and T = 19 on 4 ranks: each rank's zigzag block has the theory's number of "
-    "tokens; the library's ring attention on the blocks gives one device's causal attention and its gradients",
-    "zero_padding": "3 Adam steps on 4 ranks with Psi = 103 (not divisible by 4): every parameter matches one "
-    "device; the state elements each rank holds and the bytes it reduce-scatters and all-gathers per step equal "
-    "the theory's (equal shards, nothing replicated); no all-reduce",
-    "zero_sizes": "predictions for Psi = 103 on 7 ranks: the elements the handed-out step never updates, the "
+    "dp_accumulation": "the lab model on 4 ranks, 2 micro-batches each: every rank ends with one device's gradient "
+    "of the global batch; the bytes each rank all-reduces in one step equal one copy of the gradients; no other "
+    "collective; no call into parlab's data parallelism",
+    "tp_backward": "the lab model's MLP sublayer (RMSNorm, SwiGLU without biases, residual) with Megatron's f and g on "
+    "4 ranks: y, dL/dx, the norm's and every projection's gradient match one device; the bytes each rank "
+    "communicates in forward and in backward equal one [B, T, H] each; no call into parlab's tensor parallelism",
+    "zigzag_padding": "for T = 16 and T = 19 on 4 ranks, grouped K/V heads and RoPE: each rank's zigzag block has "
+    "the theory's number of tokens and its real tokens' global positions; the library's ring attention on the "
+    "rotated blocks gives one device's causal attention and its gradients; no call into parlab's sequence code",
+    "zero_padding": "3 Adam steps of a lab model of Psi = 678 parameters (not divisible by 4) on 4 ranks: every "
+    "parameter matches one device; the state elements each rank holds and the bytes it reduce-scatters and "
+    "all-gathers per step equal the theory's (equal shards, nothing replicated); no all-reduce; no call into "
+    "parlab's ZeRO",
+    "zero_sizes": "predictions for Psi = 678 on 7 ranks: the elements the handed-out step never updates, the "
     "shard size and the padding of a correct step (exact)",
-    "pipeline_deadlock": "1F1B on 4 stages finishes (a hang fails within seconds), with one device's gradients "
-    "and loss; every steady-state exchange makes one send and one receive through parlab.core.comm, both in flight "
-    "at once (posted before either is waited for): a fix that orders them by rank parity fails here",
-    "ring_lse": "the library's ring-attention backward on the forward's (out, lse): out and dq, dk, dv match "
-    "one device's causal attention; the forward sends P-1 K/V blocks per rank",
+    "pipeline_deadlock": "1F1B over the lab model's 4 blocks on 4 stages finishes (a hang fails within seconds), "
+    "with one device's loss and every stage's gradients; every steady-state exchange makes one send and one receive "
+    "through parlab.core.comm, both in flight at once (posted before either is waited for): a fix that orders "
+    "them by rank parity fails here; no call into parlab's pipeline code",
+    "ring_lse": "the library's ring-attention backward on the forward's (out, lse), grouped K/V heads: out and dq, "
+    "dk, dv match one device's causal attention; the forward sends P-1 K/V blocks of the K/V heads only per rank; "
+    "no call into parlab's sequence code",
 }
+
+
+def zero_sizes_theory() -> dict[str, int]:
+    """THEORY of the prediction: for Psi on P_PREDICT ranks, the elements the handed-out step never updates (those
+    past P floor(Psi/P)), the shard of a correct step (ceil(Psi/P)) and the padding it reduce-scatters."""
+    psi = sum(p.numel() for p in build_lab_model(ZERO_CFG).parameters())
+    shard = math.ceil(psi / P_PREDICT)
+    return {"frozen": psi % P_PREDICT, "shard": shard, "padding": P_PREDICT * shard - psi}
+
+
+# The predictions' theory, one function per PREDICT cell: what its judge scores against.
+THEORY = {"zero_sizes": zero_sizes_theory}
 
 
 def run(check: str, *answers) -> None:
@@ -82,23 +116,28 @@ def run(check: str, *answers) -> None:
     run_check(__name__, check, *answers)
 
 
+def _library_line(part: str, called) -> str:
+    return library_line(part, called, "the library's implementation of the scheme")
+
+
 # --------------------------------------------------------------------------- part 1: data parallel, accumulation
 
 
 def dp_data() -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch: x [B, IN], y [B, OUT]."""
-    return _randn(B_DP, IN, seed=11), _randn(B_DP, OUT, seed=12)
+    """The global batch of token ids: x, y [B_DP, T] (y is x shifted by one)."""
+    x, y = lab_batches(DP_CFG, B_DP, 1, seed=11)[0]
+    return x.to(parlab.device()), y.to(parlab.device())
 
 
 def run_dp(train_step) -> dict:
     """Rank code: rank r's rows of the batch through `train_step` (your code), the process group watched."""
     r = dist.get_rank()
-    model = mlp((IN, HID, OUT), seed=10)  # the same weights on every rank
+    model = build_lab_model(DP_CFG, seed=10).to(parlab.device())  # the same weights on every rank
     x, y = dp_data()
     b = B_DP // P
-    with probe.recording(keep_sent_data=False) as calls:
+    with probe.recording(keep_sent_data=False) as calls, library_calls(LIBRARY) as called:
         train_step(model, x[r * b : (r + 1) * b], y[r * b : (r + 1) * b], M)  # rows [r b, (r+1) b)
-    return {"grads": _grads(model), "calls": calls}
+    return {"grads": _grads(model), "calls": calls, "library": called}
 
 
 def collect_dp_accumulation(train_step) -> dict:
@@ -106,9 +145,9 @@ def collect_dp_accumulation(train_step) -> dict:
 
 
 def judge_dp_accumulation(data) -> list[str]:
-    model = mlp((IN, HID, OUT), seed=10)
+    model = build_lab_model(DP_CFG, seed=10)
     x, y = dp_data()
-    F.mse_loss(model(x), y).backward()  # one device, the whole batch
+    lab_loss(model(x), y).backward()  # one device, the whole batch
     reference, psi = _grads(model), sum(p.numel() for p in model.parameters())
     ranks = data["ranks"]
     lines = [compare(f"rank {r}: gradients after the step", ranks[r]["grads"], reference).line for r in range(P)]
@@ -120,6 +159,7 @@ def judge_dp_accumulation(data) -> list[str]:
             check_equal(f"rank {r}: bytes all-reduced in one step (M = {M} micro-batches)", reduced, psi * 8).line
         )
         lines.append(check_equal(f"rank {r}: calls of other collectives", others, 0).line)
+    lines.append(_library_line("train_step", [c for res in ranks for c in res.get("library", ["(not recorded)"])]))
     return lines
 
 
@@ -127,47 +167,56 @@ def judge_dp_accumulation(data) -> list[str]:
 
 
 def tp_problem() -> dict[str, torch.Tensor]:
-    """The full MLP and data: x [B, T, H], fc [FFN, H] + [FFN], proj [H, FFN] + [H], the output gradient G."""
+    """The lab model's MLP sublayer and data: x [B, T, H], the RMSNorm gain [H], gate and up [F, H], down [H, F]
+    (block 0 of a small lab model, its gain moved off 1 and its weights scaled up from their initial N(0, 0.02^2),
+    as a trained model's are: the MLP's share of dL/dx is then not lost beside the residual's), the output gradient
+    G [B, T, H]."""
+    block = build_lab_model(TP_CFG, seed=20).blocks[0]
+    H, scale = TP_CFG.hidden, 10.0
     return {
         "x": _randn(BATCH, T_TP, H, seed=21),
-        "fc_w": _randn(FFN, H, seed=22) / math.sqrt(H),
-        "fc_b": _randn(FFN, seed=23) / 4,
-        "proj_w": _randn(H, FFN, seed=24) / math.sqrt(FFN),
-        "proj_b": _randn(H, seed=25) / 4,
+        "norm": 1 + _randn(H, seed=22) / 4,
+        "gate": block.mlp.gate.weight.detach().to(parlab.device()) * scale,
+        "up": block.mlp.up.weight.detach().to(parlab.device()) * scale,
+        "down": block.mlp.down.weight.detach().to(parlab.device()) * scale,
         "G": _randn(BATCH, T_TP, H, seed=26),
     }
 
 
-def tp_mlp(x, fc_w, fc_b, proj_w, proj_b, f, g):
-    """Megatron's MLP on this rank's slices: y = g(gelu(f(x) fc_w_r^T + fc_b_r) proj_w_r^T) + proj_b."""
-    h = F.gelu(F.linear(f.apply(x), fc_w, fc_b))  # [B, T, FFN/P]: this rank's FFN units (column-parallel fc)
-    return g.apply(F.linear(h, proj_w)) + proj_b  # [B, T, H]: the partial sums summed by g (row-parallel proj)
+def tp_swiglu(x, norm, gate, up, down, f, g):
+    """The lab model's MLP sublayer on this rank's slices: x + g(down_r(silu(gate_r(n)) * up_r(n))), with
+    n = f(rmsnorm(x))."""
+    n = f.apply(rms_norm(x, norm, TP_CFG.eps))  # [B, T, H], replicated: f before the column-parallel gate and up
+    h = F.silu(n @ gate.T) * (n @ up.T)  # [B, T, F/P]: this rank's SwiGLU units
+    return x + g.apply(h @ down.T)  # [B, T, H]: the partial sums summed by g (row-parallel down), then the residual
 
 
 def run_tp(f, g) -> dict:
-    """Rank code: rank r holds FFN units [r k, (r+1) k), k = FFN/P: rows of fc, columns of proj."""
-    r, k = dist.get_rank(), FFN // P
+    """Rank code: rank r holds the SwiGLU units [r k, (r+1) k), k = F/P: rows of gate and up, columns of down."""
+    r, k = dist.get_rank(), TP_CFG.ffn // P
     full = tp_problem()
     mine = {
         "x": full["x"].clone(),  # replicated
-        "fc_w": full["fc_w"][r * k : (r + 1) * k].clone(),  # [k, H]
-        "fc_b": full["fc_b"][r * k : (r + 1) * k].clone(),  # [k]
-        "proj_w": full["proj_w"][:, r * k : (r + 1) * k].clone(),  # [H, k]
-        "proj_b": full["proj_b"].clone(),  # [H], replicated: added once, after g
+        "norm": full["norm"].clone(),  # replicated
+        "gate": full["gate"][r * k : (r + 1) * k].clone(),  # [k, H]
+        "up": full["up"][r * k : (r + 1) * k].clone(),  # [k, H]
+        "down": full["down"][:, r * k : (r + 1) * k].clone(),  # [H, k]
     }
     for t in mine.values():
         t.requires_grad_()
-    with probe.recording(keep_sent_data=False) as forward_calls:
-        y = tp_mlp(mine["x"], mine["fc_w"], mine["fc_b"], mine["proj_w"], mine["proj_b"], f, g)
-    with probe.recording(keep_sent_data=False) as backward_calls:
-        (y * full["G"]).sum().backward()
+    with library_calls(LIBRARY) as called:
+        with probe.recording(keep_sent_data=False) as forward_calls:
+            y = tp_swiglu(*mine.values(), f, g)
+        with probe.recording(keep_sent_data=False) as backward_calls:
+            (y * full["G"]).sum().backward()
     grads = {name: t.grad for name, t in mine.items()}
-    return {"y": y.detach(), "grads": grads, "forward": forward_calls, "backward": backward_calls}
+    return {"y": y.detach(), "grads": grads, "forward": forward_calls, "backward": backward_calls, "library": called}
 
 
 def tp_single_device() -> dict:
     full = {name: t.requires_grad_() for name, t in tp_problem().items() if name != "G"}
-    y = F.linear(F.gelu(F.linear(full["x"], full["fc_w"], full["fc_b"])), full["proj_w"], full["proj_b"])
+    n = rms_norm(full["x"], full["norm"], TP_CFG.eps)
+    y = full["x"] + (F.silu(n @ full["gate"].T) * (n @ full["up"].T)) @ full["down"].T
     (y * tp_problem()["G"]).sum().backward()
     return {"y": y.detach(), "grads": {name: t.grad for name, t in full.items()}}
 
@@ -182,10 +231,10 @@ def judge_tp_backward(data) -> list[str]:
     gathered, error = _no_error(
         "gradients of the ranks' slices",
         lambda: {
-            "fc_w": torch.cat([g["fc_w"] for g in grads], dim=0),  # the ranks' rows stacked: [FFN, H]
-            "fc_b": torch.cat([g["fc_b"] for g in grads], dim=0),  # [FFN]
-            "proj_w": torch.cat([g["proj_w"] for g in grads], dim=1),  # the ranks' columns side by side: [H, FFN]
-            "proj_b": grads[0]["proj_b"],  # rank 0's
+            "gate": torch.cat([g["gate"] for g in grads], dim=0),  # the ranks' rows stacked: [F, H]
+            "up": torch.cat([g["up"] for g in grads], dim=0),  # [F, H]
+            "down": torch.cat([g["down"] for g in grads], dim=1),  # the ranks' columns side by side: [H, F]
+            "norm": grads[0]["norm"],  # rank 0's
             "x": grads[0]["x"],
         },
     )
@@ -195,27 +244,28 @@ def judge_tp_backward(data) -> list[str]:
     lines = [f"gradient norms / one device's: {ratios}"]  # information, not a verdict
     lines += [compare(f"rank {r}: y", ranks[r]["y"], ref["y"]).line for r in range(P)]
     for name, what in [
-        ("fc_w", "dL/dW of fc, the ranks' rows stacked"),
-        ("fc_b", "dL/db of fc, the ranks' pieces stacked"),
-        ("proj_w", "dL/dW of proj, the ranks' columns side by side"),
+        ("gate", "dL/dW of gate, the ranks' rows stacked"),
+        ("up", "dL/dW of up, the ranks' rows stacked"),
+        ("down", "dL/dW of down, the ranks' columns side by side"),
     ]:
         lines.append(compare(what, gathered[name], ref["grads"][name]).line)
-    for name, what in [("proj_b", "dL/db of proj"), ("x", "dL/dx")]:
+    for name, what in [("norm", "dL/d(RMSNorm gain)"), ("x", "dL/dx")]:
         theirs, ours = [g[name] for g in grads], [ref["grads"][name]] * P
         lines.append(compare(f"{what}, on every rank", theirs, ours).line)
-    y_bytes = BATCH * T_TP * H * 8
+    y_bytes = BATCH * T_TP * TP_CFG.hidden * 8
     for r in range(P):
         for phase in ("forward", "backward"):
             sent = sum(int(c["bytes"]) or 1 for c in ranks[r][phase])  # every call; a barrier counts one byte
             lines.append(check_equal(f"rank {r}: bytes communicated in {phase}", sent, y_bytes).line)
+    lines.append(_library_line("Copy and Reduce", [c for res in ranks for c in res.get("library", ["(not recorded)"])]))
     return lines
 
 
-# ------------------------------------------------------------------------- part 3: zigzag, T not divisible by 2P
+# -------------------------------------------------------- part 3: zigzag with RoPE positions, T not divisible by 2P
 
 
 def zigzag_unshard(blocks: list[torch.Tensor], T: int) -> torch.Tensor:
-    """The ranks' zigzag blocks back in sequence order, cut to the T real tokens: [1, HEADS, T, HS].
+    """The ranks' zigzag blocks back in sequence order, cut to the T real tokens: [1, HEADS, T, HD].
 
     blocks[r] holds chunks r and 2P-1-r of the 2P chunks (its first half, then its second half)."""
     pieces: list[torch.Tensor | None] = [None] * (2 * len(blocks))
@@ -225,18 +275,25 @@ def zigzag_unshard(blocks: list[torch.Tensor], T: int) -> torch.Tensor:
 
 
 def run_zigzag(zigzag_shard) -> dict:
-    """Rank code: for each T, every rank shards the whole q, k, v and G with `zigzag_shard` (your code), runs the
-    library's ring attention (zigzag layout, causal) on its block and backpropagates sum(out_r * G_r)."""
+    """Rank code: for each T, every rank shards the whole q, k, v and G with `zigzag_shard` (your code), turns its
+    q and k by the positions it returned (RoPE, the lab model's), runs the library's ring attention (zigzag layout,
+    causal; each K/V head repeated for its query heads) on its block and backpropagates sum(out_r * G_r)."""
     r = dist.get_rank()
     out = {}
     for T in ZIGZAG_T:
         q, k, v, g = attention_problem(T, seed=30 + T)
         for t in (q, k, v):
             t.requires_grad_()
-        q_r, k_r, v_r = (zigzag_shard(t, r, P) for t in (q, k, v))  # [1, HEADS, 2c, HS] each
+        with library_calls(LIBRARY) as called:
+            (q_r, positions), (k_r, _), (v_r, _), (g_r, _) = (zigzag_shard(t, r, P) for t in (q, k, v, g))
+        positions = torch.as_tensor(positions, device=q.device)
+        q_r, k_r = apply_rope(q_r, positions), apply_rope(k_r, positions)  # each token turns by its global position
+        group = HEADS // KV_HEADS
+        k_r, v_r = k_r.repeat_interleave(group, dim=1), v_r.repeat_interleave(group, dim=1)  # [1, HEADS, 2c, HD]
         o_r = ring_attention(q_r, k_r, v_r, causal=True, layout="zigzag")
-        (o_r * zigzag_shard(g, r, P)).sum().backward()  # q.grad: this rank's part of dL/dq (summed over ranks)
-        out[T] = {"out": o_r.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+        (o_r * g_r).sum().backward()  # q.grad: this rank's part of dL/dq (summed over ranks)
+        out[T] = {"out": o_r.detach(), "positions": positions, "dq": q.grad, "dk": k.grad, "dv": v.grad}
+        out[T]["library"] = called
     return out
 
 
@@ -249,17 +306,33 @@ def collect_zigzag_padding(zigzag_shard) -> dict:
     return {"ranks": list(parlab.launch(run_zigzag, P, zigzag_shard, **LAUNCH))}
 
 
+def _wrong_positions(ranks, T: int) -> str:
+    """'' when every rank's block gives its real tokens their global positions, else the first rank that does not."""
+    c = math.ceil(T / (2 * P))
+    for r in range(P):
+        expected = [t for i in (r, 2 * P - 1 - r) for t in range(i * c, (i + 1) * c)]
+        got = [int(t) for t in ranks[r][T]["positions"].reshape(-1).tolist()]
+        real = [i for i, t in enumerate(expected) if t < T]
+        if len(got) != len(expected) or [got[i] for i in real] != [expected[i] for i in real]:
+            return f"rank {r}: expected {[expected[i] for i in real]}, received {got}"
+    return ""
+
+
 def judge_zigzag_padding(data) -> list[str]:
     ranks, lines = data["ranks"], []
     for T in ZIGZAG_T:
         q, k, v, g = (t.requires_grad_() for t in attention_problem(T, seed=30 + T))
-        reference = causal_attention(q, k, v)  # one device, the whole sequence
+        positions = torch.arange(T)  # host: the reference on one device
+        reference = gqa_attention(apply_rope(q, positions), apply_rope(k, positions), v)  # one device, causal
         (reference * g.detach()).sum().backward()
         c = math.ceil(T / (2 * P))
         lengths = [int(ranks[r][T]["out"].shape[-2]) for r in range(P)]
         lines.append(f"T={T}: tokens in each rank's block: {lengths}")  # information
         for r in range(P):
             lines.append(check_equal(f"T={T}: rank {r}: tokens in its block", lengths[r], 2 * c).line)
+        wrong = _wrong_positions(ranks, T)
+        verdict = "PASS" if not wrong else f"{wrong}: FAIL"
+        lines.append(f"T={T}: every rank's real tokens at their global positions: {verdict}")
         merged, error = _no_error(
             f"T={T}: the blocks back in order", zigzag_unshard, [ranks[r][T]["out"] for r in range(P)], T
         )
@@ -270,6 +343,8 @@ def judge_zigzag_padding(data) -> list[str]:
         what = f"T={T}: dL/dq, dL/dk, dL/dv (each rank's share, summed)"
         grads, error = _no_error(what, _summed, [ranks[r][T] for r in range(P)])
         lines += error or [compare(what, grads, [q.grad, k.grad, v.grad]).line]
+    called = [c for res in ranks for T in ZIGZAG_T for c in res[T].get("library", ["(not recorded)"])]
+    lines.append(_library_line("zigzag_shard", called))
     return lines
 
 
@@ -277,15 +352,18 @@ def judge_zigzag_padding(data) -> list[str]:
 
 
 def zero_data() -> tuple[torch.Tensor, torch.Tensor]:
-    return _randn(B_ZERO, ZERO_SIZES[0], seed=41), _randn(B_ZERO, ZERO_SIZES[-1], seed=42)
+    """The global batch of token ids: x, y [B_ZERO, T]."""
+    x, y = lab_batches(ZERO_CFG, B_ZERO, 1, seed=41)[0]
+    return x.to(parlab.device()), y.to(parlab.device())
 
 
-def flat_mlp(seed: int = 40) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """The MLP whose parameters and gradients are views of two flat buffers of Psi numbers (no padding):
-    flat_param (writing it writes the parameters) and flat_grad (backward accumulates into it)."""
-    model = mlp(ZERO_SIZES, seed)
+def flat_lab_model(seed: int = 40) -> tuple[LabModel, torch.Tensor, torch.Tensor]:
+    """The lab model whose parameters and gradients are views of two flat buffers of Psi numbers (no padding), in
+    named_parameters() order: flat_param (writing it writes the parameters) and flat_grad (backward adds into it)."""
+    model = build_lab_model(ZERO_CFG, seed).to(parlab.device())
     psi = sum(p.numel() for p in model.parameters())
-    flat_param, flat_grad = torch.zeros(psi, dtype=torch.float64), torch.zeros(psi, dtype=torch.float64)
+    flat_param = torch.zeros(psi, dtype=torch.float64, device=parlab.device())
+    flat_grad = torch.zeros(psi, dtype=torch.float64, device=parlab.device())
     offset = 0
     for p in model.parameters():
         n = p.numel()
@@ -300,27 +378,30 @@ def run_zero(zero_update) -> dict:
     """Rank code: ZERO_STEPS steps of ZeRO (stage 2's communication) with `zero_update` (your code), each rank on
     its rows of the batch; the last step's calls into torch.distributed are recorded."""
     r = dist.get_rank()
-    model, flat_param, flat_grad = flat_mlp()
+    model, flat_param, flat_grad = flat_lab_model()
     x, y = zero_data()
     b = B_ZERO // P
     state: dict = {}  # this rank's optimizer state, kept by zero_update from step to step
+    called: list[str] = []
     for step in range(1, ZERO_STEPS + 1):
         flat_grad.zero_()
-        F.mse_loss(model(x[r * b : (r + 1) * b]), y[r * b : (r + 1) * b]).backward()  # flat_grad: my rows' gradient
-        with probe.recording(keep_sent_data=False) as calls:
+        lab_loss(model(x[r * b : (r + 1) * b]), y[r * b : (r + 1) * b]).backward()  # flat_grad: my rows' gradient
+        with probe.recording(keep_sent_data=False) as calls, library_calls(LIBRARY) as seen:
             zero_update(flat_param, flat_grad, state, step)
+        called += seen
     held = sum(t.numel() for t in state.values() if isinstance(t, torch.Tensor))
-    return {"params": {n: p.detach().clone() for n, p in model.named_parameters()}, "held": held, "calls": calls}
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return {"params": params, "held": held, "calls": calls, "library": called}
 
 
 def zero_single_device() -> dict[str, torch.Tensor]:
-    """Adam (parlab.schemes.zero.stages.adam_step, torch's arithmetic) on one device, on the whole batch."""
-    model, flat_param, flat_grad = flat_mlp()
+    """Adam (the setup's adam_step, torch's arithmetic) on one device, on the whole batch."""
+    model, flat_param, flat_grad = flat_lab_model()
     x, y = zero_data()
     master, m, v = flat_param.clone(), torch.zeros_like(flat_param), torch.zeros_like(flat_param)
     for step in range(1, ZERO_STEPS + 1):
         flat_grad.zero_()
-        F.mse_loss(model(x), y).backward()
+        lab_loss(model(x), y).backward()
         adam_step(master, flat_grad, m, v, step, ZERO_LR)
         flat_param.copy_(master)
     return {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -330,13 +411,15 @@ def collect_zero_padding(zero_update) -> dict:
     return {"ranks": list(parlab.launch(run_zero, P, zero_update, **LAUNCH))}
 
 
-def _unchanged(params: dict, initial: dict) -> str:
-    """ "2.bias 3 of 3" for the parameters with elements still at their initial value (information)."""
+def _unchanged(params: dict, initial: dict, reference: dict) -> str:
+    """ "head.weight 2 of 174" for the parameters with elements still at their initial value that one device does
+    change (information: an embedding row no token of the batch uses stays where it was on one device too)."""
     found = []
     for name, start in initial.items():
         mine = params.get(name)
-        if isinstance(mine, torch.Tensor) and mine.shape == start.shape and (same := int((mine == start).sum())):
-            found.append(f"{name} {same} of {start.numel()}")
+        if isinstance(mine, torch.Tensor) and mine.shape == start.shape:
+            if same := int(((mine == start) & (reference[name] != start)).sum()):
+                found.append(f"{name} {same} of {start.numel()}")
     return ", ".join(found) or "none"
 
 
@@ -344,19 +427,16 @@ def judge_zero_padding(data) -> list[str]:
     ranks, reference = data["ranks"], zero_single_device()
     psi = sum(t.numel() for t in reference.values())
     S = math.ceil(psi / P)
-    initial = {n: p.detach() for n, p in flat_mlp()[0].named_parameters()}
-    lines = [f"rank 0: elements still at their initial value: {_unchanged(ranks[0]['params'], initial)}"]
+    initial = {n: p.detach() for n, p in flat_lab_model()[0].named_parameters()}
+    unchanged = _unchanged(ranks[0]["params"], initial, reference)
+    lines = [f"rank 0: elements still at their initial value that one device updates: {unchanged}"]
     lines += [
         compare(f"rank {r}: parameters after {ZERO_STEPS} steps", ranks[r]["params"], reference).line for r in range(P)
     ]
     for r in range(P):
         calls = ranks[r]["calls"]
         lines += [
-            check_equal(
-                f"rank {r}: optimizer state elements held (master, m, v)",
-                ranks[r]["held"],
-                3 * S,
-            ).line,
+            check_equal(f"rank {r}: optimizer state elements held (master, m, v)", ranks[r]["held"], 3 * S).line,
             check_equal(
                 f"rank {r}: bytes reduce-scattered into its gradient shard",
                 probe.total_bytes(calls, "reduce_scatter_single"),
@@ -369,6 +449,7 @@ def judge_zero_padding(data) -> list[str]:
             ).line,
             check_equal(f"rank {r}: all-reduces", sum(c["op"] == "allreduce" for c in calls), 0).line,
         ]
+    lines.append(_library_line("zero_update", [c for res in ranks for c in res.get("library", ["(not recorded)"])]))
     return lines
 
 
@@ -384,9 +465,8 @@ def collect_zero_sizes(predictions: dict) -> dict:
 
 
 def judge_zero_sizes(data) -> list[str]:
-    psi = sum(p.numel() for p in mlp(ZERO_SIZES, 40).parameters())
-    S = math.ceil(psi / P_PREDICT)
-    theory = {"frozen": psi % P_PREDICT, "shard": S, "padding": P_PREDICT * S - psi}
+    theory = zero_sizes_theory()
+    psi = sum(p.numel() for p in build_lab_model(ZERO_CFG).parameters())
     labels = {
         "frozen": f"elements of flat_param the handed-out step never changes (Psi = {psi}, P = {P_PREDICT})",
         "shard": f"elements of each rank's master shard in a correct step (P = {P_PREDICT})",
@@ -398,48 +478,51 @@ def judge_zero_sizes(data) -> list[str]:
     return lines
 
 
-# --------------------------------------------------------------------------- part 5: pipeline, send/recv order
+# ------------------------------------------------------------------ part 5: pipeline over the lab model's blocks
 
 
 def pipe_data() -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch: x, y [PIPE_M * PIPE_B, PIPE_H]; micro-batch i is rows [i b, (i+1) b)."""
-    return _randn(PIPE_M * PIPE_B, PIPE_H, seed=51), _randn(PIPE_M * PIPE_B, PIPE_H, seed=52)
+    """The global batch of token ids: x, y [PIPE_M * PIPE_B, T]; micro-batch i is rows [i b, (i+1) b)."""
+    x, y = lab_batches(PIPE_CFG, PIPE_M * PIPE_B, 1, seed=51)[0]
+    return x.to(parlab.device()), y.to(parlab.device())
 
 
-def pipe_model() -> nn.Sequential:
-    """The whole model on one device: P stages, each Linear(H, H) then tanh. Stage s is layers [2s, 2s+2)."""
-    layers: list[nn.Module] = []
-    for s in range(P):
-        layers += [mlp((PIPE_H, PIPE_H), seed=53 + 2 * s), nn.Tanh()]
-    return nn.Sequential(*layers)
+def stage_parameters(model: LabModel, s: int) -> dict[str, torch.Tensor]:
+    """Stage s's parameters, by the model's names: block s; the embedding on stage 0; the final norm and the head on
+    the last stage."""
+    mine = (f"blocks.{s}.",) + (("embed.",) if s == 0 else ()) + (("norm.", "head.") if s == P - 1 else ())
+    return {name: p for name, p in model.named_parameters() if name.startswith(mine)}
 
 
 def run_1f1b(send_forward_recv_backward, send_backward_recv_forward) -> dict:
-    """Rank code: stage s = rank s runs Megatron's 1F1B (non-interleaved) over PIPE_M micro-batches.
+    """Rank code: stage s = rank s runs Megatron's 1F1B (non-interleaved) over PIPE_M micro-batches of the lab
+    model: stage s is its block s (stage 0 embeds the tokens; the last stage applies the final norm, the head and
+    the loss). Every message is one micro-batch's [b, T, H].
 
     Warm-up and cool-down use plain blocking comm.send / comm.recv; the steady state uses your two exchange
     functions; each call of them is recorded (the traced sends and receives it made)."""
     s = dist.get_rank()
     first, last = s == 0, s == P - 1
-    stage = pipe_model()[2 * s : 2 * s + 2]  # this rank's layers
-    xs, ys = (t.chunk(PIPE_M) for t in pipe_data())  # PIPE_M micro-batches of [b, H]
-    shape = (PIPE_B, PIPE_H)
+    model = build_lab_model(PIPE_CFG, seed=50).to(parlab.device())  # every rank builds it; stage s uses its part
+    positions = torch.arange(PIPE_CFG.seq_len, device=parlab.device())
+    xs, ys = (t.chunk(PIPE_M) for t in pipe_data())  # PIPE_M micro-batches of [b, T] token ids
+    shape = (PIPE_B, PIPE_CFG.seq_len, PIPE_CFG.hidden)
     fed, exchanges, loss_total = iter(range(PIPE_M)), [], 0.0
     held: list[tuple[torch.Tensor, torch.Tensor]] = []  # (input, output) of micro-batches awaiting backward
 
     def recv_forward():
         if first:
-            return xs[next(fed)].clone()
-        x = torch.empty(shape, dtype=torch.float64)
+            return xs[next(fed)]
+        x = torch.empty(shape, dtype=torch.float64, device=parlab.device())
         comm.recv(x, s - 1)
         return x
 
     def forward(x):
         nonlocal loss_total
-        x.requires_grad_(not first)
-        out = stage(x)
+        h = model.embed(x) if first else x.requires_grad_()  # [b, T, H]
+        out = model.blocks[s](h, positions)
         if last:  # the loss of micro-batch i, scaled so that the m losses add up to the batch's mean
-            out = F.mse_loss(out, ys[len(held) + done[0]]) / PIPE_M
+            out = lab_loss(model.logits(out), ys[len(held) + done[0]]) / PIPE_M
             loss_total += out.item()
         held.append((x, out))
         return out
@@ -458,32 +541,34 @@ def run_1f1b(send_forward_recv_backward, send_backward_recv_forward) -> dict:
 
     done = [0]  # micro-batches whose backward is done (the last stage's targets are ys[i])
     warmup = min(P - s - 1, PIPE_M)
-    for _ in range(warmup):
-        out = forward(recv_forward())
-        comm.send(out.detach(), s + 1)  # warm-up: forward only
-    x = recv_forward() if PIPE_M > warmup else None
-    for i in range(PIPE_M - warmup):  # steady state: one forward, one backward
-        out = forward(x)
-        grad = None
-        if not last:  # send this output on, receive the gradient of the oldest output held
-            grad = torch.empty(shape, dtype=torch.float64)
-            recorded(send_forward_recv_backward, out.detach(), grad, s + 1)
-        grad_x = backward(grad)
-        if i == PIPE_M - warmup - 1:
+    with library_calls(LIBRARY) as called:
+        for _ in range(warmup):
+            out = forward(recv_forward())
+            comm.send(out.detach(), s + 1)  # warm-up: forward only
+        x = recv_forward() if PIPE_M > warmup else None
+        for i in range(PIPE_M - warmup):  # steady state: one forward, one backward
+            out = forward(x)
+            grad = None
+            if not last:  # send this output on, receive the gradient of the oldest output held
+                grad = torch.empty(shape, dtype=torch.float64, device=parlab.device())
+                recorded(send_forward_recv_backward, out.detach(), grad, s + 1)
+            grad_x = backward(grad)
+            if i == PIPE_M - warmup - 1:
+                if not first:
+                    comm.send(grad_x, s - 1)
+            elif first:
+                x = recv_forward()
+            else:  # send the input's gradient back, receive the next micro-batch's input
+                x = torch.empty(shape, dtype=torch.float64, device=parlab.device())
+                recorded(send_backward_recv_forward, grad_x, x, s - 1)
+        for _ in range(warmup):  # cool-down: backward only
+            grad = torch.empty(shape, dtype=torch.float64, device=parlab.device())
+            comm.recv(grad, s + 1)
+            grad_x = backward(grad)
             if not first:
                 comm.send(grad_x, s - 1)
-        elif first:
-            x = recv_forward()
-        else:  # send the input's gradient back, receive the next micro-batch's input
-            x = torch.empty(shape, dtype=torch.float64)
-            recorded(send_backward_recv_forward, grad_x, x, s - 1)
-    for _ in range(warmup):  # cool-down: backward only
-        grad = torch.empty(shape, dtype=torch.float64)
-        comm.recv(grad, s + 1)
-        grad_x = backward(grad)
-        if not first:
-            comm.send(grad_x, s - 1)
-    return {"grads": _grads(stage), "loss": loss_total, "exchanges": exchanges}
+    grads = {name: p.grad.detach().clone() for name, p in stage_parameters(model, s).items()}
+    return {"grads": grads, "loss": loss_total, "exchanges": exchanges, "library": called}
 
 
 def collect_pipeline_deadlock(send_forward_recv_backward, send_backward_recv_forward) -> dict:
@@ -492,8 +577,8 @@ def collect_pipeline_deadlock(send_forward_recv_backward, send_backward_recv_for
 
 
 def _overlapped(exchange, peer: int) -> bool:
-    """One send to `peer` and one receive from it, of one [b, H] each, the two in flight at the same time."""
-    nbytes = PIPE_B * PIPE_H * 8
+    """One send to `peer` and one receive from it, of one [b, T, H] each, the two in flight at the same time."""
+    nbytes = PIPE_B * PIPE_CFG.seq_len * PIPE_CFG.hidden * 8
     sends = [e for e in exchange if e[0] == "send" and e[1] == peer and e[2] == nbytes]
     recvs = [e for e in exchange if e[0] == "recv" and e[1] == peer and e[2] == nbytes]
     if len(exchange) != 2 or len(sends) != 1 or len(recvs) != 1:
@@ -505,14 +590,14 @@ def _overlapped(exchange, peer: int) -> bool:
 
 def judge_pipeline_deadlock(data) -> list[str]:
     ranks = data["ranks"]
-    model = pipe_model()
+    model = build_lab_model(PIPE_CFG, seed=50)
     x, y = pipe_data()
-    loss = F.mse_loss(model(x), y)  # the mean over the batch: the m micro-batch losses / m add up to it
+    loss = lab_loss(model(x), y)  # the mean over the batch: the m micro-batch losses / m add up to it
     loss.backward()
     lines = [compare("loss of the step (last stage)", ranks[P - 1]["loss"], loss.item()).line]
     for s in range(P):
-        reference = _grads(model[2 * s : 2 * s + 2])
-        lines.append(compare(f"stage {s}: weight and bias gradients", ranks[s]["grads"], reference).line)
+        reference = {name: p.grad for name, p in stage_parameters(model, s).items()}
+        lines.append(compare(f"stage {s}: its parameters' gradients", ranks[s]["grads"], reference).line)
     for s in range(P):
         steady = PIPE_M - min(P - s - 1, PIPE_M)  # steady-state steps of stage s
         expected = (steady if s < P - 1 else 0) + (steady - 1 if s > 0 else 0)  # calls of the two exchanges
@@ -523,10 +608,12 @@ def judge_pipeline_deadlock(data) -> list[str]:
             "(required: a link carries both directions at the same time)"
         )
         lines.append(check_equal(what, good, expected).line)
+    called = [c for res in ranks for c in res.get("library", ["(not recorded)"])]
+    lines.append(_library_line("the two exchanges", called))
     return lines
 
 
-# ---------------------------------------------------------------------- part 6: ring attention's forward, lse
+# ----------------------------------------------------------- part 6: ring attention's forward, grouped K/V, lse
 
 
 def pass_on(block: torch.Tensor):
@@ -540,18 +627,23 @@ def pass_on(block: torch.Tensor):
 
 class _RingWithYourForward(torch.autograd.Function):
     """The library's ring attention (parlab.schemes.sequence.ring_attention.RingAttention), causal, contiguous layout,
-    with your forward in place of its own: its backward gets the (q, k, v, out, lse) your forward returns."""
+    with your forward in place of its own: its backward gets the (q, k, v, out, lse) your forward returns, with each
+    K/V head repeated for its query heads (the library's backward knows no grouped heads), and the K/V gradients of
+    a group's query heads are summed back into their K/V head."""
 
     @staticmethod
     def forward(ctx, q, k, v, ring_forward):
         out, lse = ring_forward(q, k, v)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.group, ctx.layout, ctx.label = True, None, "contiguous", ""
+        group = q.shape[1] // k.shape[1]
+        k_all, v_all = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [B, nq, c, hd]
+        ctx.save_for_backward(q, k_all, v_all, out, lse)
+        ctx.causal, ctx.group, ctx.layout, ctx.label, ctx.kv_group = True, None, "contiguous", "", group
         return out
 
     @staticmethod
     def backward(ctx, dout):
         dq, dk, dv = RingAttention.backward(ctx, dout)[:3]  # the library's: each tile's softmax from lse
+        dk, dv = (t.unflatten(1, (-1, ctx.kv_group)).sum(2) for t in (dk, dv))  # [B, nkv, c, hd]
         return dq, dk, dv, None
 
 
@@ -561,10 +653,11 @@ def run_ring(ring_forward) -> dict:
     q, k, v, g = (t[..., r * c : (r + 1) * c, :].clone() for t in attention_problem(P * c, seed=60))
     for t in (q, k, v):
         t.requires_grad_()
-    out = _RingWithYourForward.apply(q, k, v, ring_forward)  # [1, HEADS, c, HS]
+    with library_calls(LIBRARY) as called:
+        out = _RingWithYourForward.apply(q, k, v, ring_forward)  # [1, HEADS, c, HD]
     sent = sum(e.bytes for e in comm.trace_events() if e.kind == "send")  # in forward, traced by parlab.core.comm
     (out * g).sum().backward()
-    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "sent": sent}
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "sent": sent, "library": called}
 
 
 def collect_ring_lse(ring_forward) -> dict:
@@ -574,15 +667,17 @@ def collect_ring_lse(ring_forward) -> dict:
 def judge_ring_lse(data) -> list[str]:
     ranks = data["ranks"]
     q, k, v, g = (t.requires_grad_() for t in attention_problem(P * RING_C, seed=60))
-    reference = causal_attention(q, k, v)
+    reference = gqa_attention(q, k, v)  # one device, causal, grouped K/V heads
     (reference * g.detach()).sum().backward()
     lines = []
     for name, ref in [("out", reference.detach()), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)]:
         what = "attention output" if name == "out" else f"dL/d{name[1]}"
-        side_by_side = torch.cat([ranks[r][name] for r in range(P)], dim=-2)  # the ranks' tokens in order
-        lines.append(compare(f"{what}, the ranks' blocks in order", side_by_side, ref).line)
-    block = 2 * HEADS * RING_C * HS * 8  # one K/V block [2, 1, HEADS, c, HS]
+        side_by_side, error = _no_error(what, lambda n=name: torch.cat([ranks[r][n] for r in range(P)], dim=-2))
+        lines += error or [compare(f"{what}, the ranks' blocks in order", side_by_side, ref).line]
+    block = 2 * KV_HEADS * RING_C * HD * 8  # one K/V block [2, 1, KV_HEADS, c, HD]
     for r in range(P):
         sent = ranks[r]["sent"]
-        lines.append(check_equal(f"rank {r}: bytes sent in forward (P-1 K/V blocks)", sent, (P - 1) * block).line)
+        what = f"rank {r}: bytes sent in forward (P-1 K/V blocks of the {KV_HEADS} K/V heads)"
+        lines.append(check_equal(what, sent, (P - 1) * block).line)
+    lines.append(_library_line("ring_forward", [c for res in ranks for c in res.get("library", ["(not recorded)"])]))
     return lines

@@ -1,46 +1,42 @@
-"""The bug hunt's setup, shared by its checks' modules: the sizes of every part, seeded data, the MLP, and the
-q, k, v of parts 3 and 6."""
+"""The bug hunt's setup, shared by its checks' modules: the sizes of every part, seeded data, the lab models of
+parts 1, 2, 4 and 5 (parlab.core.lab_model, small configurations), the grouped-query q, k, v of parts 3 and 6, and
+Adam (the handed-out optimizer step of part 4)."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
+
+import parlab
+from parlab.core.lab_model import LabConfig
 
 LAUNCH = {"timeout": 60, "echo": False}  # a hang (a collective some rank never calls) stops after 60 s
 PIPELINE_LAUNCH = {"timeout": 10, "echo": False}  # the deadlock part: a hang fails well within a cell's 20 s
 P = 4  # ranks, in every part
 
-# Part 1, data parallel: an MLP IN -> HID -> OUT; the global batch of B rows, M micro-batches per rank.
-IN, HID, OUT, B_DP, M = 8, 16, 4, 16, 2
-# Part 2, tensor parallel: Megatron's MLP, x: [BATCH, T_TP, H], fc: H -> FFN, proj: FFN -> H.
-BATCH, T_TP, H, FFN = 2, 3, 8, 16
-# Part 3, zigzag ring attention: q, k, v: [1, HEADS, T, HS] for each T in ZIGZAG_T.
-HEADS, HS, ZIGZAG_T = 2, 4, (16, 19)
-# Part 4, ZeRO: an MLP of PSI = 103 parameters (ZERO_SIZES), Adam with ZERO_LR for ZERO_STEPS steps.
-ZERO_SIZES, B_ZERO, ZERO_STEPS, ZERO_LR = (6, 10, 3), 8, 3, 0.05
+# Part 1, data parallel: the lab model, a global batch of B_DP sequences, M micro-batches per rank.
+DP_CFG = LabConfig(vocab_size=32, seq_len=8, hidden=16, heads=4, kv_heads=2, ffn=24, layers=2)
+B_DP, M = 16, 2
+# Part 2, tensor parallel: the MLP sublayer of the lab model's block 0 (RMSNorm, SwiGLU, residual), x: [BATCH, T_TP, H].
+TP_CFG = LabConfig(vocab_size=32, seq_len=8, hidden=8, heads=2, kv_heads=1, ffn=16, layers=1)
+BATCH, T_TP = 2, 3
+# Parts 3 and 6, attention with grouped K/V heads: q [1, HEADS, T, HD], k and v [1, KV_HEADS, T, HD].
+HEADS, KV_HEADS, HD = 4, 2, 4
+ZIGZAG_T = (16, 19)  # part 3: the sequence lengths (19 is not a multiple of 2P)
+RING_C = 3  # part 6: each rank holds RING_C tokens
+# Part 4, ZeRO: a lab model of PSI = 678 parameters (678 = 4 x 169 + 2), Adam with ZERO_LR for ZERO_STEPS steps.
+ZERO_CFG = LabConfig(vocab_size=29, seq_len=8, hidden=6, heads=3, kv_heads=1, ffn=12, layers=1)
+B_ZERO, ZERO_STEPS, ZERO_LR = 8, 3, 0.05
 P_PREDICT = 7  # the prediction: the same model on 7 ranks
-# Part 5, pipeline: P stages of Linear(PIPE_H, PIPE_H) + tanh; PIPE_M micro-batches of PIPE_B rows.
-PIPE_H, PIPE_B, PIPE_M = 8, 2, 6
-# Part 6, ring attention's forward: each rank holds RING_C tokens of q, k, v: [1, HEADS, RING_C, HS].
-RING_C = 3
+# Part 5, pipeline: the lab model with one block per stage; PIPE_M micro-batches of PIPE_B sequences.
+PIPE_CFG = LabConfig(vocab_size=32, seq_len=8, hidden=16, heads=4, kv_heads=2, ffn=24, layers=P)
+PIPE_B, PIPE_M = 2, 6
 
 
 def _randn(*shape, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-
-
-def mlp(sizes: tuple[int, ...], seed: int) -> nn.Sequential:
-    """Linear, tanh, Linear, ... in float64, the same weights on every rank for the same seed."""
-    layers: list[nn.Module] = []
-    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-        layer = nn.Linear(n_in, n_out, dtype=torch.float64)
-        with torch.no_grad():
-            layer.weight.copy_(_randn(n_out, n_in, seed=seed + 2 * i) / math.sqrt(n_in))
-            layer.bias.copy_(_randn(n_out, seed=seed + 2 * i + 1) / 4)
-        layers += [layer, nn.Tanh()]
-    return nn.Sequential(*layers[:-1])
+    """A seeded draw on the host, moved to this rank's device (parlab.device(): the CPU on gloo)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen, dtype=torch.float64).to(parlab.device())  # host: the seeded draw
 
 
 def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -58,5 +54,21 @@ def _no_error(what: str, fn, *args):
 
 
 def attention_problem(T: int, seed: int) -> tuple[torch.Tensor, ...]:
-    """q, k, v and the output gradient G, each [1, HEADS, T, HS]: the whole sequence."""
-    return tuple(_randn(1, HEADS, T, HS, seed=seed + i) for i in range(4))
+    """q [1, HEADS, T, HD], k and v [1, KV_HEADS, T, HD] (query head h reads K/V head h // (HEADS / KV_HEADS)), and
+    the output gradient G [1, HEADS, T, HD]: the whole sequence."""
+    q = _randn(1, HEADS, T, HD, seed=seed)
+    k, v = (_randn(1, KV_HEADS, T, HD, seed=seed + i) for i in (1, 2))
+    return q, k, v, _randn(1, HEADS, T, HD, seed=seed + 3)
+
+
+def adam_step(param, grad, m, v, step: int, lr: float, betas=(0.9, 0.999), eps: float = 1e-8) -> None:
+    """torch.optim.Adam's update (no weight decay), in place, on flat tensors [S] (a rank's shard): part 4's
+    optimizer, handed out (the same arithmetic as torch's Adam and as parlab.schemes.zero.stages.adam_step).
+
+    m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2;  p <- p - lr/(1 - b1^t) * m / (sqrt(v)/sqrt(1 - b2^t) + eps)
+    """
+    b1, b2 = betas
+    m.lerp_(grad, 1 - b1)
+    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+    denom = (v.sqrt() / (1 - b2**step) ** 0.5).add_(eps)
+    param.addcdiv_(m, denom, value=-lr / (1 - b1**step))
