@@ -36,7 +36,6 @@ PENDING = {
     "lab05_zero",
     "lab06_offload",
     "lab07_hybrid",
-    "lab08_parameter_server",
     "lab09_expert_parallel",
     "lab11_fault_tolerance",
     "lab_bug_hunt",

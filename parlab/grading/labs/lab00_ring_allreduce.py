@@ -257,8 +257,10 @@ def collective_line(case: str, ranks: list[dict]) -> str:
 
 
 def guard_line(case: str, ranks: list[dict]) -> str:
-    # An import runs the imported module's body ("<module>"): that is not a call into its implementation.
-    called = [name for res in ranks for name in res.get("library", []) if not name.endswith(": <module>")]
+    # An import runs a module's body (<module>): not a call. A comprehension or lambda inside a function that was
+    # called adds nothing to that function's name.
+    called = [name for res in ranks for name in res.get("library", [])]
+    called = [name for name in called if not name.endswith(": <module>") and ".<locals>.<" not in name]
     return library_line(f"{case}your code", called, "the library's ring or this lab's checks")
 
 
