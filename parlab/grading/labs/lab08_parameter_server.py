@@ -206,7 +206,8 @@ def run_server_and_workers(server, batches, *args) -> dict:
     slowdown = SLOWDOWN if rank == STRAGGLER and args else 1.0
     batches = [(x.to(parlab.device()), y.to(parlab.device())) for x, y in batches]
     out = run_worker(model, batches, slowdown=slowdown, loss_fn=next_token_loss)
-    return {"losses": torch.tensor(out["losses"], dtype=torch.float64), "theta": params_to_vector(model).cpu()}
+    losses = torch.tensor(out["losses"], dtype=torch.float64)  # host: plain numbers, returned to the parent
+    return {"losses": losses, "theta": params_to_vector(model).cpu()}
 
 
 def collect_sync(sync_server) -> dict:
@@ -264,7 +265,9 @@ def judge_sync(data) -> list[str]:
     return [
         first_wrong_tensor(f"server: parameters after {K} steps", got, by_name(theta_k)),
         compare(
-            "loss of each step, the mean over the workers", mean_loss, torch.tensor(losses, dtype=torch.float64)
+            "loss of each step, the mean over the workers",
+            mean_loss,
+            torch.tensor(losses, dtype=torch.float64),  # host: the reference on one device
         ).line,
         compare("every worker's last pull", [w["theta"] for w in workers], [theta_k] * N).line,
         collective_line("server", [server["calls"]]),
@@ -303,7 +306,7 @@ def run_sharded(plan: dict[str, int], sharded_server, sharded_worker, batches) -
     losses = record.pop("out")
     return {
         **record,
-        "losses": torch.tensor([float(v) for v in losses], dtype=torch.float64),
+        "losses": torch.tensor([float(v) for v in losses], dtype=torch.float64),  # host: returned to the parent
         "params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
     }
 
@@ -410,7 +413,9 @@ def judge_sharded(data) -> list[str]:
     mean_loss = torch.stack([res["losses"] for res in trainers]).mean(dim=0)
     lines.append(
         compare(
-            "loss of each step, the mean over the workers", mean_loss, torch.tensor(losses, dtype=torch.float64)
+            "loss of each step, the mean over the workers",
+            mean_loss,
+            torch.tensor(losses, dtype=torch.float64),  # host: the reference on one device
         ).line
     )
     lines.append(
@@ -725,8 +730,10 @@ def _judge_ssp_run(s: int, ranks: list[dict]) -> list[str]:
     if "error" in result:
         return [*lines, f"{tag}: one-device replay ({result['error']}): FAIL"]
     versions, against = result["versions"], "one-device replay in the server's order"
-    ours = torch.tensor([ranks[w]["losses"][c] for w in range(1, P) for c in range(K)], dtype=torch.float64)
-    theirs = torch.tensor([result["losses"][(w, c)] for w in range(1, P) for c in range(K)], dtype=torch.float64)
+    ours = [ranks[w]["losses"][c] for w in range(1, P) for c in range(K)]
+    ours = torch.tensor(ours, dtype=torch.float64)  # host: what the workers computed, judged here
+    theirs = [result["losses"][(w, c)] for w in range(1, P) for c in range(K)]
+    theirs = torch.tensor(theirs, dtype=torch.float64)  # host: the reference on one device
     last = [versions[reads[(w, K)]] for w in range(1, P)]
     tau = [reads_at - reads[(w, c)] for reads_at, (w, c) in _applied(order, reads)]
     bound = (N - 1) * (2 * s + 1)
