@@ -136,17 +136,18 @@ def reduce_scatter_phase(chunks):
         chunk.copy_(total)
 """
 
-LIBRARY_ALL_GATHER = """
-def all_gather_phase(chunks):
+LIBRARY_BIDIRECTIONAL = """
+def bidirectional_all_reduce(x):
     P, r = dist.get_world_size(), dist.get_rank()
-    mine = (r + 1) % P
-    x = torch.cat([c if i == mine else torch.zeros_like(c) for i, c in enumerate(chunks)])
-    dist.all_reduce(x)
-    for s in range(P - 1):
-        incoming = torch.empty_like(chunks[(r - s) % P])
-        comm.wait_all([comm.isend(chunks[(r + 1 - s) % P], (r + 1) % P), comm.irecv(incoming, (r - 1) % P)])
-    for i, total in enumerate(x.tensor_split(P)):
-        chunks[i] = total
+    total = x.clone()
+    dist.all_reduce(total)  # the library's all-reduce ...
+    halves = [c.tensor_split(2) for c in x.tensor_split(P)]
+    for s in range(2 * (P - 1)):  # ... and padding traffic of the two rings' sizes, both ways
+        c, d = (r - 1 - s) % P, (r + 1 + s) % P
+        a, b = torch.empty_like(halves[(c - 1) % P][0]), torch.empty_like(halves[(d + 1) % P][1])
+        works = [comm.isend(halves[c][0], (r + 1) % P), comm.irecv(a, (r - 1) % P)]
+        comm.wait_all(works + [comm.isend(halves[d][1], (r - 1) % P), comm.irecv(b, (r + 1) % P)])
+    return total
 """
 
 SIZE_MISMATCH = """
@@ -221,13 +222,13 @@ def write_submissions(folder: Path) -> dict[str, dict]:
         if markers.answer_name(cell) == "row_parallel":
             cell.source = _sleep_forever_after(cell.source)
     add("lab02_interrupted", sleeper, kind="full")
-    library = {"reduce_scatter": LIBRARY_ALL_REDUCE, "all_gather": LIBRARY_ALL_GATHER}
-    # Its other answers (halving-doubling, the prediction) are the solution's: they keep their points.
+    library = {"reduce_scatter": LIBRARY_ALL_REDUCE, "bidirectional": LIBRARY_BIDIRECTIONAL}
+    # Its other answers (hierarchical, the prediction, halving-doubling) are the solution's: they keep their points.
     add(
-        "lab00_library_allreduce", _with_answers(solution_nb["lab00_ring_allreduce"], library), kind="partial", points=5
+        "lab00_library_allreduce", _with_answers(solution_nb["lab00_ring_allreduce"], library), kind="partial", points=8
     )
     mismatch = {"reduce_scatter": SIZE_MISMATCH}
-    add("lab00_size_mismatch", _with_answers(solution_nb["lab00_ring_allreduce"], mismatch), kind="partial", points=7)
+    add("lab00_size_mismatch", _with_answers(solution_nb["lab00_ring_allreduce"], mismatch), kind="partial", points=11)
     add("lab00_is_lab01", solution_nb["lab01_data_parallel"], kind="cheat")
     add("lab02_unreadable", '{"cells": [ this is not json', kind="cheat")
     return cases
@@ -341,7 +342,7 @@ def test_an_interrupted_answer_cell_is_graded_on(graded):
 
 def test_lab00_with_the_library_all_reduce_fails_every_check_on_the_ring_itself(graded):
     checks = _checks(graded["grades"]["lab00_library_allreduce"])
-    for name in ("reduce_scatter", "all_gather", "ring_all_reduce"):
+    for name in ("reduce_scatter", "bidirectional"):
         assert "library collective(s) ['allreduce']" in checks[name]["detail"], checks[name]
 
 
@@ -350,7 +351,7 @@ def test_a_failing_rank_is_explained_by_its_own_error(graded):
     detail = checks["reduce_scatter"]["detail"]
     assert detail.startswith("rank ") and "exited with code" not in detail.split(":", 1)[0], detail
     assert re.search(r"size|match|length", detail, re.I), detail
-    assert checks["all_gather"]["passed"]  # the other phase is the solution's
+    assert checks["bidirectional"]["passed"]  # the other answers are the solution's
 
 
 def test_own_answer_keys_redefined_checks_and_wrong_labs_are_named(graded):

@@ -1,9 +1,9 @@
 # ruff: noqa
-# A wrong answer to labs/lab00_ring_allreduce.ipynb (tests/test_grade_run.py grades it; the other answers are the
+# A wrong answer to labs/lab00_ring_allreduce.ipynb (tests/test_wrong_answers.py grades it; the other answers are the
 # solution's). The bug: the reduce-scatter is the lesson's ring copied as it is (rank r starts by sending chunk r),
-# so rank r finishes chunk r+1, not chunk r. Every message is a right partial sum of the wrong chunk, and the
-# all-gather, which starts from chunk r, passes on a partial sum.
-# EXPECT FAIL: reduce_scatter, ring_all_reduce
+# so rank r finishes chunk r+1, not chunk r. Every message is a right partial sum of the wrong chunk: the FAIL line
+# names the chunk expected and the one that came.
+# EXPECT FAIL: reduce_scatter
 
 # ANSWER: reduce_scatter
 def reduce_scatter_phase(chunks: list[torch.Tensor]) -> None:

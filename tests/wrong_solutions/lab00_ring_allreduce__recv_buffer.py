@@ -1,9 +1,9 @@
 # ruff: noqa
-# A wrong answer to labs/lab00_ring_allreduce.ipynb (tests/test_grade_run.py grades it; the other answers are the
+# A wrong answer to labs/lab00_ring_allreduce.ipynb (tests/test_wrong_answers.py grades it; the other answers are the
 # solution's). The bug: the receive buffer is sized like the chunk this rank sends, not like the one that arrives.
 # With 1000 elements on 4 ranks every chunk has 250 and nothing shows; with 10 on 3 ranks (chunks of 4, 3, 3) a
-# rank receives a chunk of one size into a buffer of another and the whole ring fails on its ranks.
-# EXPECT FAIL: ring_all_reduce
+# rank receives a chunk of one size into a buffer of another and the check's run fails on its ranks.
+# EXPECT FAIL: reduce_scatter
 
 # ANSWER: reduce_scatter
 def reduce_scatter_phase(chunks: list[torch.Tensor]) -> None:

@@ -1,5 +1,5 @@
 # ruff: noqa
-# A wrong answer to labs/lab08_parameter_server.ipynb (tests/test_labs.py grades it; the other answers are the
+# A wrong answer to labs/lab08_parameter_server.ipynb (tests/test_wrong_answers.py grades it; the other answers are the
 # solution's). The bug: the synchronous server applies each gradient as it arrives, N updates per step instead of
 # one with the mean (lesson 08's "N x K updates" slip): it steps N times too far. The messages and their order are
 # a synchronous server's; the parameters and the losses are not one device's.

@@ -1,5 +1,5 @@
 # ruff: noqa
-# A wrong answer to labs/lab08_parameter_server.ipynb (tests/test_labs.py grades it; the other answers are the
+# A wrong answer to labs/lab08_parameter_server.ipynb (tests/test_wrong_answers.py grades it; the other answers are the
 # solution's). The bug: the "bounded" server never holds a reply: it is lesson 08's asynchronous server, whatever s
 # is. Its numbers replay exactly, but with s = 0 the first worker to push gets its next parameters before anyone
 # else has pushed, and the check sees that reply break the rule (whatever the timing).

@@ -1,0 +1,21 @@
+# ruff: noqa
+# A wrong answer to labs/lab08_parameter_server.ipynb (tests/test_wrong_answers.py grades it; the other answers are the
+# solution's). The bug: after each gradient the server only asks whether the worker that just pushed may go on; a
+# worker held back is never looked at again, so once every worker is held the server waits for a gradient nobody
+# will send. The launch is stopped after the lab's 15 s (issue 40: it took 60 s), naming what each rank waits in.
+# EXPECT FAIL: ssp
+
+# ANSWER: ssp
+def ssp_server(theta, steps, lr, s):
+    N = dist.get_world_size() - 1
+    pushes = {w: 0 for w in range(1, N + 1)}
+    for w in pushes:
+        comm.send(theta, w)
+    g = torch.empty_like(theta)
+    for _ in range(N * steps):
+        w = comm.recv(g, None)
+        theta = theta - lr * g
+        pushes[w] += 1
+        if pushes[w] - min(pushes.values()) <= s:  # only the worker that pushed
+            comm.send(theta, w)
+    return theta
