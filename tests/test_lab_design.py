@@ -38,7 +38,6 @@ PENDING = {
     "lab07_hybrid",
     "lab08_parameter_server",
     "lab09_expert_parallel",
-    "lab11_fault_tolerance",
     "lab_bug_hunt",
 }
 
