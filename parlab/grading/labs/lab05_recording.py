@@ -157,6 +157,15 @@ def _line(what: str, measured, theory) -> str:
     return f"{what}: measured {measured} != theory {theory}: FAIL"
 
 
+def same_line(got: list, expected, what: str = f"ranks 1-{N - 1}: the collectives of the theory") -> str:
+    """Ranks 1.. made the collectives `expected` (got: theirs, from rank 1 on); else the first that did not, with
+    what was expected and what came."""
+    for r, calls in enumerate(got, start=1):
+        if calls != expected:
+            return f"{what}: rank {r}: expected {expected}, received {calls}: FAIL"
+    return f"{what}: PASS"
+
+
 def _verdict(passed: bool, passing: str, failing: str) -> str:
     """A verdict whose FAIL line names the symptom."""
     return f"{passing}: PASS" if passed else f"{failing}: FAIL"

@@ -39,6 +39,7 @@ from parlab.grading.labs.lab05_recording import (
     _verdict,
     one_thread,
     recording,
+    same_line,
     tensors_line,
 )
 from parlab.grading.labs.lab05_setup import BATCH2, BATCHES, BUDGET, CFG, LAUNCH, LR, STEPS, K, M, N, buckets_of
@@ -213,8 +214,7 @@ def judge_zero1(data) -> list[str]:
     ]
     per_step = [["reduce_scatter", N * S * 8], ["all_gather", S * 8]]
     lines.append(_line("collectives [op, payload bytes] of rank 0's steps", ranks[0]["calls"], [per_step] * STEPS))
-    same = [res["calls"] == [per_step] * STEPS for res in ranks[1:]]
-    lines.append(_line(f"ranks 1-{N - 1}: the same collectives", same, [True] * (N - 1)))
+    lines.append(same_line([res["calls"] for res in ranks[1:]], [per_step] * STEPS))
     return lines
 
 
@@ -428,10 +428,8 @@ def judge_zero2(data) -> list[str]:
             f"reduce-scatter payload of rank 0's step: measured {total[0]:,} bytes; the least any choice of buckets "
             f"within the budget allows: {least:,}",
         ),
-        _line(
-            f"ranks 1-{N - 1}: the same collectives",
-            [res["calls"] == ranks[0]["calls"] for res in ranks[1:]],
-            [True] * (N - 1),
+        same_line(
+            [res["calls"] for res in ranks[1:]], ranks[0]["calls"], f"ranks 1-{N - 1}: the same collectives as rank 0"
         ),
     ]
 

@@ -26,6 +26,7 @@ from parlab.grading.labs.lab05_recording import (
     _shard,
     one_thread,
     recording,
+    same_line,
     tensors_line,
 )
 from parlab.grading.labs.lab05_setup import B3, BATCH3, CFG3, LAUNCH, N
@@ -192,7 +193,6 @@ def judge_zero3(data) -> list[str]:
     backward = _by_op(
         [[op, (N if op == "reduce_scatter" else 1) * 8 * S[name]] for op, name, phase in log if phase == "backward"]
     )
-    same = [res["forward"] == forward and _by_op(res["backward"]) == backward for res in ranks[1:]]
     largest = N * max(S.values()) * 8
     return [
         library_verdict("zero3", [c for res in ranks for c in res["library"]]),
@@ -205,7 +205,10 @@ def judge_zero3(data) -> list[str]:
         _weight_grads_line(ranks, [{n: _shard(g, r, N) for n, g in grads.items()} for r in range(N)]),
         _line("collectives [op, payload bytes] of rank 0's forward", ranks[0]["forward"], forward),
         _backward_line(_by_op(ranks[0]["backward"]), backward, 8 * S["embed.weight"]),
-        _line(f"ranks 1-{N - 1}: the same collectives", same, [True] * (N - 1)),
+        same_line(
+            [{"forward": res["forward"], "backward": _by_op(res["backward"])} for res in ranks[1:]],
+            {"forward": forward, "backward": backward},
+        ),
         _line(
             "peak bytes of gathered weights alive on each rank (the largest matrix)",
             [res["peak"] for res in ranks],

@@ -194,12 +194,18 @@ def judge_survive(data) -> list[str]:
     calls = [tuple(c) for c in data["calls"]]
     ok = calls == [(4, False), (3, True), (2, True)]
     lines = [_library_line("survive", data["library"])]
-    lines += [f"launches: {calls} (4 ranks; after each failure one fewer, resuming): {'PASS' if ok else 'FAIL'}"]
+    expected = "[(4, False), (3, True), (2, True)]"
+    lines.append(
+        f"launches: {calls} (4 ranks; after each failure one fewer, resuming): PASS"
+        if ok
+        else f"launches: expected {expected} (4 ranks; after each failure one fewer, resuming), received {calls}: FAIL"
+    )
     if data.get("unfinished"):
         lines.append(f"{data['unfinished']}; the job was not finished: FAIL")
     else:
         world, start = data["world"], data["start"]
-        lines.append(f"the run ended on {world} ranks, the survivors: {'PASS' if world == 2 else 'FAIL'}")
+        ended = f"the run ended on {world} ranks, the survivors"
+        lines.append(f"{ended}: PASS" if world == 2 else f"{ended}: expected 2: FAIL")
         lines.append(f"resumed from step {start} (the last checkpoint: 4): {'PASS' if start == 4 else 'FAIL'}")
         lines.append(compare("final parameters after the restarts", data["params"], single_device()).line)
     other = data["other_error"]
