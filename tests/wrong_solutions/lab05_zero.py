@@ -1,9 +1,9 @@
 # ruff: noqa
-# A wrong answer to labs/lab05_zero.ipynb (tests/test_grade_run.py grades it; the other answers are the solution's).
-# The bug: no padding. S = Psi // N rounds down, so the N S numbers that are reduce-scattered and all-gathered stop
-# short of the end of the flat vector: on 3 ranks the last 2 of the 30,080 parameters are never updated, and each
-# rank holds K x 10,026 bytes of optimizer state instead of K x 10,027. No collective complains: every rank hands in
-# the same sizes.
+# A wrong answer to labs/lab05_zero.ipynb (tests/test_wrong_answers.py grades it; the other answers are the
+# solution's). The bug: no padding. S = Psi // N rounds down, so the N S numbers that are reduce-scattered and
+# all-gathered stop short of the end of the flat vector: on 3 ranks the last 2 of the lab model's 22,688 parameters
+# (the LM head's last two) are never updated, and each rank holds K x 7,562 bytes of optimizer state instead of
+# K x 7,563. No collective complains: every rank hands in the same sizes.
 # EXPECT FAIL: zero1
 
 # ANSWER: zero1

@@ -21,6 +21,7 @@ _NAMES = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "allto
 _SKIP = {"rank", "size", "name", "group_name", "group_desc", "bound_device_id", "boxed", "unbox", "abort"}
 _SKIP |= {"shutdown", "set_timeout", "get_group_store", "split_group", "merge_remote_group"}
 _SKIP |= {"use_pg_for_symm_mem_rendezvous"}
+_ROOTED = ("reduce", "broadcast")  # recorded as [op, payload bytes, root]; every other call as [op, payload bytes]
 
 
 def _mirror(value):
@@ -67,7 +68,7 @@ class Recorder:
     """The calls a rank makes into its process group while recording, and the all-gathered buffers' storages."""
 
     def __init__(self):
-        self.calls: list[list] = []  # [op, payload bytes], in order
+        self.calls: list[list] = []  # [op, payload bytes] ([op, payload bytes, root] for reduce, broadcast), in order
         self.dtypes: set[str] = set()  # the dtypes of the payloads, e.g. {"float64"}
         self._gathered: list = []  # weak references to the storages all-gathers wrote into
         self.peak_gathered = 0  # the most bytes of all-gathered buffers alive at once (right after each gather)
@@ -86,7 +87,10 @@ class Recorder:
         op = _op(name)
         given = _tensors(args[1]) if op in ("all_gather", "reduce_scatter") and len(args) > 1 else []
         payload = given if op in ("all_gather", "reduce_scatter") else (_tensors(args[0]) if args else [])
-        self.calls.append([op, sum(t.numel() * t.element_size() for t in payload)])
+        call = [op, sum(t.numel() * t.element_size() for t in payload)]
+        if op in _ROOTED:  # a reduce's destination, a broadcast's source: the group rank in its options
+            call.append(getattr(args[1], "rootRank", None) if len(args) > 1 else None)
+        self.calls.append(call)
         self.dtypes.update(str(t.dtype).removeprefix("torch.") for t in payload)
 
     def _after(self, name: str, self_pg, args) -> None:
@@ -151,6 +155,15 @@ def _line(what: str, measured, theory) -> str:
     if measured == theory:
         return f"{what}: measured {measured} = theory {theory}: PASS"
     return f"{what}: measured {measured} != theory {theory}: FAIL"
+
+
+def same_line(got: list, expected, what: str = f"ranks 1-{N - 1}: the collectives of the theory") -> str:
+    """Ranks 1.. made the collectives `expected` (got: theirs, from rank 1 on); else the first that did not, with
+    what was expected and what came."""
+    for r, calls in enumerate(got, start=1):
+        if calls != expected:
+            return f"{what}: rank {r}: expected {expected}, received {calls}: FAIL"
+    return f"{what}: PASS"
 
 
 def _verdict(passed: bool, passing: str, failing: str) -> str:
@@ -218,3 +231,32 @@ def _shard(flat: torch.Tensor, r: int, P: int) -> torch.Tensor:
     """Rank r's slice of `flat` zero-padded to P equal slices (the reference; a different road from yours)."""
     S = -(-flat.numel() // P)
     return torch.nn.functional.pad(flat.reshape(-1), (0, P * S - flat.numel())).view(P, S)[r].clone()
+
+
+def tensors_line(what: str, got: list, expected: list, tol: float = 1e-10, who: list[str] | None = None) -> str:
+    """One verdict on every rank's tensors against one device's (got, expected: per rank, a dict {name: tensor}).
+    PASS: the largest error, as compare() prints it; FAIL: the first wrong item, with what was expected and what
+    came (rank, tensor, element). who: how to name each entry of got (default "rank r")."""
+    worst, first = 0.0, None
+    for r, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
+        where = who[r] if who else f"rank {r}"
+        for name, want in theirs.items():
+            have = mine.get(name) if isinstance(mine, dict) else None
+            if not isinstance(have, torch.Tensor) or have.shape != want.shape:
+                shape = list(have.shape) if isinstance(have, torch.Tensor) else type(have).__name__
+                first = first or f"{where}, {name}: expected shape {list(want.shape)}, received {shape}"
+                worst = float("inf")
+                continue
+            diff = (have.double() - want.double()).abs()
+            err = float(diff.max()) if diff.numel() else 0.0
+            worst = max(worst, err)
+            if first is None and not err <= tol:  # NaN fails too
+                i = int(diff.reshape(-1).nan_to_num(float("inf")).argmax())
+                at = f"[{i}]" if want.dim() == 1 else f" (element {i} of {list(want.shape)}, row-major)"
+                first = (
+                    f"{where}, {name}{at}: expected {float(want.reshape(-1)[i]):.6g}, received "
+                    f"{float(have.reshape(-1)[i]):.6g}"
+                )
+    if first is None:
+        return f"{what}: matches single device: max |err| {worst:.1e} <= tol {tol:.0e} (float64): PASS"
+    return f"{what}: DIFFERS from single device, first wrong item: {first}: FAIL"

@@ -1,24 +1,58 @@
-"""Lab 05's setup, shared by its checks' modules: the models, the batches, the number of ranks, and the GPT's
-layers as buckets (ZeRO-2's buckets in part 2, parlab.schemes.zero.stages's units in the prediction)."""
+"""Lab 05's setup, shared by its checks' modules: the lab model's configurations, the batches, the number of ranks,
+the buckets of part 2, and the two optimizers the lab hands out (Adam on a flat shard is the library's
+`adam_step`; LAMB on one whole tensor is here, for part 4)."""
 
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
 
-from parlab.core.models import GPTConfig, make_batches
+from parlab.core.lab_model import LabConfig, LabModel, lab_batches
 
 LAUNCH = {"timeout": 60, "echo": False}  # a hang (a collective some rank never calls) stops after 60 s
-CFG = GPTConfig()  # the reference GPT: 2 layers, hidden 32, float64: Psi = 30,080 parameters
-B, STEPS, LR = 6, 2, 1e-3  # global batch rows, training steps, Adam's learning rate
-BATCHES = make_batches(CFG, B, STEPS, seed=0)  # [(x, y)], x, y: [B, T] token ids
-N = 3  # ranks in parts 1-3: 30,080 is not a multiple of 3, nor is any layer's parameter count
-K = 3 * 8  # bytes of optimizer state per parameter in float64: master weight, Adam m, Adam v
+N = 3  # ranks: the lab model's Psi = 22,688 is not a multiple of 3, nor is any bucket's or matrix's size
+K = 3 * 8  # bytes of optimizer state per parameter in part 1, float64: master weight, Adam m, Adam v
+LR = 1e-3  # Adam's and LAMB's learning rate
 
-# Part 3: an MLP x [B, 10] -> 13 -> 13 -> 6, tanh between the layers, float64. W_l: [out, in], no bias.
-WIDTHS = (10, 13, 13, 6)
+# Parts 1, 2 and 4: the lab model as parlab.core.lab_model builds it by default (2 blocks, GQA with 4 query heads
+# and 2 key/value heads, untied head, float64): Psi = 22,688.
+CFG = LabConfig()
+B, STEPS = 6, 2  # global batch rows (b = B/N = 2 per rank), training steps of parts 1 and 4
+BATCHES = lab_batches(CFG, B, STEPS, seed=0)  # [(x, y)], x, y: [B, T] token ids
+
+# Part 2: gradient accumulation over M micro-batches of equal size, under a budget of full-gradient bytes.
+M = 3  # micro-batches per step: each rank's b2 = 6 rows in three micro-batches of 2
+B2 = 18
+BATCH2 = lab_batches(CFG, B2, 1, seed=1)[0]
+BUDGET = 112_000  # bytes of full gradients a rank may hold at any moment (the shards are not counted)
+
+# Part 3: a small lab model with a TIED head (the LM head multiplies by the embedding matrix), one block.
+CFG3 = LabConfig(vocab_size=32, seq_len=8, hidden=16, heads=4, kv_heads=2, ffn=20, layers=1, tied=True)
+B3 = 6
+BATCH3 = lab_batches(CFG3, B3, 1, seed=2)[0]
 
 
-def buckets_of(model: nn.Module) -> list[list[nn.Parameter]]:
-    """One bucket per layer, in the model's order: wte, wpe, each block, ln_f, lm_head."""
-    layers = [model.wte, model.wpe, *model.blocks, model.ln_f, model.lm_head]
-    return [list(layer.parameters()) for layer in layers]
+def buckets_of(model: LabModel) -> list[list[nn.Parameter]]:
+    """Part 2's buckets, in the model's order: the embedding; per block its attention (attn_norm, q, k, v, o) and
+    its MLP (mlp_norm, gate, up, down); the final norm with the LM head."""
+    buckets = [[model.embed.weight]]
+    for block in model.blocks:
+        buckets.append([*block.attn_norm.parameters(), *block.attn.parameters()])
+        buckets.append([*block.mlp_norm.parameters(), *block.mlp.parameters()])
+    buckets.append([model.norm.weight, *([] if model.head is None else [model.head.weight])])
+    return buckets
+
+
+def lamb_step(param, grad, m, v, step: int, lr: float = LR, betas=(0.9, 0.999), eps: float = 1e-8) -> None:
+    """LAMB (You et al. 2019) without weight decay, in place, on ONE WHOLE tensor: Adam's direction u, scaled by the
+    tensor's trust ratio ||param|| / ||u||, so that every tensor moves by about lr of its own norm.
+
+    m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2;  u = m_hat / (sqrt(v_hat) + eps);  p <- p - lr ||p||/||u|| u
+    The two norms are over the whole tensor: the update of any element depends on all of them."""
+    b1, b2 = betas
+    m.lerp_(grad, 1 - b1)
+    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+    u = (m / (1 - b1**step)) / ((v / (1 - b2**step)).sqrt() + eps)
+    p_norm, u_norm = param.norm(), u.norm()
+    ratio = p_norm / u_norm if p_norm > 0 and u_norm > 0 else torch.ones((), dtype=param.dtype, device=param.device)
+    param.sub_(lr * ratio * u)

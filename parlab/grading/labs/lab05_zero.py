@@ -1,29 +1,37 @@
-"""Lab 05's checks: ZeRO's three stages written by the student, on live ranks (see parlab/grading).
+"""Lab 05's checks: ZeRO written by the student for the labs' own model, on live ranks (see parlab/grading).
 
-Every collective the student's code makes is seen where it reaches the process group (`recording`, in
-lab05_recording.py), with its payload in parlab.core.comm's convention: an all-gather hands in this rank's contribution,
-a reduce-scatter its whole input. A buffer of the wrong dtype or size is refused there with a sentence, before gloo
-aborts on it. The setup (models, batches, N) is in lab05_setup.py, the prediction's check in lab05_traffic.py.
+    part 1  zero1         ZeRO-1: flat shards, padded (this file)
+    part 2  zero2         ZeRO-2 with gradient accumulation under a budget of gradient memory (this file)
+    part 3  zero3         ZeRO-3 layers for a lab model whose LM head is tied to its embedding (lab05_zero3.py)
+    predict owner_memory  optimizer memory of per-tensor ownership at scale (lab05_owners.py)
+    part 4  owners        ZeRO-1 with whole tensors owned by ranks, balanced by bytes, for LAMB (lab05_owners.py)
+
+The model is parlab.core.lab_model's (RMSNorm, grouped-query attention, SwiGLU, no biases): parlab's ZeRO does
+not run it in stage 3 (its LM head reads its weight without calling the head module, whose hooks gather it), and
+the library has none of parts 2-4's variants. Every collective the student's code makes is seen where it reaches
+the process group (`recording`, lab05_recording.py) with its payload in parlab.core.comm's convention: an
+all-gather hands in this rank's contribution, a reduce-scatter its whole input. Every call into the student's code
+runs under parlab/grading/labs/guard.py's hook: a call into parlab's own ZeRO (`LIBRARY`) is a FAIL line naming
+it (`adam_step`, which the lab hands out, is allowed).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 import parlab
-from parlab.core.check import compare
+from parlab.core.lab_model import build_lab_model, lab_loss
 from parlab.core.memory import tensor_bytes
-from parlab.core.models import build_model, lm_loss
-from parlab.core.probe import _tensors
-from parlab.grading.labs import lab05_traffic, run_check
+from parlab.grading.labs import lab05_owners, lab05_zero3, run_check
+from parlab.grading.labs.guard import library_calls, library_line
+from parlab.grading.labs.lab05_owners import train_owners  # noqa: F401  (printed by the handout)
 from parlab.grading.labs.lab05_recording import (
     SUMMED,
-    _by_op,
-    _compared,
     _dtype_line,
-    _fraction,
     _is,
     _line,
     _scale,
@@ -31,31 +39,48 @@ from parlab.grading.labs.lab05_recording import (
     _verdict,
     one_thread,
     recording,
+    same_line,
+    tensors_line,
 )
-from parlab.grading.labs.lab05_setup import BATCHES, CFG, LAUNCH, LR, STEPS, WIDTHS, B, K, N, buckets_of
-from parlab.schemes.data_parallel import shard_batch
+from parlab.grading.labs.lab05_setup import BATCH2, BATCHES, BUDGET, CFG, LAUNCH, LR, STEPS, K, M, N, buckets_of
+from parlab.grading.labs.lab05_zero3 import lab_forward  # noqa: F401  (printed by the handout)
 from parlab.schemes.zero.stages import adam_step
 
 # This lab's checks written in other files: the grader looks each one up here, then in these.
-PARTS = (lab05_traffic,)
+PARTS = (lab05_zero3, lab05_owners)
+
+# parlab's own ZeRO (parlab/grading/labs/guard.py): the scheme, its lesson helpers and run, the pipeline's ZeRO.
+LIBRARY = ("schemes/zero/", "lessons/zero.py", "runs/zero.py", "schemes/hybrid/stage.py")
+HANDED_OUT = ("schemes/zero/stages.py: adam_step",)  # the lab hands Adam out: calling it is allowed
+
+# The predictions' theory, one home: each judge scores against these functions.
+THEORY = {"owner_memory": lab05_owners.owner_memory_theory}
 
 STRUCTURAL = {
-    "zero1": "3 ranks, 2 Adam steps of the GPT from each rank's own rows: losses and parameters equal one device's; "
-    "each rank's master weights and Adam m are its [S] slices of one device's, zero-padded to N S (S = ceil(Psi/N)); "
-    "every step changes the model's own parameters; it holds K S bytes of optimizer state; per step exactly one "
-    "reduce-scatter of the padded gradient [N S] and one all-gather of its [S] shard, nothing else, every buffer in "
-    "the model's dtype",
-    "zero2": "3 ranks, one backward of the GPT with a bucket per layer: each rank's gradient shards equal its slices "
-    "of one device's (mean) gradient, padding zero; during backward exactly one reduce-scatter of [N S_b] per "
-    "bucket, in the order backward completes the buckets, in the model's dtype; no .grad left after backward; the "
-    "gradient memory held (live .grad tensors plus the shards) never exceeds the shards plus the largest bucket",
-    "zero3_traffic": "the predicted number of collective calls (exactly) and payload bytes (within 5%) of rank 0 in "
-    "one fp16, loss-scaled ZeRO-3 step on 2 ranks (a GPT of 3 blocks), against the theory and against "
-    "parlab.schemes.zero.stages's measured run",
-    "zero3": "3 ranks, an MLP of 3 layers whose weights exist only as [S_l] shards: outputs and gradient shards equal "
-    "one device's; one all-gather per layer in forward, one all-gather and one reduce-scatter per layer in backward, "
-    "in the model's dtype; the gathered weights are dropped after use (at most one layer's alive at a time, none "
-    "between forward and backward), and nothing but activations and shards is kept for backward",
+    "zero1": "3 ranks, 2 Adam steps of the lab model from each rank's own rows: losses and parameters equal one "
+    "device's; each rank's master weights and Adam m are its [S] slices of one device's, zero-padded to N S "
+    "(S = ceil(Psi/N)); every step changes the model's own parameters; it holds K S bytes of optimizer state; per "
+    "step exactly one reduce-scatter of the padded gradient [N S] and one all-gather of its [S] shard, nothing "
+    "else, every buffer in the model's dtype; no call into parlab's ZeRO",
+    "zero2": "3 ranks, one step of the lab model in 3 micro-batches per rank: each rank's gradient shards equal its "
+    "slices of one device's mean gradient over the global batch, padding zero; no .grad left; at every gradient's "
+    "arrival the rank holds at most the budget in full gradients (live .grad and whatever the object keeps beside "
+    "its shards); every call a reduce-scatter of one bucket's padded gradient [N S_b]: in each micro-batch but the "
+    "last the same buckets, in the order backward completes them, in the last every bucket; the step's "
+    "reduce-scatter payload the least any choice of buckets within the budget allows; no call into parlab's ZeRO",
+    "zero3": "3 ranks, the tied lab model (one block) with every matrix held as [S] shards: each rank's logits and "
+    "gradient shards equal one device's (the tied matrix's gradient from both its uses); forward: one all-gather "
+    "per use of a matrix, in order (the tied one twice); backward: one all-gather per use of a matrix in a product "
+    "and none for the lookup, one reduce-scatter per use; gathered weights dropped after use (at most the largest "
+    "alive, none between forward and backward), nothing but inputs and shards kept for backward; no call into "
+    "parlab's ZeRO",
+    "owner_memory": "the optimizer bytes per rank of flat ZeRO-1 and of the busiest rank under the best per-tensor "
+    "ownership, for a Llama-3-8B-like model with GQA on 64 ranks (K = 12), within 5% of the theory",
+    "owners": "the owners your assignment gives (for the lab model on 3 and 4 ranks and three lists of sizes): "
+    "every tensor owned by one rank, the busiest rank owning as few elements as any assignment allows; 3 ranks, 2 "
+    "LAMB steps of the lab model: parameters equal one device's; each rank holds Adam's m and v of the tensors it "
+    "owns only; per step every collective a reduce to an owner or a broadcast from one, each owner receiving (and "
+    "sending) exactly the bytes of the tensors it owns, nothing else; no call into parlab's ZeRO",
 }
 
 
@@ -64,13 +89,26 @@ def run(check: str, *answers) -> None:
     run_check(__name__, check, *answers)
 
 
+def library_verdict(what: str, called: list[str]) -> str:
+    """The guard's verdict: no call into parlab's ZeRO (the handed-out Adam aside; a function's inner
+    comprehensions are not named beside it)."""
+    named = [c for c in called if c not in HANDED_OUT and "<" not in c]
+    return library_line(what, named or [c for c in called if c not in HANDED_OUT], "parlab's ZeRO code")
+
+
+def my_rows(x: torch.Tensor, y: torch.Tensor, r: int, P: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank r's b = B/P rows of a global batch [B, T], on this rank's device."""
+    b = len(x) // P
+    return x[r * b : (r + 1) * b].to(parlab.device()), y[r * b : (r + 1) * b].to(parlab.device())
+
+
 # ---------------------------------------------------------------------------------------- part 1: ZeRO-1
 
 
 def flat_model() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """The reference GPT whose parameters and gradients are views of two flat buffers of Psi numbers (not padded):
+    """The lab model whose parameters and gradients are views of two flat buffers of Psi numbers (not padded):
     flat_param (writing it writes the parameters) and flat_grad (backward accumulates into it)."""
-    model = build_model(CFG, seed=0)  # the same weights on every rank
+    model = build_lab_model(CFG, seed=0).to(parlab.device())  # the same weights on every rank
     flat_param = torch.cat([p.detach().reshape(-1) for p in model.parameters()])  # [Psi]
     flat_grad = torch.zeros_like(flat_param)  # [Psi]
     offset = 0
@@ -86,22 +124,24 @@ def train_zero1(init_shard, zero1_step, batches) -> dict:
     """Rank code: ZeRO-1 with your two functions. batches: the global batches, the same list on every rank."""
     P, r = dist.get_world_size(), dist.get_rank()
     model, flat_param, flat_grad = flat_model()
-    state = init_shard(flat_param)  # rank r's master weights, m, v
+    with library_calls(LIBRARY) as called:
+        state = init_shard(flat_param)  # rank r's master weights, m, v
     losses, calls, dtypes, moved = [], [], set(), []
     for step, (x, y) in enumerate(batches, start=1):
         flat_grad.zero_()
-        x_r, y_r = shard_batch(x, y, r, P)  # [B/N, T]
-        loss = lm_loss(model(x_r), y_r)  # the mean over this rank's rows
+        x_r, y_r = my_rows(x, y, r, P)  # [B/N, T]
+        loss = lab_loss(model(x_r), y_r)  # the mean over this rank's rows
         loss.backward()  # flat_grad <- the gradient of this rank's rows [Psi]
         model_before, master_before = _params_of(model), state["master"].detach().clone()
-        with recording() as seen:
+        with recording() as seen, library_calls(LIBRARY) as more:
             zero1_step(flat_param, flat_grad, state, step)
+        called += [c for c in more if c not in called]
         moved.append([not _params_of(model).equal(model_before), not state["master"].equal(master_before)])
         losses.append(loss.item())
         calls.append(seen.calls)
         dtypes |= seen.dtypes
     return {
-        "losses": torch.tensor(losses, dtype=torch.float64),
+        "losses": torch.tensor(losses, dtype=torch.float64),  # host: plain numbers for the grader
         "params": {n: p.detach().clone() for n, p in model.named_parameters()},
         "master": state["master"].detach().clone(),
         "m": state["m"].detach().clone(),
@@ -109,6 +149,7 @@ def train_zero1(init_shard, zero1_step, batches) -> dict:
         "calls": calls,
         "dtypes": sorted(dtypes),
         "moved": moved,  # per step: [did the model's parameters change, did the master weights change]
+        "library": list(called),
     }
 
 
@@ -118,17 +159,17 @@ def _params_of(model: nn.Module) -> torch.Tensor:
 
 
 def single_device_adam(batches) -> tuple[list[float], dict[str, torch.Tensor], torch.Tensor]:
-    """The reference: one device, the whole batch, Adam on all Psi parameters at once
-    (parlab.schemes.zero.stages.adam_step is torch.optim.Adam's arithmetic, checked against it in tests/test_zero.py;
-    torch.optim would import torch._dynamo, seconds of this notebook's budget). Returns the loss of each step, the final
-    parameters and Adam's m [Psi]."""
-    model = build_model(CFG, seed=0)
+    """The reference: one device, the whole batch, Adam on all Psi parameters at once (adam_step is
+    torch.optim.Adam's arithmetic, checked against it in tests/test_zero.py; torch.optim would import
+    torch._dynamo, seconds of this notebook's budget). Returns the loss of each step, the final parameters and
+    Adam's m [Psi]."""
+    model = build_lab_model(CFG, seed=0)
     params = list(model.parameters())
     master = torch.cat([p.detach().reshape(-1) for p in params])  # [Psi]
     m, v, losses = torch.zeros_like(master), torch.zeros_like(master), []
     for step, (x, y) in enumerate(batches, start=1):
         model.zero_grad(set_to_none=True)
-        loss = lm_loss(model(x), y)
+        loss = lab_loss(model(x), y)
         loss.backward()
         adam_step(master, torch.cat([p.grad.reshape(-1) for p in params]), m, v, step, LR)
         torch.nn.utils.vector_to_parameters(master, params)
@@ -149,31 +190,31 @@ def judge_zero1(data) -> list[str]:
     flat = torch.cat([t.reshape(-1) for t in params.values()])
     mean_loss = torch.stack([res["losses"] for res in ranks]).mean(dim=0)  # each rank's loss is over B/N rows
     lines = [
+        library_verdict("zero1", [c for res in ranks for c in res["library"]]),
         _dtype_line(ranks),
         _moved_line(ranks),
-        _compared(
+        _scaled_line(
             "every rank's Adam m: its slice of one device's m, zero-padded",
-            [res["m"] for res in ranks],
-            [_shard(m, r, N) for r in range(N)],
-            SUMMED,
+            [{"m": res["m"]} for res in ranks],
+            [{"m": _shard(m, r, N)} for r in range(N)],
         ),
-        compare("loss of each step, averaged over ranks", mean_loss, torch.tensor(losses, dtype=torch.float64)).line,
-        compare(
-            f"every rank's parameters after {STEPS} steps",
-            [res["params"] for res in ranks],
-            [params] * N,
-        ).line,
-        compare(
+        tensors_line(
+            "loss of each step, averaged over ranks",
+            [{"the loss of each step": mean_loss}],
+            [{"the loss of each step": torch.tensor(losses, dtype=torch.float64)}],  # host: the reference
+            who=["the mean over ranks"],
+        ),
+        tensors_line(f"every rank's parameters after {STEPS} steps", [res["params"] for res in ranks], [params] * N),
+        tensors_line(
             "every rank's master weights: its slice of the parameters, zero-padded to N S",
-            [res["master"] for res in ranks],
-            [_shard(flat, r, N) for r in range(N)],
-        ).line,
+            [{"master": res["master"]} for res in ranks],
+            [{"master": _shard(flat, r, N)} for r in range(N)],
+        ),
         _line("optimizer bytes each rank holds (K S)", [res["held"] for res in ranks], [K * S] * N),
     ]
     per_step = [["reduce_scatter", N * S * 8], ["all_gather", S * 8]]
     lines.append(_line("collectives [op, payload bytes] of rank 0's steps", ranks[0]["calls"], [per_step] * STEPS))
-    same = [res["calls"] == [per_step] * STEPS for res in ranks[1:]]
-    lines.append(_line(f"ranks 1-{N - 1}: the same collectives", same, [True] * (N - 1)))
+    lines.append(same_line([res["calls"] for res in ranks[1:]], [per_step] * STEPS))
     return lines
 
 
@@ -191,230 +232,238 @@ def _moved_line(ranks: list[dict]) -> str:
     return _verdict(not (replaced or idle), "every step changed the model's own parameters, on every rank", failing)
 
 
-# ---------------------------------------------------------------------------------------- part 2: ZeRO-2
+def _scaled_line(what: str, got: list, expected: list) -> str:
+    """tensors_line; when every rank's tensors are a multiple of one device's, a FAIL line naming the multiple (N:
+    summed over ranks; M: summed over micro-batches; M N: both)."""
+    line = tensors_line(what, got, expected)
+    if line.endswith(": PASS"):
+        return line
+    scales = [_scale([g.get(k) for k in e], list(e.values())) for g, e in zip(got, expected, strict=True)]
+    if all(_is(c, N) for c in scales):
+        return f"{what}: every rank's is N = {N} times one device's (to 0.1%): {SUMMED}: FAIL"
+    if all(_is(c, M) for c in scales):
+        return (
+            f"{what}: every rank's is M = {M} times one device's (to 0.1%): the micro-batches' gradients were summed; "
+            "the step's gradient is their mean: FAIL"
+        )
+    if all(_is(c, M * N) for c in scales):
+        both = "summed over micro-batches and ranks"
+        return f"{what}: every rank's is M N = {M * N} times one device's (to 0.1%): {both}: FAIL"
+    return line
 
 
-def run_zero2(Zero2Grads, x, y) -> dict:
-    """Rank code: one forward and backward of the GPT on this rank's rows, with your gradient hooks."""
+# ------------------------------------------------------------- part 2: ZeRO-2, accumulation under a budget
+
+
+def _storage(t: torch.Tensor) -> tuple:
+    s = t.untyped_storage()
+    return (s.data_ptr(), s.nbytes())
+
+
+def _held_gradients(params: list[nn.Parameter], yours) -> int:
+    """Bytes of full gradients this rank holds now: every live .grad, and every tensor your object keeps in its
+    attributes (lists and dicts of them too) but its shards and the parameters themselves; a storage counted once."""
+    skip = {_storage(p) for p in params}
+    kept = []
+    if yours is not None:
+        attributes = dict(vars(yours))
+        skip |= {_storage(t) for t in _tensors_in(attributes.pop("shards", []))}
+        kept = _tensors_in(attributes)
+    seen, total = set(), 0
+    for t in [p.grad for p in params if p.grad is not None] + kept:
+        key = _storage(t)
+        if key not in skip and key not in seen:
+            seen.add(key)
+            total += key[1]
+    return total
+
+
+def _tensors_in(value, depth: int = 0) -> list[torch.Tensor]:
+    """The tensors in nested lists, tuples, sets and dicts (not in other objects)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth > 4:
+        return []
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple, set)):
+        return [t for item in value for t in _tensors_in(item, depth + 1)]
+    return []
+
+
+def run_zero2(Zero2Accumulate, x, y) -> dict:
+    """Rank code: one step of the lab model in M micro-batches of this rank's rows, with your gradient hooks."""
     P, r = dist.get_world_size(), dist.get_rank()
-    model = build_model(CFG, seed=0)
-    params, yours, held = list(model.parameters()), [], []
+    model = build_lab_model(CFG, seed=0).to(parlab.device())
+    params, names = list(model.parameters()), {id(p): n for n, p in model.named_parameters()}
+    yours, held, micro = [], [], [0]
 
     def observe(p):  # runs before your hook of the same parameter: what this rank holds as p's gradient lands
-        live = [q.grad for q in params if q.grad is not None]
-        held.append(tensor_bytes(live) + tensor_bytes(getattr(yours[0], "shards", []) if yours else []))
+        held.append([_held_gradients(params, yours[0] if yours else None), micro[0], names[id(p)]])
 
     for p in params:
         p.register_post_accumulate_grad_hook(observe)
-    yours.append(Zero2Grads(buckets_of(model)))
-    x_r, y_r = shard_batch(x, y, r, P)  # [B/N, T]
-    loss = lm_loss(model(x_r), y_r)  # the mean over this rank's rows
-    with recording() as seen:
-        loss.backward()
+    with library_calls(LIBRARY) as called:
+        yours.append(Zero2Accumulate(buckets_of(model), M, BUDGET))
+    x_r, y_r = my_rows(x, y, r, P)  # [b, T], b = B2/N rows
+    per_micro = []
+    with recording() as seen, library_calls(LIBRARY) as more:
+        for k, (x_k, y_k) in enumerate(zip(x_r.chunk(M), y_r.chunk(M), strict=True)):  # [b/M, T] each
+            micro[0] = yours[0].micro_batch = k
+            start = len(seen.calls)
+            lab_loss(model(x_k), y_k).backward()  # the mean over this micro-batch's rows
+            per_micro.append(seen.calls[start:])
+    most = max(nbytes for nbytes, _, _ in held)
+    peak = next(h for h in held if h[0] == most)  # the first moment the rank held the most
     return {
         "shards": [s.detach().clone() for s in yours[0].shards],
-        "calls": seen.calls,
+        "calls": per_micro,
         "dtypes": sorted(seen.dtypes),
         "grads_after": tensor_bytes([p.grad for p in params if p.grad is not None]),
-        "peak": max(held),
+        "peak": peak,  # [bytes, micro-batch, the parameter whose gradient had just landed]
+        "library": [*called, *(c for c in more if c not in called)],
     }
 
 
-def collect_zero2(Zero2Grads) -> dict:
-    return {"ranks": list(parlab.launch(run_zero2, N, Zero2Grads, *BATCHES[0], **LAUNCH))}
+def collect_zero2(Zero2Accumulate) -> dict:
+    return {"ranks": list(parlab.launch(run_zero2, N, Zero2Accumulate, *BATCH2, **LAUNCH))}
 
 
-def _bucket_order(model: nn.Module, loss: torch.Tensor) -> list[int]:
-    """The buckets in the order backward completes them (the same on every rank: the same graph)."""
-    buckets, done = buckets_of(model), []
-    left = [len(b) for b in buckets]
-    where = {id(p): b for b, bucket in enumerate(buckets) for p in bucket}
+def bucket_names(model: nn.Module) -> list[str]:
+    """Each bucket of buckets_of by the module its first parameter belongs to: "embed", "blocks.0.attn" (its
+    attn_norm and attention), "blocks.0.mlp" (its mlp_norm and MLP), ..., "norm" (with the head)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    out = []
+    for bucket in buckets_of(model):
+        module = names[id(bucket[0])].rsplit(".", 1)[0]  # e.g. blocks.0.attn_norm
+        out.append(module.replace("_norm", ""))  # blocks.0.attn_norm -> blocks.0.attn
+    return out
 
-    def arrived(p):
-        left[where[id(p)]] -= 1
-        if left[where[id(p)]] == 0:
-            done.append(where[id(p)])
 
-    hooks = [p.register_post_accumulate_grad_hook(arrived) for p in model.parameters()]
+def arrival_order(model: nn.Module, loss: torch.Tensor) -> list[nn.Parameter]:
+    """The parameters in the order backward accumulates their gradients (the same on every rank: the same graph)."""
+    order = []
+    hooks = [p.register_post_accumulate_grad_hook(order.append) for p in model.parameters()]
     loss.backward()
     for hook in hooks:
         hook.remove()
-    return done
+    return order
+
+
+def held_peak(order: list[int], sizes: list[int], bucket_of: list[int], resident: set[int], micro: int) -> int:
+    """The most elements of full gradients alive at a gradient's arrival, over `micro` backwards, when the buckets in
+    `resident` keep their gradients until the last backward and every other bucket drops its own as soon as it is
+    complete. order: parameter indices in arrival order; sizes: their numels; bucket_of: their buckets."""
+    alive, peak = {}, 0
+    for k in range(micro):
+        waiting = {b: bucket_of.count(b) for b in set(bucket_of)}
+        for i in order:
+            alive[i] = sizes[i]
+            peak = max(peak, sum(alive.values()))
+            b = bucket_of[i]
+            waiting[b] -= 1
+            if waiting[b] == 0 and (b not in resident or k == micro - 1):
+                for j in [j for j in alive if bucket_of[j] == b]:
+                    del alive[j]
+    return peak
+
+
+def best_choices(order, sizes, bucket_of, payloads: list[int], budget: int) -> tuple[int, list[set[int]]]:
+    """The least reduce-scatter payload of a step within the budget (bytes of float64 full gradients), and every
+    set of resident buckets that reaches it. A resident bucket is reduced once per step, the others M times."""
+    best, sets = None, []
+    for n in range(len(payloads) + 1):
+        for chosen in itertools.combinations(range(len(payloads)), n):
+            resident = set(chosen)
+            if 8 * held_peak(order, sizes, bucket_of, resident, M) > budget:
+                continue
+            cost = sum(p * (1 if b in resident else M) for b, p in enumerate(payloads))
+            if best is None or cost < best:
+                best, sets = cost, [resident]
+            elif cost == best:
+                sets.append(resident)
+    return best, sets
 
 
 def judge_zero2(data) -> list[str]:
     ranks = data["ranks"]
-    model = build_model(CFG, seed=0)
+    model = build_lab_model(CFG, seed=0)
     with one_thread():
-        order = _bucket_order(model, lm_loss(model(BATCHES[0][0]), BATCHES[0][1]))  # the mean over all B rows
+        order = arrival_order(model, lab_loss(model(BATCH2[0]), BATCH2[1]))  # the mean over all B2 rows
     buckets = buckets_of(model)
-    sizes = [sum(p.numel() for p in bucket) for bucket in buckets]  # Psi_b
-    S = [-(-n // N) for n in sizes]  # S_b
-    expected = [[_shard(torch.cat([p.grad.reshape(-1) for p in b]), r, N) for b in buckets] for r in range(N)]
-    calls = [["reduce_scatter", N * S[b] * 8] for b in order]
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    bucket_of = [next(b for b, bucket in enumerate(buckets) if any(q is p for q in bucket)) for p in model.parameters()]
+    sizes = [p.numel() for p in model.parameters()]
+    arrivals = [index[id(p)] for p in order]
+    completed = []  # buckets in the order backward completes them
+    for i in arrivals:
+        if all(index[id(q)] in arrivals[: arrivals.index(i) + 1] for q in buckets[bucket_of[i]]):
+            if bucket_of[i] not in completed:
+                completed.append(bucket_of[i])
+    numels = [sum(p.numel() for p in bucket) for bucket in buckets]  # Psi_b
+    payloads = [8 * N * -(-n // N) for n in numels]  # a reduce-scatter's input [N S_b], float64
+    least, choices = best_choices(arrivals, sizes, bucket_of, payloads, BUDGET)
+    named = bucket_names(model)
+    expected = [
+        {named[b]: _shard(torch.cat([p.grad.reshape(-1) for p in bucket]), r, N) for b, bucket in enumerate(buckets)}
+        for r in range(N)
+    ]
+    got = [dict(zip(named, res["shards"], strict=False)) for res in ranks]
+    total = [sum(nbytes for micro in res["calls"] for _, nbytes, *_ in micro) for res in ranks]
     return [
+        library_verdict("zero2", [c for res in ranks for c in res["library"]]),
         _dtype_line(ranks),
-        _compared(
-            "every rank's gradient shards: its slices of the mean gradient, zero-padded",
-            [res["shards"] for res in ranks],
-            expected,
-            SUMMED,
-        ),
-        _line("collectives [op, payload bytes] of rank 0's backward", ranks[0]["calls"], calls),
-        _line(f"ranks 1-{N - 1}: the same collectives", [res["calls"] == calls for res in ranks[1:]], [True] * (N - 1)),
+        _scaled_line("every rank's gradient shards: its slices of the mean gradient, zero-padded", got, expected),
         _verdict(
             not any(res["grads_after"] for res in ranks),
-            "no parameter has a .grad after backward, on any rank",
-            f"bytes of .grad still on the parameters after backward, per rank: {[res['grads_after'] for res in ranks]}"
-            ": the bucket's full gradients outlive its reduce-scatter (only the shards may remain)",
+            "no parameter has a .grad after the last backward, on any rank",
+            f"bytes of .grad still on the parameters after the last backward, per rank: "
+            f"{[res['grads_after'] for res in ranks]}: the full gradients outlive their reduce-scatter",
         ),
-        _line(
-            "peak gradient bytes each rank holds (.grad alive + shards) = shards + largest bucket",
-            [res["peak"] for res in ranks],
-            [8 * (sum(S) + max(sizes))] * N,
+        _budget_line(ranks),
+        _pattern_line(ranks[0]["calls"], [payloads[b] for b in completed]),
+        _verdict(
+            total[0] == least,
+            "reduce-scatter payload of rank 0's step: the least any choice of buckets within the budget allows",
+            f"reduce-scatter payload of rank 0's step: measured {total[0]:,} bytes; the least any choice of buckets "
+            f"within the budget allows: {least:,}",
         ),
-    ]
-
-
-# ---------------------------------------------------------------------------------------- part 3: ZeRO-3
-
-
-def mlp_problem(seed: int = 0) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
-    """The full weights W_l: [out, in], the inputs x: [B, 10] and the targets: [B, 6] (the loss of a row is
-    sum((y - target)^2); a rank's loss is the mean over its rows)."""
-    gen = torch.Generator().manual_seed(seed)
-    ws = [
-        torch.randn(o, i, generator=gen, dtype=torch.float64) / i**0.5
-        for i, o in zip(WIDTHS[:-1], WIDTHS[1:], strict=True)
-    ]
-    x = torch.randn(B, WIDTHS[0], generator=gen, dtype=torch.float64)
-    target = torch.randn(B, WIDTHS[-1], generator=gen, dtype=torch.float64)
-    return ws, x, target
-
-
-def mlp(layer, shards: list[torch.Tensor], shapes: list[tuple[int, int]], x: torch.Tensor) -> list[torch.Tensor]:
-    """The MLP with your layer: x [b, 10] -> [b, 13] -> [b, 13] -> [b, 6]; every activation it makes, in order."""
-    acts = [x]
-    for k, (w_shard, shape) in enumerate(zip(shards, shapes, strict=True)):
-        acts.append(layer.apply(acts[-1], w_shard, shape))  # [b, out]
-        if k < len(shards) - 1:
-            acts.append(torch.tanh(acts[-1]))
-    return acts
-
-
-def _kept_for_backward(output: torch.Tensor, allowed: list[torch.Tensor]) -> int:
-    """Bytes the custom layers in output's graph keep for backward (saved tensors and tensor attributes of ctx),
-    besides the `allowed` tensors' storages (the activations and the shards)."""
-    allowed_ptrs = {t.untyped_storage().data_ptr() for t in allowed}
-    kept, seen, stack = [], set(), [output.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, torch.autograd.function.BackwardCFunction):
-            kept += list(node.saved_tensors) + list(vars(node).values())
-        stack += [nxt for nxt, _ in node.next_functions]
-    mine = [t for t in _tensors(kept) if t.untyped_storage().data_ptr() not in allowed_ptrs]
-    return tensor_bytes(mine)
-
-
-def run_zero3(Zero3Linear) -> dict:
-    """Rank code: forward and backward of the MLP with your layer, each weight held as this rank's shard only."""
-    P, r = dist.get_world_size(), dist.get_rank()
-    ws, x, target = mlp_problem()
-    b = B // P
-    x_r, t_r = x[r * b : (r + 1) * b], target[r * b : (r + 1) * b]  # this rank's rows: [b, 10], [b, 6]
-    shards = [_shard(w, r, P).requires_grad_() for w in ws]  # [S_l]: all of W_l this rank ever keeps
-    shapes = [tuple(w.shape) for w in ws]
-    del ws
-    with recording() as seen:
-        acts = mlp(Zero3Linear, shards, shapes, x_r)
-        forward_calls, seen.calls = seen.calls, []
-        alive_after_forward = seen.gathered_alive()
-        kept = _kept_for_backward(acts[-1], acts + shards)
-        loss = ((acts[-1] - t_r) ** 2).sum(dim=-1).mean()
-        loss.backward()
-        alive_after_backward = seen.gathered_alive()
-    return {
-        "y": acts[-1].detach(),
-        "grads": [s.grad for s in shards],
-        "forward": forward_calls,
-        "backward": seen.calls,
-        "peak": seen.peak_gathered,
-        "alive": [alive_after_forward, alive_after_backward],
-        "kept": kept,
-        "dtypes": sorted(seen.dtypes),
-    }
-
-
-def collect_zero3(Zero3Linear) -> dict:
-    return {"ranks": list(parlab.launch(run_zero3, N, Zero3Linear, **LAUNCH))}
-
-
-def judge_zero3(data) -> list[str]:
-    ranks = data["ranks"]
-    ws, x, target = mlp_problem()
-    ws = [w.requires_grad_() for w in ws]
-    h = x
-    for k, w in enumerate(ws):
-        h = h @ w.T
-        h = torch.tanh(h) if k < len(ws) - 1 else h
-    ((h - target) ** 2).sum(dim=-1).mean().backward()  # the mean over all B rows
-    S = [-(-w.numel() // N) for w in ws]
-    b = B // N
-    gathers = [["all_gather", s * 8] for s in S]  # forward: layers 0, 1, 2
-    backward = {"all_gather": [s * 8 for s in reversed(S)], "reduce_scatter": [N * s * 8 for s in reversed(S)]}
-    same = [res["forward"] == gathers and _by_op(res["backward"]) == backward for res in ranks[1:]]
-    return [
-        _dtype_line(ranks),
-        compare(
-            "every rank's y (its rows)",
-            [res["y"] for res in ranks],
-            [h[r * b : (r + 1) * b] for r in range(N)],
-        ).line,
-        _weight_grads_line(ranks, [[_shard(w.grad, r, N) for w in ws] for r in range(N)]),
-        _line("collectives [op, payload bytes] of rank 0's forward", ranks[0]["forward"], gathers),
-        _line("payload bytes of rank 0's backward, by collective, in order", _by_op(ranks[0]["backward"]), backward),
-        _line(f"ranks 1-{N - 1}: the same collectives", same, [True] * (N - 1)),
-        _line(
-            "peak bytes of gathered weights alive on each rank (the largest layer)",
-            [res["peak"] for res in ranks],
-            [N * max(S) * 8] * N,
-        ),
-        _line(
-            "bytes of gathered weights alive after forward, after backward",
-            [res["alive"] for res in ranks],
-            [[0, 0]] * N,
-        ),
-        _line(
-            "bytes the layers keep for backward besides activations and shards (a saved W, or a view of it, keeps "
-            "its whole gathered buffer alive)",
-            [res["kept"] for res in ranks],
-            [0] * N,
+        same_line(
+            [res["calls"] for res in ranks[1:]], ranks[0]["calls"], f"ranks 1-{N - 1}: the same collectives as rank 0"
         ),
     ]
 
 
-def _weight_grads_line(ranks: list[dict], expected: list[list[torch.Tensor]]) -> str:
-    """compare()'s line for the gradient shards; when each layer's is a multiple of one device's, which multiple
-    (N: summed, not averaged; 1, 1/N, 1/N^2 from the last layer down: dL/dx averaged too)."""
-    what = "every rank's gradient shards of W_0, W_1, W_2: its slices of dL/dW, zero-padded"
-    got = [res["grads"] for res in ranks]
-    line = compare(what, got, expected).line
-    layers = len(expected[0])
-    try:
-        scales = [_scale([g[k] for g in got], [e[k] for e in expected]) for k in range(layers)]
-    except (TypeError, IndexError):  # a missing gradient (None) or too few: compare's line says so
-        return line
-    if line.endswith(": PASS") or None in scales:
-        return line
-    said = ", ".join(f"W_{k} x {_fraction(c)}" for k, c in enumerate(scales))
-    if all(_is(c, N) for c in scales):
-        return f"{what}: {said} of one device's: {SUMMED}: FAIL"
-    if all(_is(c, N ** -(layers - 1 - k)) for k, c in enumerate(scales)):
-        return (
-            f"{what}: {said} of one device's: dL/dx was divided by N too, and the error compounds layer by layer "
-            "down the network; grad_y is the gradient of this rank's own loss: only dL/dW is averaged: FAIL"
-        )
-    return f"{what}: {said} of one device's: FAIL"
+def _budget_line(ranks: list[dict]) -> str:
+    over = [(r, res["peak"]) for r, res in enumerate(ranks) if res["peak"][0] > BUDGET]
+    if not over:
+        return f"full gradients each rank holds as each gradient lands: at most the budget {BUDGET:,} bytes: PASS"
+    r, (nbytes, micro, name) = over[0]
+    return (
+        f"full gradients each rank holds as each gradient lands: rank {r} held {nbytes:,} bytes when {name}'s "
+        f"gradient landed in micro-batch {micro}; the budget is {BUDGET:,}: FAIL"
+    )
+
+
+def _pattern_line(calls: list[list], everything: list[int]) -> str:
+    """Rank 0's reduce-scatters per micro-batch: the same buckets in every micro-batch but the last, some of the
+    buckets in the order backward completes them; every bucket, in that order, in the last."""
+    what = "rank 0's reduce-scatters: one per bucket, in the order backward completes them"
+    first = [nbytes for _, nbytes, *_ in calls[0]] if calls else []
+    for k, micro in enumerate(calls):
+        others = sorted({op for op, *_ in micro} - {"reduce_scatter"})
+        got, last = [nbytes for _, nbytes, *_ in micro], k == len(calls) - 1
+        if others:
+            return f"{what}: micro-batch {k} also called {others}: FAIL"
+        if last and got != everything:
+            return f"{what}: the last micro-batch: expected every bucket's payload {everything}, received {got}: FAIL"
+        if not last and not _subsequence(got, everything):
+            return f"{what}: micro-batch {k}: expected payloads among {everything}, in that order, received {got}: FAIL"
+        if not last and got != first:
+            return f"{what}: micro-batch {k}: expected the buckets of micro-batch 0 {first}, received {got}: FAIL"
+    return f"{what}; the same buckets in each micro-batch but the last, every bucket in the last: PASS"
+
+
+def _subsequence(part: list, whole: list) -> bool:
+    it = iter(whole)
+    return all(any(x == y for y in it) for x in part)
