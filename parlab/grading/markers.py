@@ -205,6 +205,7 @@ _ARITHMETIC_NODES = (
     ast.boolop,
     ast.Import,
     ast.alias,
+    ast.Starred,
 )
 
 
