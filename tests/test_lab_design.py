@@ -34,7 +34,6 @@ PENDING = {
     "lab03_pipeline_1f1b",
     "lab04_ring_attention",
     "lab05_zero",
-    "lab06_offload",
     "lab07_hybrid",
     "lab08_parameter_server",
     "lab09_expert_parallel",
