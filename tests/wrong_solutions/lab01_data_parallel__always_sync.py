@@ -9,7 +9,7 @@
 def accumulation_step(model: torch.nn.Module, dp: OverlappedDP, x_r: torch.Tensor, y_r: torch.Tensor, M: int) -> float:
     b, loss_of_rows = len(x_r), 0.0
     for x_m, y_m in zip(x_r.tensor_split(M), y_r.tensor_split(M), strict=True):
-        loss = lm_loss(model(x_m), y_m) * (len(x_m) / b)
+        loss = lab_loss(model(x_m), y_m) * (len(x_m) / b)
         loss.backward()
         loss_of_rows += loss.item()
     dp.finish()

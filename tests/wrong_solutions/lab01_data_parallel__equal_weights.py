@@ -10,7 +10,7 @@ def accumulation_step(model: torch.nn.Module, dp: OverlappedDP, x_r: torch.Tenso
     loss_of_rows = 0.0
     for m, (x_m, y_m) in enumerate(zip(x_r.tensor_split(M), y_r.tensor_split(M), strict=True)):
         dp.sync = m == M - 1
-        loss = lm_loss(model(x_m), y_m) / M
+        loss = lab_loss(model(x_m), y_m) / M
         loss.backward()
         loss_of_rows += loss.item()
     dp.finish()

@@ -1,70 +1,97 @@
-"""Lab 06's checks: ZeRO-Offload's optimizer step on the host, serial then overlapped, and the device budget that
-decides which units' optimizer state leaves the device, on live ranks (see parlab/grading).
+"""Lab 06's checks: ZeRO-Offload's optimizer step on the host through two staging buffers, serial then overlapped
+with the link, the bytes of a mixed placement, and the placement that fits a device budget moving the fewest bytes,
+on live ranks (see parlab/grading/labs/).
 
-The emulated rank (lab06_rank.py). On this machine the "device" and the "host" are the same RAM, as in lesson 06:
-what makes a tensor device or host memory is which `Memory` allocated it, and what a place holds is counted from
-its tensors. The link between them (PCIe on a real machine) is parlab.schemes.zero.offload's CopyEngine: one background
-thread that runs the copies in the order they were issued, beside the rank's own work. Every call into the link and
-every Adam call is logged in program order; the checks read what moved where, and when the rank waited, from that log.
+The emulated rank (lab06_rank.py). As in lesson 06, the "device" and the "host" of a rank on this machine are the
+same RAM: what makes a tensor device or host memory is which `Memory` allocated it, and what a place holds is
+counted from its tensors. The link between them (PCIe on a real machine) is one background thread that runs the
+copies in the order they were issued, beside the rank's own work. Every call into the link and every Adam call is
+logged in program order; the checks read what moved where, which buffer Adam read, and when the rank waited, from
+that log.
 
-The layout is ZeRO-2's (parlab/schemes/zero/stages.py): each unit (layer) u of the reference GPT is a flat buffer of N x
-S_u numbers on the device (S_u = ceil(Psi_u / N), zero-padded), rank r owns slice r of every unit, and after backward
-a reduce-scatter gives rank r the mean over ranks of its slice of each unit's gradient.
+The model is the labs' own (parlab.core.lab_model, untied), with one unit per TENSOR (not per layer, as the
+library's ZeRO cuts it): 21 units of four sizes (the embedding, the head and the SwiGLU matrices; q and o; GQA's
+smaller k and v; the RMSNorm gains), so that no unit divides by N = 3 and every one is padded. The layout is
+ZeRO-2's: unit u is a flat buffer of N x S_u numbers on the device (S_u = ceil(Psi_u / N), zero-padded), rank r owns
+slice r of every unit, and after backward a reduce-scatter gives rank r the mean over ranks of its slice of each
+unit's gradient. The host holds, per offloaded unit, the master weights, m and v, and for the gradients only two
+staging buffers of the largest offloaded shard (pinned memory is scarce), which the serial and overlap checks
+verify exactly.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
-import math
 
 import torch
 import torch.distributed as dist
 
 import parlab
-from parlab.core.check import check_equal, compare
-from parlab.core.models import GPT, build_model, lm_loss, make_batches
+from parlab.core.check import compare
+from parlab.core.lab_model import build_lab_model, lab_batches, lab_loss
 from parlab.grading.labs import prediction_lines, run_check
+from parlab.grading.labs.guard import library_calls, library_line
 from parlab.grading.labs.lab06_rank import (
     CFG,
+    LIBRARY,
     LR,
+    STAGING,
     Link,
     Memory,
     backward_and_reduce,
     gather_params,
     train_host_step,
+    unit_numels,
     zero2_model,
 )
-from parlab.schemes.zero.offload import train_offload
-from parlab.schemes.zero.stages import adam_step, plan_units
-from parlab.schemes.zero.theory import offload_memory
+from parlab.grading.labs.notebook_watch import NotebookWatch
+from parlab.schemes.zero.stages import adam_step
 
 LAUNCH = {"timeout": 60, "echo": False}  # a hang stops after 60 s
-N, B, STEPS = 2, 8, 2  # ranks, global batch rows, steps (the GPT CFG and Adam's LR: lab06_rank.py)
-BATCHES = make_batches(CFG, B, STEPS, seed=0)  # [(x, y)], x, y: [B, T] token ids
+N, B, STEPS = 3, 6, 2  # ranks, global batch rows, steps (the lab model and Adam's LR: lab06_rank.py)
+BATCHES = lab_batches(CFG, B, STEPS, seed=0)  # [(x, y)], x, y: [B, T] token ids
 BYTES = 8  # float64: b_c = b_m = 8 in the runs of the code checks
-BUDGET = 500_000  # bytes of device memory per rank for the measured run of the budget check
+# The prediction: the lab model on N = 3 ranks, a float32 compute copy, float64 master, m, v, and this placement.
+PREDICT = {"N": 3, "b_c": 4, "b_m": 8}
+PREDICT_ON_DEVICE = ("norm", ".attn.k.", ".attn.v.")  # units whose name has one of these keep their state there
+BUDGET = 300_000  # bytes of device memory per rank for the measured run of the budget check (N = 3, float64)
 
 STRUCTURAL = {
-    "serial": "2 ranks, 2 steps: every rank ends with one device's Adam; per rank the host holds exactly the "
-    "gradient buffer, master, m and v of its shard; from the log, every unit of every step was stepped by Adam on "
-    "host memory after its gradient copy was waited for, and its parameter slice copied back from the master after "
-    "that Adam; init moved the shard once to the host, each step once each way; no copy left unwaited on return",
-    "overlap": "as serial, and from the log's program order, every step: unit k+1's gradient copy issued before Adam "
-    "on unit k and waited for after it; unit k's parameter copy still in flight when Adam on unit k+1 began",
-    "offload_bytes": "parlab.schemes.zero.offload's own ZeRO-Offload run on 3 ranks (float32 compute, float64 "
-    "master): rank 0's host and device bytes before the optimizer step and its copy engine's bytes per step, against "
-    "theory",
-    "budget": "at 6 configurations (this run, everything fits, only the parameters fit, one byte short, mixed "
-    "precision at 1B and 10B parameters): the plan fits the budget and moves the fewest bytes any placement that "
-    "fits allows, or raises ValueError when nothing fits; this run's plan on 2 ranks: the device and host bytes "
-    "measured before the optimizer step and the bytes moved per step equal the plan's, the parameters one device's",
+    "serial": "3 ranks, 2 steps of the lab model, one unit per tensor: every rank ends with one device's Adam; the "
+    "host holds exactly master, m, v of every unit and two staging buffers of the largest shard; from the log, every "
+    "unit of every step: Adam ran on host memory, on its own master (the copy of its device slice), m, v and the "
+    "buffer its gradient was copied into, after that copy was waited for, with no other copy into that buffer in "
+    "between, and its parameter slice was copied back from the master after it; init moved the shard once to the "
+    "host, each step once each way; no copy left unwaited; no library code called. FAIL: the first rank, step and "
+    "unit that differ",
+    "overlap": "as serial, and from the log's program order, every step and every two units Adam steps one after "
+    "the other: the second's gradient copy issued before the first's Adam and waited for after it; the first's "
+    "parameter copy still in flight when the second's Adam began",
+    "offload_bytes": "the predicted device, host and moved bytes of rank 0 for a mixed placement of the lab model's "
+    "tensors (N=3, float32 compute copy, float64 state), exactly against the theory (padding per tensor included) "
+    "and against a run on 3 ranks, measured; no library call from the notebook's cells (offload_memory)",
+    "budget": "at 6 configurations (this run: 21 tensors on N=3; 39 tensors of a 4-layer lab model; everything fits "
+    "exactly; only the parameters fit; one byte short; Llama-3-8B's 35 layers on 8 ranks of 24 GB): the plan fits "
+    "the budget and moves the fewest bytes any placement that fits allows (found by the judge over every reachable "
+    "total, not greedily), or raises ValueError when nothing fits; this run's plan on 3 ranks: the device and host "
+    "bytes measured before the optimizer step and the bytes moved per step equal the plan's, the parameters one "
+    "device's; no library code called",
 }
+
+WATCH = NotebookWatch(LIBRARY)  # the notebook's own cells (the prediction): started by the setup cell
+
+
+def watch_notebook() -> None:
+    """Setup cell: from now on, calls into LIBRARY from this notebook's cells are noted (and fail the prediction)."""
+    WATCH.start()
 
 
 def run(check: str, *answers) -> None:
-    """A check cell: see parlab.grading."""
-    run_check(__name__, check, *answers)
+    """A check cell: see parlab.grading.labs. The watch of the notebook's cells ends once the prediction is checked."""
+    with WATCH.paused():
+        run_check(__name__, check, *answers)
+    if check in ("offload_bytes", "budget"):
+        WATCH.stop()
 
 
 # ------------------------------------------------------------------------------------------------ the judging
@@ -72,17 +99,22 @@ def run(check: str, *answers) -> None:
 
 @functools.lru_cache(maxsize=1)  # the same reference for every check and every notebook graded
 def _reference_params(steps: int = STEPS) -> dict[str, torch.Tensor]:
-    """One device, the whole batch, Adam (parlab.schemes.zero.stages.adam_step: torch.optim.Adam's update, written out;
-    tested against torch.optim.Adam in tests/test_zero.py)."""
-    model = build_model(CFG, seed=0)
+    """One device, the whole batch, Adam (parlab.schemes.zero.stages.adam_step: torch.optim.Adam's update, written
+    out; tested against torch.optim.Adam in tests/test_zero.py)."""
+    model = build_lab_model(CFG, seed=0)
     moments = {name: (torch.zeros_like(p), torch.zeros_like(p)) for name, p in model.named_parameters()}
     for t, (x, y) in enumerate(BATCHES[:steps], start=1):
         model.zero_grad(set_to_none=True)
-        lm_loss(model(x), y).backward()
+        lab_loss(model(x), y).backward()
         with torch.no_grad():
             for name, p in model.named_parameters():
                 adam_step(p, p.grad, *moments[name], t, LR)
     return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def host_layout_bytes(shards: list[int], b_m: int = BYTES) -> int:
+    """What the host holds when every unit (shards: S_u) is offloaded: master, m, v, and the staging buffers."""
+    return b_m * (3 * sum(shards) + STAGING * max(shards, default=0))
 
 
 def _segments(log: list) -> tuple[list, list[list]]:
@@ -99,123 +131,158 @@ def _segments(log: list) -> tuple[list, list[list]]:
     return init, steps
 
 
-def _covers(outer: list | None, inner: list) -> bool:
-    """Does place `outer` ([name, allocation, a, b]) contain place `inner`?"""
-    return outer is not None and outer[:2] == inner[:2] and outer[2] <= inner[2] and inner[3] <= outer[3]
+def _overlaps(a: list | None, b: list | None) -> bool:
+    """Do places a and b ([name, allocation, start, stop]) share an element?"""
+    return a is not None and b is not None and a[:2] == b[:2] and a[2] < b[3] and b[2] < a[3]
 
 
-def _analyse_step(entries: list, shards: list[int], r: int) -> dict:
-    """What one step's log says, per unit k: its gradient copy to the host, the Adam call that stepped it (one
-    call may step several units), its parameter copy back, and where each sits in program order."""
+def _masters(init: list, shards: list[int], r: int) -> list:
+    """Unit k's master weights: where init_state copied rank r's device slice of unit k (None: not exactly once)."""
+    masters = []
+    for k, S in enumerate(shards):
+        copies = [e for e in init if e["op"] == "to_host" and e["src"] == ["device", k, r * S, (r + 1) * S]]
+        masters.append(copies[0]["dst"] if len(copies) == 1 else None)
+    return masters
+
+
+def _analyse_step(entries: list, shards: list[int], masters: list, r: int) -> dict:
+    """What one step's log says, per unit k: where its Adam ran and on what (`placed`), the order of its gradient
+    copy, Adam and parameter copy (`ordered`), whether another copy wrote into its gradient buffer before its Adam
+    read it (`clean`): each None when right, else the reason. Plus the order of the Adam calls (for the overlap)."""
     U = len(shards)
-    waits = {}
+    waited = {}
     for i, e in enumerate(entries):
         if e["op"] == "wait":
-            waits.setdefault(e["copy"], i)
-    downs = {
-        k: [
-            (i, e)
-            for i, e in enumerate(entries)
-            if e["op"] == "to_host" and e["src"] == ["device", U + k, 0, shards[k]]
-        ]
-        for k in range(U)
-    }
-    units = []
-    for k in range(U):
-        if len(downs[k]) != 1:
-            units.append({"complete": False})
+            waited.setdefault(e["copy"], i)
+    units, adam_order = [], []
+    for k, S in enumerate(shards):
+        down = [(i, e) for i, e in enumerate(entries) if e["op"] == "to_host" and e["src"] == ["device", U + k, 0, S]]
+        adam = [(i, e) for i, e in enumerate(entries) if e["op"] == "adam" and masters[k] and e["master"] == masters[k]]
+        mine = ["device", k, r * S, (r + 1) * S]
+        up = [(i, e) for i, e in enumerate(entries) if e["op"] == "to_device" and e["dst"] == mine]
+        unit = {"placed": None, "ordered": None, "clean": None}
+        if masters[k] is None:
+            unit["placed"] = "no master weights: init_state did not copy its device slice to the host once"
+        elif len(down) != 1 or len(adam) != 1 or len(up) != 1:
+            unit["placed"] = (
+                f"expected 1 gradient copy to the host, 1 Adam on its master, 1 copy of its slice back; received "
+                f"{len(down)}, {len(adam)}, {len(up)}"
+            )
+        if unit["placed"]:
+            units.append({**unit, "ordered": unit["placed"], "clean": unit["placed"]})
             continue
-        di, de = downs[k][0]
-        adams = [(i, e) for i, e in enumerate(entries) if e["op"] == "adam" and _covers(e["grad"], de["dst"])]
-        if len(adams) != 1:
-            units.append({"complete": False})
-            continue
-        ai, ae = adams[0]
-        size = ae["grad"][3] - ae["grad"][2]
-        on_host = all(
-            ae[x] is not None and ae[x][0] == "host" and ae[x][3] - ae[x][2] == size for x in ("master", "m", "v")
-        )
-        distinct = on_host and len({tuple(ae[x][:3]) for x in ("master", "m", "v", "grad")}) == 4
-        # unit k's piece of the master weights: where its gradient sits in the gradient Adam read
-        mine = None
-        if on_host:
-            a = ae["master"][2] + de["dst"][2] - ae["grad"][2]
-            mine = [*ae["master"][:2], a, a + shards[k]]
-        slice_r = ["device", k, r * shards[k], (r + 1) * shards[k]]
-        ups = [(i, e) for i, e in enumerate(entries) if e["op"] == "to_device" and e["dst"] == slice_r]
-        if len(ups) != 1:
-            units.append({"complete": False})
-            continue
-        ui, ue = ups[0]
-        units.append(
-            {
-                "complete": True,
-                "host_adam": distinct and ue["src"] == mine,
-                "down": (di, waits.get(de["copy"], math.inf)),
-                "adam": ai,
-                "up": (ui, waits.get(ue["copy"], math.inf)),
-            }
-        )
+        (di, de), (ai, ae), (ui, ue) = down[0], adam[0], up[0]
+        adam_order.append((k, ai, de, ue))
+        places = [ae[x] for x in ("master", "m", "v", "grad")]
+        if any(p is None or p[0] != "host" for p in places):
+            unit["placed"] = "Adam read device memory (master, m, v and gradient must be host memory)"
+        elif any(p[3] - p[2] != S for p in places):
+            unit["placed"] = f"Adam's tensors are not [S_u] = [{S}]"
+        elif any(_overlaps(a, b) for i, a in enumerate(places) for b in places[i + 1 :]):
+            unit["placed"] = "Adam's master, m, v and gradient share memory"
+        elif ae["grad"] != de["dst"]:
+            unit["placed"] = "Adam's gradient is not the buffer its gradient was copied into"
+        elif ue["src"] != masters[k]:
+            unit["placed"] = "its device slice was not copied back from its master"
+        if waited.get(de["copy"], len(entries)) > ai:
+            unit["ordered"] = "its gradient copy was not waited for before its Adam"
+        elif ui < ai:
+            unit["ordered"] = "its parameter copy was issued before its Adam"
+        others = [e for e in entries[di + 1 : ai] if e["op"] == "to_host" and _overlaps(e["dst"], de["dst"])]
+        if others:
+            unit["clean"] = f"another copy wrote into its gradient buffer {de['dst']} before its Adam read it"
+        units.append(unit)
     returned = next((e["pending"] for e in entries if e["op"] == "returned"), -1)
     moved = {op: sum(e["bytes"] for e in entries if e["op"] == op) for op in ("to_host", "to_device")}
-    return {"units": units, "pending": returned, "moved": moved}
+    adam_order.sort(key=lambda item: item[1])
+    ahead, behind = None, None
+    waits = lambda e: waited.get(e["copy"], len(entries))  # noqa: E731
+    for (a, ai, _, ue), (b, bi, de, _) in zip(adam_order, adam_order[1:], strict=False):
+        copy_at = next(i for i, e in enumerate(entries) if e is de)
+        if ahead is None and not (copy_at < ai < waits(de)):
+            ahead = (a, b)
+        up_at = next(i for i, e in enumerate(entries) if e is ue)
+        if behind is None and not (ai < up_at and waits(ue) > bi):
+            behind = (a, b)
+    pairs = len(adam_order) - 1 if len(adam_order) == U else None
+    return {"units": units, "pending": returned, "moved": moved, "ahead": ahead, "behind": behind, "pairs": pairs}
 
 
-def _step_lines(res: dict, r: int, overlap: bool) -> list[str]:
-    shards, S = res["shards"], sum(res["shards"])
-    U = len(shards)
-    init, steps = _segments(res["log"])
-    analysed = [_analyse_step(entries, shards, r) for entries in steps]
-    done = [u for a in analysed for u in a["units"] if u["complete"]]
-    host_adam = sum(u["host_adam"] for u in done)
-    pending = sum(a["pending"] for a in analysed) + sum(e["pending"] for e in init if e["op"] == "returned")
-    down = sum(a["moved"]["to_host"] for a in analysed) / max(len(analysed), 1)
-    up = sum(a["moved"]["to_device"] for a in analysed) / max(len(analysed), 1)
-    init_down = sum(e["bytes"] for e in init if e["op"] == "to_host")
-    in_order = sum(u["down"][1] < u["adam"] < u["up"][0] for u in done)
-    every = U * len(steps)
-    lines = [
-        check_equal(
-            f"rank {r}: units stepped by Adam on host memory (master, m, v) and copied back from the "
-            "master, per step x steps",
-            host_adam,
-            every,
-        ).line,
-        check_equal(
-            f"rank {r}: units whose gradient was waited for before their Adam, and whose parameter copy "
-            "was issued after it",
-            in_order,
-            every,
-        ).line,
-        check_equal(
-            f"rank {r}: bytes copied to the host by init_state (the master weights)", init_down, BYTES * S
-        ).line,
-        check_equal(f"rank {r}: bytes copied to the host per step (the gradient shard)", down, BYTES * S).line,
-        check_equal(f"rank {r}: bytes copied to the device per step (the parameter slice)", up, BYTES * S).line,
-        check_equal(f"rank {r}: copies not waited for when init_state or the step returned", pending, 0).line,
-    ]
-    if not overlap:
-        return lines
-    ahead, behind = 0, 0
-    for a in analysed:
-        us = a["units"]
-        for k in range(U - 1):
-            if us[k]["complete"] and us[k + 1]["complete"]:
-                issued, waited = us[k + 1]["down"]
-                ahead += issued < us[k]["adam"] < waited  # in flight during Adam on unit k
-                issued, waited = us[k]["up"]
-                behind += us[k]["adam"] < issued and waited > us[k + 1]["adam"]  # in flight when Adam k+1 began
-    pairs = (U - 1) * len(analysed)
-    lines += [
-        check_equal(
-            f"rank {r}: unit k+1's gradient copy in flight during Adam on unit k (issued before, waited for after)",
-            ahead,
-            pairs,
-        ).line,
-        check_equal(
-            f"rank {r}: unit k's parameter copy still in flight when Adam on unit k+1 began", behind, pairs
-        ).line,
-    ]
+def _first(ranks_steps: list, key: str, names: list[str]) -> str | None:
+    """The first (rank, step, unit) whose `key` is wrong, as text, or None."""
+    for r, steps in enumerate(ranks_steps):
+        for s, step in enumerate(steps):
+            for k, unit in enumerate(step["units"]):
+                if unit[key]:
+                    return f"rank {r}, step {s + 1}, unit {names[k]}: {unit[key]}"
+    return None
+
+
+def _verdict(what: str, wrong: str | None) -> str:
+    return f"{what}: PASS" if wrong is None else f"{what}: {wrong}: FAIL"
+
+
+def _judge_steps(data, overlap: bool) -> list[str]:
+    ranks, reference = data["ranks"], _reference_params()
+    lines = [compare(f"rank {r}: parameters after {STEPS} steps", ranks[r]["params"], reference).line for r in range(N)]
+    shards, names = ranks[0]["shards"], ranks[0]["names"]
+    S, host = sum(shards), host_layout_bytes(shards)
+    held = [res["host_bytes"] for res in ranks]
+    wrong = next((f"rank {r}: expected {host:,}, received {h:,}" for r, h in enumerate(held) if h != host), None)
+    what = f"every rank: host bytes held, {host:,}: master, m, v of every unit and {STAGING} staging buffers"
+    lines.append(_verdict(f"{what} of the largest shard", wrong))
+    analysed, init_bytes, pending = [], [], []
+    for r, res in enumerate(ranks):
+        init, steps = _segments(res["log"])
+        masters = _masters(init, shards, r)
+        analysed.append([_analyse_step(entries, shards, masters, r) for entries in steps])
+        init_bytes.append(sum(e["bytes"] for e in init if e["op"] == "to_host"))
+        pending.append(
+            sum(a["pending"] for a in analysed[-1]) + sum(e["pending"] for e in init if e["op"] == "returned")
+        )
+    every = "every rank, step and unit"
+    for key, what in [
+        (
+            "placed",
+            "Adam on host memory, on the unit's master (its device slice's copy), m, v and the buffer its "
+            "gradient was copied into; the device slice copied back from the master",
+        ),
+        ("ordered", "the gradient copy waited for before Adam, the parameter copy issued after it"),
+        ("clean", "no other copy into the unit's gradient buffer between its copy and its Adam"),
+    ]:
+        lines.append(_verdict(f"{every}: {what}", _first(analysed, key, names)))
+    wrong = None
+    for r, steps in enumerate(analysed):
+        if init_bytes[r] != BYTES * S:
+            wrong = f"rank {r}: init_state moved {init_bytes[r]:,} to the host"
+        for s, step in enumerate(steps):
+            down, up = step["moved"]["to_host"], step["moved"]["to_device"]
+            if wrong is None and (down, up) != (BYTES * S, BYTES * S):
+                wrong = f"rank {r}, step {s + 1}: moved {down:,} to the host and {up:,} to the device"
+        if wrong:
+            break
+    what = f"every rank: bytes over the link, {BYTES * S:,} to the host by init_state, then each step"
+    lines.append(_verdict(f"{what} {BYTES * S:,} each way", wrong))
+    wrong = next((f"rank {r}: {n} left" for r, n in enumerate(pending) if n != 0), None)
+    lines.append(_verdict("every rank: no copy left unwaited when init_state or the step returned", wrong))
+    if overlap:
+        for key, what in [
+            ("ahead", "the second's gradient copy in flight during the first's Adam (issued before, waited for after)"),
+            ("behind", "the first's parameter copy still in flight when the second's Adam began"),
+        ]:
+            wrong = None
+            for r, steps in enumerate(analysed):
+                for s, step in enumerate(steps):
+                    if step["pairs"] is None:
+                        wrong = wrong or f"rank {r}, step {s + 1}: not every unit was stepped as in serial"
+                    elif step[key] is not None:
+                        a, b = step[key]
+                        wrong = wrong or f"rank {r}, step {s + 1}: not for {names[a]} then {names[b]}"
+            lines.append(
+                _verdict(f"every rank and step, every two units Adam steps one after the other: {what}", wrong)
+            )
+    called = [name for res in ranks for name in res["library"]]
+    lines.append(library_line("init_state and the step", called, "the library's offload code"))
     return lines
 
 
@@ -238,200 +305,212 @@ def judge_overlap(data) -> list[str]:
     return _judge_steps(data, overlap=True)
 
 
-def _judge_steps(data, overlap: bool) -> list[str]:
-    ranks, reference = data["ranks"], _reference_params()
-    lines = [compare(f"rank {r}: parameters after {STEPS} steps", ranks[r]["params"], reference).line for r in range(N)]
-    for r in range(N):
-        S = sum(ranks[r]["shards"])
-        what = f"rank {r}: host bytes held (gradient buffer, master, m, v)"
-        lines.append(check_equal(what, ranks[r]["host_bytes"], 4 * BYTES * S).line)
-        lines += _step_lines(ranks[r], r, overlap)
-    return lines
+# ---- placements: what a rank holds and moves
 
 
-# ---- the prediction: parlab.schemes.zero.offload's own run (ZeRO-Offload, compute float32, master float64, 2 ranks)
-
-PREDICT_N, PREDICT_B, PREDICT_STEPS = 3, 6, 2
-
-
-def _library_offload(batches) -> dict:
-    model = build_model(CFG, seed=0)  # float64: the master weights, m, v
-    out = train_offload(model, batches, target="cpu", compute_dtype=torch.float32)
-    return {"steady": out["steady"]}
-
-
-def collect_offload_bytes(host_bytes, device_bytes, moved_bytes) -> dict:
-    batches = make_batches(CFG, PREDICT_B, PREDICT_STEPS, seed=0)
-    results = parlab.launch(_library_offload, PREDICT_N, batches, **LAUNCH)
-    moved = sum(e.bytes for e in results.trace.events if e.rank == 0 and e.kind in ("offload", "upload"))
-    steady = results[0]["steady"]
+def plan_bytes(numels: list[int], N: int, b_c: int, b_m: int, places: list[str]) -> dict[str, int]:
+    """Bytes per rank of a placement: on the device and on the host before the optimizer step, and moved per step
+    (the judge's accounting: the compute copy b_c N S on the device; a unit kept there also its gradient shard,
+    master, m, v, 4 b_m S_u; an offloaded unit master, m, v on the host, 3 b_m S_u, its gradient through the two
+    staging buffers, and 2 b_c S_u over the link)."""
+    shards = [-(-n // N) for n in numels]
+    device = b_c * N * sum(shards)
+    kept = sum(S for S, place in zip(shards, places, strict=True) if place == "device")
+    offloaded = [S for S, place in zip(shards, places, strict=True) if place == "host"]
     return {
-        "predicted": [host_bytes, device_bytes, moved_bytes],
-        "host": sum(steady["host"].values()),
-        "device": sum(steady["device"].values()),
-        "moved": moved / PREDICT_STEPS,
+        "device": device + 4 * b_m * kept,
+        "host": host_layout_bytes(offloaded, b_m),
+        "moved": 2 * b_c * sum(offloaded),
+    }
+
+
+def fewest_moved(numels: list[int], N: int, b_c: int, b_m: int, budget: int) -> int | None:
+    """The fewest bytes per step any placement that fits the budget moves (None: none fits). Moving fewest = keeping
+    the most numbers on the device, so: the largest total of kept shards within the room left by the parameters,
+    over every total a subset of the units reaches (a set of totals: few when unit sizes repeat)."""
+    shards = [-(-n // N) for n in numels]
+    room = budget - b_c * N * sum(shards)
+    if room < 0:
+        return None
+    reachable = {0}
+    for S in shards:
+        reachable |= {total + S for total in reachable if 4 * b_m * (total + S) <= room}
+    return 2 * b_c * (sum(shards) - max(reachable))
+
+
+def library_accounting_agrees() -> bool:
+    """The judge's accounting at its two ends is the library's own (offload_memory, targets none and cpu) for the
+    device; on the host the library keeps a full gradient shard (b_m S) where this lab keeps two staging buffers:
+    the rest (master, m, v) agrees. tests/test_labs.py checks it."""
+    from parlab.schemes.zero.theory import offload_memory
+
+    numels = unit_numels()
+    for n, b_c, b_m in [(2, 8, 8), (3, 4, 8)]:
+        shards = [-(-x // n) for x in numels]
+        for target, place in [("none", "device"), ("cpu", "host")]:
+            mine = plan_bytes(numels, n, b_c, b_m, [place] * len(numels))
+            library = offload_memory(numels, n, target, b_c, b_m)["steady_total"]
+            staging = b_m * STAGING * max(shards) if place == "host" else 0
+            library_host = library["host"] - (b_m * sum(shards) if place == "host" else 0)
+            if (mine["device"], mine["host"] - staging) != (library["device"], library_host):
+                return False
+    return True
+
+
+def run_plan(places: list[str], batches, compute: torch.dtype = torch.float64) -> dict:
+    """Rank code of the budget check and of the prediction's measurement: ZeRO-2 of the lab model with each unit's
+    optimizer state where `places` says. A unit on the device is stepped there; an offloaded unit has its gradient
+    shard copied into one of the two staging buffers, is stepped on the host, and its parameter slice copied back.
+    Returns the bytes each place held before the optimizer step, the bytes moved per step, the parameters."""
+    N, r = dist.get_world_size(), dist.get_rank()
+    device, host, log = Memory("device"), Memory("host"), []
+    model, units = zero2_model(device, N, compute)
+    link = Link(device, host, log)
+    offloaded = [u.shard_numel for u, place in zip(units, places, strict=True) if place == "host"]
+    staging = [host.zeros(max(offloaded)) for _ in range(STAGING)] if offloaded else []  # [max S_u] each
+    state = []
+    try:
+        for u, place in zip(units, places, strict=True):
+            memory = device if place == "device" else host
+            names = ("master", "m", "v", "grad") if place == "device" else ("master", "m", "v")
+            st = {name: memory.zeros(u.shard_numel) for name in names}  # [S_u] each, float64
+            st["master"].copy_(u.shard_of(u.flat, r))  # the initial weights (a copy: not counted as a move)
+            state.append(st)
+        held, moved = [], []
+        for t, (x, y) in enumerate(batches, start=1):
+            shards = [device.zeros(u.shard_numel, compute) for u in units]  # [S_u]: the reduce-scatter outputs
+            backward_and_reduce(model, units, x, y, shards)
+            start, buffer = len(log), 0
+            for k, (st, g) in enumerate(zip(state, shards, strict=True)):
+                if places[k] == "device":
+                    st["grad"].copy_(g)
+                else:  # serial: one staging buffer after the other
+                    st["grad"] = staging[buffer % STAGING][: units[k].shard_numel]
+                    buffer += 1
+            in_transit = sum(g.numel() * g.element_size() for g in shards)  # the reduce-scatter outputs
+            held.append({"device": device.nbytes() - in_transit, "host": host.nbytes()})
+            for k, (u, st, g) in enumerate(zip(units, state, shards, strict=True)):
+                mine = u.shard_of(u.flat, r)
+                if places[k] == "device":
+                    adam_step(st["master"], st["grad"], st["m"], st["v"], t, LR)
+                    mine.copy_(st["master"])
+                else:
+                    link.to_host(g, st["grad"]).wait()
+                    adam_step(st["master"], st["grad"], st["m"], st["v"], t, LR)
+                    link.to_device(st["master"], mine).wait()
+            moved.append(sum(e.get("bytes", 0) for e in log[start:]))  # copies (waits carry no bytes)
+            for g in shards:
+                device.free(g)  # the reduce-scatter outputs are dropped once their gradients are in place
+            gather_params(units)
+    finally:
+        link.close()
+    return {"held": held, "moved": moved, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+# ---- the prediction: a mixed placement of the lab model's tensors, float32 compute copy
+
+
+def predict_places() -> list[str]:
+    names = [name for name, _ in build_lab_model(CFG).named_parameters()]
+    return ["device" if any(part in name for part in PREDICT_ON_DEVICE) else "host" for name in names]
+
+
+def offload_bytes_theory() -> dict[str, float]:
+    need = plan_bytes(unit_numels(), PREDICT["N"], PREDICT["b_c"], PREDICT["b_m"], predict_places())
+    return {"device_bytes": need["device"], "host_bytes": need["host"], "moved_bytes": need["moved"]}
+
+
+THEORY = {"offload_bytes": offload_bytes_theory}  # what the prediction's judge scores against
+
+
+def _number(value):
+    """A prediction as plain data for the grader: a float if it is a number, else its repr (which FAILs)."""
+    if isinstance(value, bool):
+        return repr(value)
+    try:
+        return float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        return repr(value)[:40]
+
+
+def collect_offload_bytes(device_bytes, host_bytes, moved_bytes) -> dict:
+    batches = lab_batches(CFG, B, 1, seed=1)  # one step: the bytes only
+    results = parlab.launch(run_plan, PREDICT["N"], predict_places(), batches, torch.float32, **LAUNCH)
+    rank0 = results[0]
+    return {
+        "predicted": [_number(device_bytes), _number(host_bytes), _number(moved_bytes)],
+        "measured": [rank0["held"][0]["device"], rank0["held"][0]["host"], rank0["moved"][0]],
+        "library": list(WATCH.calls),
     }
 
 
 def judge_offload_bytes(data) -> list[str]:
-    b_c, b_m = 4, 8  # float32 compute copy, float64 master, m, v
-    numels = _gpt_numels()
-    S = sum(-(-n // PREDICT_N) for n in numels)  # rank 0's shard: its padded slice of every unit
-    host, device, moved = data["predicted"]
-    lines = prediction_lines("host bytes of rank 0 before the optimizer step", host, 4 * b_m * S, data["host"])
-    lines += prediction_lines(
-        "device bytes of rank 0 before the optimizer step", device, b_c * PREDICT_N * S, data["device"]
-    )
-    lines += prediction_lines("bytes rank 0's copy engine moves per step", moved, 2 * b_c * S, data["moved"])
+    theory = offload_bytes_theory()
+    labels = {
+        "device_bytes": "device bytes of rank 0 before the optimizer step",
+        "host_bytes": "host bytes of rank 0 before the optimizer step",
+        "moved_bytes": "bytes rank 0's link moves per step",
+    }
+    lines = []
+    for (name, label), predicted, measured in zip(labels.items(), data["predicted"], data["measured"], strict=True):
+        lines += prediction_lines(label, predicted, theory[name], measured, rtol=0)
+    lines.append(library_line("the prediction's cell", data["library"], "the library's offload code"))
     return lines
 
 
 # ---- the budget
 
 
-def plan_bytes(numels: list[int], N: int, b_c: int, b_m: int, places: list[str]) -> dict[str, int]:
-    """Bytes per rank of a placement: on the device, on the host, and moved per step (the judge's accounting)."""
-    shards = [-(-n // N) for n in numels]
-    device = b_c * N * sum(shards)  # every rank holds every unit's N slices of the compute copy
-    host, moved = 0, 0
-    for S_u, place in zip(shards, places, strict=True):
-        if place == "device":
-            device += 4 * b_m * S_u  # gradient shard, master, m, v
-        else:
-            host += 4 * b_m * S_u
-            moved += 2 * b_c * S_u  # the gradient shard down, the parameter slice up
-    return {"device": device, "host": host, "moved": moved}
-
-
-def fewest_moved(numels: list[int], N: int, b_c: int, b_m: int, budget: int) -> int | None:
-    """The fewest bytes per step any placement that fits the budget moves (None: none fits), by trying them all."""
-    best = None
-    for places in itertools.product(("device", "host"), repeat=len(numels)):
-        need = plan_bytes(numels, N, b_c, b_m, list(places))
-        if need["device"] <= budget and (best is None or need["moved"] < best):
-            best = need["moved"]
-    return best
-
-
-def _gpt_numels() -> list[int]:
-    """Psi_u of each unit of the reference GPT."""
-    return [u.numel for u in plan_units(GPT(CFG), 1)]
+def _llama3_8b_units() -> list[int]:
+    """Llama-3-8B's parameters per layer unit: the embedding, 32 blocks (q, o 4096 x 4096; GQA's k, v 1024 x 4096;
+    SwiGLU 3 x 14336 x 4096; two norms), the final norm, the untied head (128,256 x 4096)."""
+    block = 2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096 + 2 * 4096
+    return [128_256 * 4096] + [block] * 32 + [4096, 128_256 * 4096]
 
 
 def budget_configs() -> list[dict]:
     """(what, unit sizes Psi_u, N, b_c, b_m, device budget per rank) of the plans the check asks for."""
-    gpt = _gpt_numels()
-    S4 = sum(-(-n // 4) for n in gpt)
+    from parlab.core.lab_model import LabConfig
+
+    lab, deep = unit_numels(), unit_numels(LabConfig(layers=4))
+    everything = plan_bytes(lab, 2, 4, 8, ["device"] * len(lab))["device"]
+    params = plan_bytes(lab, 2, 4, 8, ["host"] * len(lab))["device"]
+
+    def config(what: str, numels: list[int], N: int, b_c: int, b_m: int, budget: int) -> dict:
+        return {"what": what, "numels": numels, "N": N, "b_c": b_c, "b_m": b_m, "budget": budget}
+
     return [
-        {
-            "what": f"this lab's run: the GPT on N=2, float64, budget {BUDGET:,} B",
-            "numels": gpt,
-            "N": 2,
-            "b_c": 8,
-            "b_m": 8,
-            "budget": BUDGET,
-        },
-        {
-            "what": "the GPT on N=4, b_c=4, b_m=8, everything fits exactly",
-            "numels": gpt,
-            "N": 4,
-            "b_c": 4,
-            "b_m": 8,
-            "budget": 4 * 4 * S4 + 4 * 8 * S4,
-        },
-        {
-            "what": "the GPT on N=4, b_c=4, b_m=8, only the parameters fit",
-            "numels": gpt,
-            "N": 4,
-            "b_c": 4,
-            "b_m": 8,
-            "budget": 4 * 4 * S4,
-        },
-        {
-            "what": "the GPT on N=4, b_c=4, b_m=8, one byte less than the parameters",
-            "numels": gpt,
-            "N": 4,
-            "b_c": 4,
-            "b_m": 8,
-            "budget": 4 * 4 * S4 - 1,
-        },
-        {
-            "what": "1B parameters in units of 400M, 300M, 300M on N=1, b_c=2, b_m=4, budget 11.6 GB",
-            "numels": [400_000_000, 300_000_000, 300_000_000],
-            "N": 1,
-            "b_c": 2,
-            "b_m": 4,
-            "budget": 11_600_000_000,
-        },
-        {
-            "what": "10B parameters in 10 units of 1B on N=4, b_c=2, b_m=4, a 32 GB device",
-            "numels": [1_000_000_000] * 10,
-            "N": 4,
-            "b_c": 2,
-            "b_m": 4,
-            "budget": 32_000_000_000,
-        },
+        config(
+            f"this lab's run: the lab model's 21 tensors on N=3, float64, budget {BUDGET:,} B", lab, 3, 8, 8, BUDGET
+        ),
+        config("a 4-layer lab model's 39 tensors on N=3, b_c=4, b_m=8, budget 400,000 B", deep, 3, 4, 8, 400_000),
+        config("the lab model on N=2, b_c=4, b_m=8, everything fits exactly", lab, 2, 4, 8, everything),
+        config("the lab model on N=2, b_c=4, b_m=8, only the parameters fit", lab, 2, 4, 8, params),
+        config("the lab model on N=2, b_c=4, b_m=8, one byte less than the parameters", lab, 2, 4, 8, params - 1),
+        config(
+            "Llama-3-8B in 35 layer units on N=8, b_c=2, b_m=4, a 24 GB device",
+            _llama3_8b_units(),
+            8,
+            2,
+            4,
+            24_000_000_000,
+        ),
     ]
-
-
-def run_plan(places: list[str], batches) -> dict:
-    """Rank code of the budget check: ZeRO-2 with each unit's optimizer state where `places` says. A unit on the
-    device is stepped there; a unit on the host has its gradient shard copied over, is stepped on the host, and its
-    parameter slice copied back. Returns the bytes each place held before the optimizer step, the bytes moved."""
-    N, r = dist.get_world_size(), dist.get_rank()
-    device, host, log = Memory("device"), Memory("host"), []
-    model, units = zero2_model(device, N)
-    link = Link(device, host, log)
-    state = []
-    try:
-        for u, place in zip(units, places, strict=True):
-            memory = device if place == "device" else host
-            st = {name: memory.zeros(u.shard_numel) for name in ("master", "m", "v", "grad")}  # [S_u] each
-            st["master"].copy_(u.shard_of(u.flat, r))  # the initial weights (a copy: not counted as a move)
-            state.append(st)
-        held, losses = [], []
-        for t, (x, y) in enumerate(batches, start=1):
-            shards = [device.zeros(u.shard_numel) for u in units]  # [S_u] each: the reduce-scatter outputs
-            losses.append(backward_and_reduce(model, units, x, y, shards))
-            start = len(log)
-            for k, (st, g) in enumerate(zip(state, shards, strict=True)):
-                if places[k] == "device":
-                    st["grad"].copy_(g)
-                else:
-                    link.to_host(g, st["grad"]).wait()
-                device.free(g)  # the reduce-scatter output is dropped once its gradient shard is in place
-            held.append({"device": device.nbytes(), "host": host.nbytes()})
-            for k, (u, st) in enumerate(zip(units, state, strict=True)):
-                adam_step(st["master"], st["grad"], st["m"], st["v"], t, LR)
-                mine = u.shard_of(u.flat, r)
-                if places[k] == "device":
-                    mine.copy_(st["master"])
-                else:
-                    link.to_device(st["master"], mine).wait()
-            log.append({"op": "moved", "bytes": sum(e.get("bytes", 0) for e in log[start:])})
-            gather_params(units)
-    finally:
-        link.close()
-    moved = [e["bytes"] for e in log if e["op"] == "moved"]
-    return {
-        "held": held,
-        "moved": moved,
-        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-    }
 
 
 def collect_budget(plan_offload) -> dict:
     plans = []
-    for config in budget_configs():
-        try:
-            plan = plan_offload(config["numels"], config["N"], config["b_c"], config["b_m"], config["budget"])
-            plans.append([str(place) for place in plan])
-        except ValueError as error:
-            plans.append(f"ValueError: {error}")
+    with library_calls(LIBRARY) as called:
+        for config in budget_configs():
+            try:
+                plan = plan_offload(config["numels"], config["N"], config["b_c"], config["b_m"], config["budget"])
+                plans.append([str(place) for place in plan])
+            except ValueError as error:
+                plans.append(f"ValueError: {error}")
     run = None
     if isinstance(plans[0], list) and len(plans[0]) == len(budget_configs()[0]["numels"]):
         run = list(parlab.launch(run_plan, N, plans[0], BATCHES, **LAUNCH))
-    return {"plans": plans, "ranks": run}
+    return {"plans": plans, "ranks": run, "library": called}
 
 
 def judge_budget(data) -> list[str]:
@@ -442,10 +521,15 @@ def judge_budget(data) -> list[str]:
         best = fewest_moved(*args, config["budget"])
         if best is None:
             raised = isinstance(plan, str) and plan.startswith("ValueError")
-            lines.append(f"{what}: nothing fits, the plan raises ValueError: {'PASS' if raised else 'FAIL'}")
+            received = "" if raised else f": received {plan if isinstance(plan, str) else 'a plan'}"
+            lines.append(f"{what}: nothing fits, the plan raises ValueError{received}: {'PASS' if raised else 'FAIL'}")
             continue
         if isinstance(plan, str) or len(plan) != len(config["numels"]) or set(plan) - {"device", "host"}:
-            lines.append(f"{what}: a place, 'device' or 'host', for each of the {len(config['numels'])} units: FAIL")
+            received = plan if isinstance(plan, str) else f"{len(plan)} places {sorted(set(plan))[:3]}"
+            units = len(config["numels"])
+            lines.append(
+                f"{what}: a place, 'device' or 'host', for each of the {units} units: received {received}: FAIL"
+            )
             continue
         need = plan_bytes(*args, plan)
         fits = need["device"] <= config["budget"]
@@ -458,41 +542,34 @@ def judge_budget(data) -> list[str]:
             f"{what}: bytes moved per step {need['moved']:,}, the fewest any placement that fits moves "
             f"({best:,}): {'PASS' if fewest else 'FAIL'}"
         )
+    lines.append(library_line("plan_offload", data["library"], "the library's offload code"))
     ranks = data["ranks"]
     if ranks is None:
-        return lines + ["measured run of this lab's plan: FAIL"]
+        return lines + ["measured run of this lab's plan: no plan to run: FAIL"]
     config = budget_configs()[0]
     need = plan_bytes(config["numels"], config["N"], config["b_c"], config["b_m"], plans[0])
     reference = _reference_params()
     for r, res in enumerate(ranks):
-        lines += [
-            compare(f"rank {r}: parameters after {STEPS} steps, your placement", res["params"], reference).line,
-            check_equal(
-                f"rank {r}: device bytes before the optimizer step, measured = your plan's",
-                max(h["device"] for h in res["held"]),
-                need["device"],
-            ).line,
-            check_equal(
-                f"rank {r}: host bytes before the optimizer step, measured = your plan's",
-                max(h["host"] for h in res["held"]),
-                need["host"],
-            ).line,
-            check_equal(
-                f"rank {r}: bytes moved per step, measured = your plan's", max(res["moved"]), need["moved"]
-            ).line,
-        ]
+        lines.append(
+            compare(f"rank {r}: parameters after {STEPS} steps, your placement", res["params"], reference).line
+        )
+    measured = {
+        "device": [max(h["device"] for h in res["held"]) for res in ranks],
+        "host": [max(h["host"] for h in res["held"]) for res in ranks],
+        "moved": [max(res["moved"]) for res in ranks],
+    }
+    for key, what in [
+        ("device", "device bytes before the optimizer step"),
+        ("host", "host bytes before the optimizer step"),
+        ("moved", "bytes moved per step"),
+    ]:
+        wrong = next(
+            (
+                f"rank {r}: expected {need[key]:,}, received {m:,}"
+                for r, m in enumerate(measured[key])
+                if m != need[key]
+            ),
+            None,
+        )
+        lines.append(_verdict(f"every rank: {what}, measured = your plan's ({need[key]:,})", wrong))
     return lines
-
-
-def library_accounting_agrees() -> bool:
-    """The judge's accounting at its two ends is the library's own (offload_memory, targets none and cpu):
-    tests/test_labs.py checks it."""
-    gpt = _gpt_numels()
-    for n, b_c, b_m in [(2, 8, 8), (3, 4, 8)]:
-        U = len(gpt)
-        for target, place in [("none", "device"), ("cpu", "host")]:
-            mine = plan_bytes(gpt, n, b_c, b_m, [place] * U)
-            library = offload_memory(gpt, n, target, b_c, b_m)["steady_total"]
-            if (mine["device"], mine["host"]) != (library["device"], library["host"]):
-                return False
-    return True

@@ -1,36 +1,44 @@
 """Lab 06's emulated rank: its device and host memory (`Memory`), the link between them (`Link`), ZeRO-2's layout
-on them, and the rank code of the serial and overlap checks (see lab06_offload.py for what each piece is)."""
+of the lab model on them with one unit per tensor, and the rank code of the serial and overlap checks (see
+lab06_offload.py for what each piece is)."""
 
 from __future__ import annotations
 
 import itertools
+import math
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
 
+import parlab
 from parlab.core import comm
+from parlab.core.lab_model import LabConfig, build_lab_model, lab_loss
 from parlab.core.memory import tensor_bytes
-from parlab.core.models import GPTConfig, build_model, lm_loss
-from parlab.schemes.data_parallel import shard_batch
-from parlab.schemes.zero.offload import CopyEngine
-from parlab.schemes.zero.stages import adam_step, flatten, plan_units, point_params_into
+from parlab.grading.labs.guard import library_calls
+from parlab.schemes.zero.stages import Unit, adam_step, flatten, point_params_into
 
-CFG = GPTConfig()  # the reference GPT: 2 blocks, hidden 32, float64: Psi = 30,080 parameters in 6 units
+CFG = LabConfig()  # the lab model, untied, float64: 21 tensors, Psi = 22,688 parameters
 LR = 1e-3  # Adam's learning rate
+STAGING = 2  # gradient staging buffers in host memory, each the size of the largest offloaded shard
+# What the parts must not call: the library's offload, its formulas, its lesson and its runs.
+LIBRARY = ("schemes/zero/offload.py", "schemes/zero/theory.py", "lessons/offload.py", "runs/offload.py")
 
 # -------------------------------------------------------------------------------------------- the emulated rank
 
 
 class Memory:
-    """One memory of an emulated rank, "device" or "host". zeros(n) allocates [n] numbers in it (float64); a view
-    of such a tensor (a slice) is in the same memory. nbytes(): the bytes it holds, counted from its tensors."""
+    """One memory of an emulated rank, "device" or "host". zeros(n) allocates [n] numbers in it (float64 unless
+    told); a slice of such a tensor is in the same memory. nbytes(): the bytes it holds, counted from its tensors.
+    The device is this rank's device (parlab.device()), the host the CPU's memory."""
 
     def __init__(self, name: str):
         self.name = name
+        self.where = parlab.device() if name == "device" else torch.device("cpu")
         self.tensors: list[torch.Tensor] = []
 
     def zeros(self, n: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        t = torch.zeros(int(n), dtype=dtype)
+        t = torch.zeros(int(n), dtype=dtype, device=self.where)  # host: a "host" Memory is the CPU's, by design
         self.tensors.append(t)
         return t
 
@@ -43,7 +51,7 @@ class Memory:
             return None
         ptr = t.untyped_storage().data_ptr()
         for i, mine in enumerate(self.tensors):
-            if mine.untyped_storage().data_ptr() == ptr:
+            if mine.device == t.device and mine.untyped_storage().data_ptr() == ptr:
                 if not t.is_contiguous():
                     raise ValueError(f"a {self.name} tensor must be a contiguous slice ([a:b]) to be copied or stepped")
                 a = t.storage_offset() - mine.storage_offset()
@@ -65,7 +73,7 @@ def place_of(t, memories: list[Memory]) -> list | None:
 class Copy:
     """A copy in flight on the link. wait() returns once its data has arrived."""
 
-    def __init__(self, link: Link, number: int, future):
+    def __init__(self, link: Link, number: int, future: Future):
         self.link, self.number, self.future = link, number, future
 
     def wait(self) -> None:
@@ -76,12 +84,13 @@ class Copy:
 
 class Link:
     """The emulated PCIe link of one rank: to_host(src, dst) copies device tensor src into host tensor dst,
-    to_device(src, dst) host into device; both return at once with a Copy (call its wait()). The copies run one
-    after the other, in the order issued, in a background thread (parlab.schemes.zero.offload.CopyEngine)."""
+    to_device(src, dst) host into device; both return at once with a Copy (call its wait()). One copy engine (a
+    background thread) runs the copies one after the other, in the order issued. A copy's bytes are those of its
+    device-side tensor: what crosses the link (a dtype conversion happens on the host side)."""
 
     def __init__(self, device: Memory, host: Memory, log: list):
         self.device, self.host, self.log = device, host, log
-        self.engine = CopyEngine(torch.device("cpu"))
+        self.engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="copy-engine")
         self.pending: dict[int, Copy] = {}
         self.numbers = itertools.count()
 
@@ -96,13 +105,15 @@ class Link:
         if where_src is None:
             raise ValueError(f"{op}: the source is not {source.name} memory")
         if where_dst is None:
-            raise ValueError(f"{op}: the destination is not {target.name} memory (allocate it with host.zeros)")
+            raise ValueError(
+                f"{op}: the destination is not {target.name} memory (allocate it with {target.name}.zeros)"
+            )
         if src.shape != dst.shape:
             raise ValueError(f"{op}: source {list(src.shape)} and destination {list(dst.shape)} differ in shape")
-        number, nbytes = next(self.numbers), src.numel() * src.element_size()
+        on_device = src if op == "to_host" else dst
+        number, nbytes = next(self.numbers), on_device.numel() * on_device.element_size()
         self.log.append({"op": op, "copy": number, "src": where_src, "dst": where_dst, "bytes": nbytes})
-        future = self.engine.submit(op, "offload" if op == "to_host" else "upload", nbytes, 0, lambda: dst.copy_(src))
-        copy = Copy(self, number, future)
+        copy = Copy(self, number, self.engine.submit(dst.copy_, src))
         self.pending[number] = copy
         return copy
 
@@ -115,7 +126,7 @@ class Link:
         self.pending = {}
 
     def close(self) -> None:
-        self.engine.close()
+        self.engine.shutdown(wait=True)
 
 
 def logged_adam(device: Memory, host: Memory, log: list):
@@ -131,15 +142,40 @@ def logged_adam(device: Memory, host: Memory, log: list):
     return adam
 
 
-def zero2_model(device: Memory, N: int):
-    """The reference GPT with each unit's parameters views of a flat device buffer [N*S_u] (all N slices)."""
-    model = build_model(CFG, seed=0)  # the same weights on every rank
-    units = plan_units(model, N)
+# ------------------------------------------------------------------------------------ ZeRO-2, one unit per tensor
+
+
+def tensor_units(model: torch.nn.Module, N: int) -> list[Unit]:
+    """One unit per parameter tensor, in model order: Psi_u its numel, S_u = ceil(Psi_u / N), padded to N S_u."""
+    units, offset = [], 0
+    for name, p in model.named_parameters():
+        S = math.ceil(p.numel() / N)
+        units.append(Unit(name, None, [name], [p], p.numel(), S, offset))
+        offset += S
+    return units
+
+
+def unit_numels(cfg: LabConfig = CFG) -> list[int]:
+    """Psi_u of every unit (tensor) of the lab model, in model order."""
+    return [p.numel() for p in build_lab_model(cfg).parameters()]
+
+
+def zero2_model(device: Memory, N: int, dtype: torch.dtype = torch.float64):
+    """The lab model with each tensor a view of a flat device buffer [N*S_u] (all N slices: ZeRO-2's compute copy),
+    in `dtype` (the compute copy's)."""
+    model = build_lab_model(CFG, seed=0).to(device.where)  # the same weights on every rank
+    units = tensor_units(model, N)
     for u in units:
-        u.flat = device.zeros(N * u.shard_numel)  # [N*S_u]
+        u.flat = device.zeros(N * u.shard_numel, dtype)  # [N*S_u]
         u.flat.copy_(flatten(u.params, N * u.shard_numel))
         point_params_into(u)
     return model, units
+
+
+def rows_of(x: torch.Tensor, r: int, N: int) -> torch.Tensor:
+    """Rank r's rows of the global batch [B, T] (B divisible by N), on its device."""
+    b = len(x) // N
+    return x[r * b : (r + 1) * b].to(parlab.device())
 
 
 def backward_and_reduce(model, units, x, y, grads: list[torch.Tensor]) -> float:
@@ -147,8 +183,7 @@ def backward_and_reduce(model, units, x, y, grads: list[torch.Tensor]) -> float:
     grads[k] [S_u] holds the mean over ranks of rank r's slice of unit k's gradient. Returns the loss."""
     N, r = dist.get_world_size(), dist.get_rank()
     model.zero_grad(set_to_none=True)
-    x_r, y_r = shard_batch(x, y, r, N)  # [B/N, T]
-    loss = lm_loss(model(x_r), y_r)
+    loss = lab_loss(model(rows_of(x, r, N)), rows_of(y, r, N))  # the mean over this rank's B/N rows
     loss.backward()
     for u, g in zip(units, grads, strict=True):
         flat = flatten([p.grad for p in u.params], N * u.shard_numel)  # [N*S_u] this rank's full gradient
@@ -165,30 +200,31 @@ def gather_params(units) -> None:
 
 
 def train_host_step(init_state, step, batches) -> dict:
-    """Rank code of the serial and overlap checks: ZeRO-2 with your init_state and your step."""
+    """Rank code of the serial and overlap checks: ZeRO-2 of the lab model with your init_state and your step."""
     N, r = dist.get_world_size(), dist.get_rank()
     device, host, log = Memory("device"), Memory("host"), []
     model, units = zero2_model(device, N)  # device allocations 0..U-1: the units' flat parameters
     params = [u.shard_of(u.flat, r) for u in units]  # [S_u] each: rank r's slices of the device parameters
     grads = [device.zeros(u.shard_numel) for u in units]  # device allocations U..2U-1: gradient shards [S_u]
     link, adam = Link(device, host, log), logged_adam(device, host, log)
-    losses = []
     try:
-        log.append({"op": "init"})
-        state = init_state(params, host, link)
-        link.finish()
-        for t, (x, y) in enumerate(batches, start=1):
-            losses.append(backward_and_reduce(model, units, x, y, grads))
-            log.append({"op": "step", "t": t})
-            step(params, grads, state, link, adam, t)
+        with library_calls(LIBRARY) as called:
+            log.append({"op": "init"})
+            state = init_state(params, host, link)
             link.finish()
-            gather_params(units)
+            for t, (x, y) in enumerate(batches, start=1):
+                backward_and_reduce(model, units, x, y, grads)
+                log.append({"op": "step", "t": t})
+                step(params, grads, state, link, adam, t)
+                link.finish()
+                gather_params(units)
     finally:
         link.close()
     return {
-        "losses": torch.tensor(losses, dtype=torch.float64),
         "params": {n: p.detach().clone() for n, p in model.named_parameters()},
         "log": log,
         "host_bytes": host.nbytes(),
         "shards": [u.shard_numel for u in units],
+        "names": [u.name for u in units],
+        "library": called,
     }
