@@ -31,7 +31,6 @@ WRONG = Path(__file__).resolve().parent / "wrong_solutions"
 PENDING = {
     "lab00_ring_allreduce",
     "lab01_data_parallel",
-    "lab02_tensor_parallel",
     "lab03_pipeline_1f1b",
     "lab04_ring_attention",
     "lab05_zero",
