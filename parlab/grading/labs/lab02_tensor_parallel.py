@@ -269,7 +269,7 @@ def _units_line(ranks: list[dict]) -> str:
     """Each rank's gradient touches the gate rows, up rows and down columns of the same F/P units, disjoint."""
     what = "each rank computes with the gate rows, up rows and down columns of one set of F/P units, disjoint"
     F_ = MLP_CFG.ffn
-    owner = torch.full((F_,), -1)
+    owner = torch.full((F_,), -1)  # host: the grader's bookkeeping of which rank used each unit
     for r, res in enumerate(ranks):
         if res["grad_gate_up"] is None or res["grad_down"] is None:
             return f"{what}: rank {r}: no gradient reached the checkpoint's weights: FAIL"
@@ -469,7 +469,7 @@ def ce_problem(seed: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     logits[1] += 1000.0  # row 1: every logit near 1000 (exp overflows unless shifted)
     logits[2, :k] -= 1000.0  # row 2: its target's columns (rank 0) far below the rest
     targets = torch.randint(0, V, (N,), generator=gen)  # host: the seeded draw
-    targets[:P] = torch.tensor([2 * k + 1, V - 1, 3, k])  # rows 0-3: targets on ranks 2, 3, 0, 1
+    targets[:P] = torch.tensor([2 * k + 1, V - 1, 3, k])  # host: rows 0-3's targets, on ranks 2, 3, 0, 1
     return logits, targets
 
 
