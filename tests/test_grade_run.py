@@ -219,7 +219,7 @@ def write_submissions(folder: Path) -> dict[str, dict]:
     add("lab01_kills_parent", kill, kind="partial", points=2)  # the shard check ran before the kill
     sleeper = _with_answers(solution_nb["lab02_tensor_parallel"], {})
     for cell in sleeper.cells:
-        if markers.answer_name(cell) == "row_parallel":
+        if markers.answer_name(cell) == "swiglu":
             cell.source = _sleep_forever_after(cell.source)
     add("lab02_interrupted", sleeper, kind="full")
     library = {"reduce_scatter": LIBRARY_ALL_REDUCE, "bidirectional": LIBRARY_BIDIRECTIONAL}
@@ -315,8 +315,8 @@ def test_wrong_answers_fail_exactly_the_checks_they_break(graded):
         if case["kind"] == "wrong":
             failed = {name for name, c in _checks(graded["grades"][stem]).items() if not c["passed"]}
             assert failed == case["fail"], (stem, graded["grades"][stem]["checks"])
-    backward = _checks(graded["grades"]["lab02_wrong"])["row_parallel"]["detail"]
-    assert re.match(r"rank \d failed: .*invalid gradient at index 1", backward), backward
+    backward = _checks(graded["grades"]["lab02_wrong"])["vocab_ce"]["detail"]
+    assert re.match(r"rank \d failed: .*incorrect number of gradients", backward), backward
 
 
 def test_a_submission_that_kills_its_parent_keeps_what_it_passed_and_the_run_goes_on(graded):
@@ -337,7 +337,7 @@ def test_a_cell_that_ignores_the_interrupt_is_killed_within_the_minute(graded):
 def test_an_interrupted_answer_cell_is_graded_on(graded):
     g = graded["grades"]["lab02_interrupted"]
     assert g["points"] == g["max_points"] == MAX_POINTS["lab02_tensor_parallel"], g
-    assert f"answer cell 'row_parallel' timed out after {TIMEOUT} s (interrupted)" in g["notes"]
+    assert f"answer cell 'swiglu' timed out after {TIMEOUT} s (interrupted)" in g["notes"]
 
 
 def test_lab00_with_the_library_all_reduce_fails_every_check_on_the_ring_itself(graded):

@@ -1,22 +1,32 @@
 # ruff: noqa
 # A wrong answer to labs/lab02_tensor_parallel.ipynb (tests/test_grade_run.py grades it; the other answers are the
-# solution's). The bug: the row-parallel layer's weight gradient is computed as x_r^T grad_y, [k, out], the
-# transpose of the weight's shape [out, k]. The forward is right; in the backward, autograd rejects the gradient on
-# the ranks, so the check fails with the failing rank's error.
-# EXPECT FAIL: row_parallel
+# solution's). The bug: the loss's backward returns only dL/dlogits, forgetting that autograd wants one gradient (or
+# None) per input of forward: the targets and vocab_start get none. The forward is right; in the backward, autograd
+# rejects the answer on the ranks, so the check fails with the failing rank's error.
+# EXPECT FAIL: vocab_ce
 
-# ANSWER: row_parallel
-class RowParallelLinear(torch.autograd.Function):
+# ANSWER: vocab_ce
+class VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x_r, w_r):
-        ctx.save_for_backward(x_r, w_r)
-        y = x_r @ w_r.T
-        comm.all_reduce(y)
-        return y
+    def forward(ctx, logits, targets, vocab_start):
+        N, Vp = logits.shape
+        ranks = comm.group_size()
+        local = targets - vocab_start
+        mine = (local >= 0) & (local < Vp)
+        local = torch.where(mine, local, 0)
+        target_logit = torch.where(mine, logits.gather(1, local[:, None])[:, 0], 0.0)
+        stats = torch.stack([torch.logsumexp(logits, dim=1), target_logit])
+        gathered = torch.empty(ranks * 2, N, dtype=logits.dtype)
+        comm.all_gather_into_tensor(gathered, stats)
+        gathered = gathered.view(ranks, 2, N)
+        lse = torch.logsumexp(gathered[:, 0], dim=0)
+        ctx.save_for_backward(logits, lse, local, mine)
+        return (lse - gathered[:, 1].sum(dim=0)).mean()
 
     @staticmethod
-    def backward(ctx, grad_y):
-        x_r, w_r = ctx.saved_tensors
-        grad_x = grad_y @ w_r
-        grad_w = x_r.flatten(0, -2).T @ grad_y.flatten(0, -2)
-        return grad_x, grad_w
+    def backward(ctx, grad_loss):
+        logits, lse, local, mine = ctx.saved_tensors
+        grad = torch.exp(logits - lse[:, None])
+        rows = torch.arange(len(local))
+        grad[rows[mine], local[mine]] -= 1.0
+        return grad * grad_loss / len(local)

@@ -1,9 +1,9 @@
 # ruff: noqa
 # A wrong answer to labs/lab02_tensor_parallel.ipynb (the other answers are the solution's). The bug: g is made
 # "symmetric": its backward all-reduces the gradient too, as f's does. Every rank already holds the same dL/dy, so
-# the sum is P times too large, and the MLP built on g gets gradients P times too large below g, with one extra
-# all-reduce in its backward.
-# EXPECT FAIL: conjugates, megatron_mlp
+# the sum is P times too large, and the MLP and the attention built on g get gradients P times too large below g,
+# with one extra all-reduce in their backward.
+# EXPECT FAIL: conjugates, swiglu, gqa
 
 # ANSWER: conjugates
 class CopyToParallel(torch.autograd.Function):

@@ -47,6 +47,7 @@ LABS = (
     "lab07_hybrid",
     "lab08_parameter_server",
     "lab09_expert_parallel",
+    "lab10_pytorch_twins",
     "lab11_fault_tolerance",
     "lab_bug_hunt",
 )
