@@ -28,8 +28,7 @@ WRONG = Path(__file__).resolve().parent / "wrong_solutions"
 
 # Labs whose rework (issue 37: a lab model of its own, no part one call away) has not landed yet. Each rework
 # removes its lab from this set; the set must end empty.
-PENDING = {
-}
+PENDING = {}
 
 
 def reworked(lab: str):
@@ -174,22 +173,20 @@ def test_every_prediction_is_scored_by_its_check_and_is_arithmetic_in_the_soluti
     "source, refused",
     [
         ("# PREDICT: x\nimport math\nbytes_sent = 2 * (P - 1) / P * B * T * H * 8\nw = max(1, math.ceil(T / P))", ""),
-        ("pairs = sum(t // 4 + 1 for t in range(40))", ""),
-        ('x = checks.THEORY["work"]()["bytes_sent"]', "calls no code"),
-        ('x = checks.theory_of["work"]', "no attribute"),
-        ("from parlab.grading.labs import lab04_ring_attention as c\nx = 1", "ImportFrom"),
+        ("pairs = sum(t // 4 + 1 for t in range(40))\nfor k in range(3):\n    pairs += k", ""),
+        ("shard = {n: math.ceil(p.numel() / 3) for n, p in build_lab_model(CFG).named_parameters()}", ""),
+        ("h = CFG.hidden * checks.SIZES[0]", ""),
+        ('x = checks.THEORY["work"]()["bytes_sent"]', "not checks.THEORY"),
+        ("x = checks.theory_of_work()", "not checks.theory_of_work"),
+        ("x = THEORY", "no THEORY"),
+        ("from parlab.grading.labs import lab04_ring_attention as c\nx = 1", "imports nothing but math"),
         ("import parlab\nx = 1", "imports nothing but math"),
-        ('x = eval("1 + 1")', "calls no code"),
-        ("x = (lambda: 3)()", "calls no code"),
-        ("x = __builtins__", "dunder"),
+        ('x = eval("1 + 1")', "no eval"),
+        ('x = getattr(checks, "THE" + "ORY")', "no getattr"),
+        ("x = __builtins__", "no __builtins__"),
+        ("x = CFG.__class__", "dunder"),
     ],
 )
-def test_a_prediction_cell_is_the_students_own_arithmetic(source, refused):
+def test_a_prediction_cell_is_the_students_own_computation(source, refused):
     problem = markers.prediction_problem(source)
     assert (problem == "") if not refused else (refused in problem), problem
-
-
-def test_a_prediction_may_read_the_labs_data_but_call_none_of_it():
-    assert markers.prediction_problem("h = CFG.hidden * checks.SIZES[0]") == ""
-    assert "calls no code" in markers.prediction_problem("h = CFG.head_size()")
-    assert "no attribute" in markers.prediction_problem("h = CFG.__class__")

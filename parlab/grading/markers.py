@@ -171,76 +171,36 @@ def verdict_lines(outputs) -> list[str]:
 
 # ------------------------------------------------------------------------------------------- a prediction's cell
 
-# A prediction is the student's own number: arithmetic on numbers and the lab's sizes, never a call into code that
-# knows the answer (the lab's checks module computes every prediction's theory, and a student can import it).
-ARITHMETIC_CALLS = {"int", "float", "round", "min", "max", "abs", "sum", "pow", "range", "len", "divmod"}
-_ARITHMETIC_NODES = (
-    ast.Module,
-    ast.Assign,
-    ast.AugAssign,
-    ast.AnnAssign,
-    ast.Expr,
-    ast.Constant,
-    ast.Name,
-    ast.Load,
-    ast.Store,
-    ast.BinOp,
-    ast.UnaryOp,
-    ast.operator,
-    ast.unaryop,
-    ast.Tuple,
-    ast.List,
-    ast.Dict,
-    ast.Call,
-    ast.Attribute,
-    ast.Subscript,
-    ast.Slice,
-    ast.GeneratorExp,
-    ast.ListComp,
-    ast.comprehension,
-    ast.Compare,
-    ast.cmpop,
-    ast.IfExp,
-    ast.BoolOp,
-    ast.boolop,
-    ast.Import,
-    ast.alias,
-    ast.Starred,
-)
-
-
-def _data_or_math(node: ast.Attribute) -> bool:
-    """math.<function>, or data the lab hands out, read and never called: a table of its checks module
-    (checks.<UPPER_CASE>) or a field of a constant its set-up cell imported (CFG.hidden)."""
-    base = node.value.id if isinstance(node.value, ast.Name) else None
-    if base is None or node.attr.startswith("_"):
-        return False
-    return base == "math" or (base == "checks" and node.attr.isupper()) or base.isupper()
+# A prediction is the student's own number. The lab's checks module computes every prediction's theory (THEORY),
+# and a student can reach it: a PREDICT cell may compute (loops, its own functions, the lab's data and model) but may
+# not import anything but math, nor touch the checks module but for its data tables (checks.UPPER_CASE, THEORY and
+# the other answer keys excepted), nor reach around these rules (eval, getattr, dunder names, ...).
+ANSWER_KEYS = {"THEORY", "STRUCTURAL", "LIBRARY"}
+FORBIDDEN_NAMES = {
+    "eval", "exec", "compile", "getattr", "setattr", "delattr", "globals", "locals", "vars", "open", "importlib",
+    "sys", "builtins", "THEORY",
+}  # fmt: skip
 
 
 def prediction_problem(source: str) -> str:
-    """Why a PREDICT cell is not the student's own arithmetic ('' when it is): only numbers, names, operators, the
-    built-ins in ARITHMETIC_CALLS, `math`'s functions and the lab's data (`checks.UPPER_CASE`, `CFG.hidden`, read);
-    no other call, attribute, import or dunder name."""
+    """Why a PREDICT cell is not the student's own computation ('' when it is): see ANSWER_KEYS and
+    FORBIDDEN_NAMES above."""
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
         return f"the prediction cell does not parse ({exc.msg})"
     for node in ast.walk(tree):
-        if not isinstance(node, _ARITHMETIC_NODES):
-            return f"a prediction is arithmetic: {type(node).__name__} (line {getattr(node, 'lineno', '?')}) is not"
-        if isinstance(node, ast.Import) and [a.name for a in node.names] != ["math"]:
-            return "a prediction imports nothing but math"
-        if isinstance(node, ast.Attribute) and not _data_or_math(node):
-            return f"a prediction uses no attribute but math's and the lab's tables: .{node.attr} (line {node.lineno})"
-        if isinstance(node, ast.Name) and node.id.startswith("__"):
-            return f"a prediction uses no dunder name: {node.id}"
-        math_call = isinstance(node, ast.Call) and getattr(getattr(node.func, "value", None), "id", "") == "math"
-        if isinstance(node, ast.Call) and not (
-            math_call or (isinstance(node.func, ast.Name) and node.func.id in ARITHMETIC_CALLS)
+        line = getattr(node, "lineno", "?")
+        if isinstance(node, ast.ImportFrom) or (
+            isinstance(node, ast.Import) and [a.name for a in node.names] != ["math"]
         ):
-            called = ast.unparse(node.func)
-            return (
-                f"a prediction calls no code but arithmetic ({', '.join(sorted(ARITHMETIC_CALLS))}, math): {called}()"
-            )
+            return f"a prediction imports nothing but math (line {line})"
+        if isinstance(node, ast.Attribute):
+            if node.attr.startswith("_"):
+                return f"a prediction uses no private or dunder attribute: .{node.attr} (line {line})"
+            if isinstance(node.value, ast.Name) and node.value.id == "checks":
+                if not node.attr.isupper() or node.attr in ANSWER_KEYS:
+                    return f"a prediction reads only the checks' data tables, not checks.{node.attr} (line {line})"
+        if isinstance(node, ast.Name) and (node.id.startswith("__") or node.id in FORBIDDEN_NAMES):
+            return f"a prediction uses no {node.id} (line {line})"
     return ""
