@@ -351,33 +351,46 @@ def _traffic_wrong(calls, r: int, world: int, sizes: list[int], matches) -> str:
     return ""
 
 
+def _rounds(events: list[dict], r: int, world: int) -> dict[tuple[str, int], list[list[dict]]]:
+    """Rank r's transfers by (kind, peer), cut into the ring's rounds: {("send", r+1): [[round 0's], [round 1's],
+    ...], ...}. A block may travel as one message or two (K, then V): as many per round as the count divides."""
+    rounds = {}
+    for key in sorted({(e["kind"], e["peer"]) for e in events}):
+        kind, peer = key
+        transfers = [e for e in events if (e["kind"], e["peer"]) == key]
+        expected = len(sends(r, world).get(peer, [])) if kind == "send" else len(sends(peer, world).get(r, []))
+        per = len(transfers) // expected if expected and len(transfers) % expected == 0 else 1
+        rounds[key] = [transfers[i : i + per] for i in range(0, len(transfers), per)]
+    return rounds
+
+
 def _overlap_wrong(events: list[dict], tiles: list[dict], r: int, world: int, busy: list[bool]) -> str:
     """'' when every transfer of a round in which rank r computes (busy[s]) was in flight while a tile computed
-    (issued before it began, waited for after it ended), and in every round of both directions the four transfers
-    (to and from r+1 and r-1) were in flight together; else the first round and transfer that was not."""
+    (issued before it began, waited for after it ended), and in every round of both directions the transfers to
+    and from r+1 and r-1 were in flight together; else the first round and transfer that was not."""
     right, left = (r + 1) % world, (r - 1) % world
-    by = {key: [e for e in events if (e["kind"], e["peer"]) == key] for key in {(e["kind"], e["peer"]) for e in events}}
+    by = _rounds(events, r, world)
     end = lambda e: math.inf if e["end"] < 0 else e["end"]  # noqa: E731 (never waited for: still in flight)
-    for (kind, peer), transfers in sorted(by.items()):
-        for s, e in enumerate(transfers):
+    way = lambda e: f"{e['kind']} {'to' if e['kind'] == 'send' else 'from'} rank {e['peer']}"  # noqa: E731
+    for rounds in by.values():
+        for s, transfers in enumerate(rounds):
             if s < len(busy) and not busy[s]:
                 continue  # every block this round is in the rank's future: no tile to hide behind
-            if not any(e["start"] <= t["start"] and t["end"] <= end(e) for t in tiles):
-                way = f"to rank {peer}" if kind == "send" else f"from rank {peer}"
-                received = "never waited for" if e["end"] < 0 else "no tile between its issue and its wait"
-                return (
-                    f"rank {r}: round {s}, the {kind} {way}: expected in flight while a tile computed, "
-                    f"received {received}"
-                )
+            for e in transfers:
+                if not any(e["start"] <= t["start"] and t["end"] <= end(e) for t in tiles):
+                    received = "never waited for" if e["end"] < 0 else "no tile between its issue and its wait"
+                    return (
+                        f"rank {r}: round {s}, the {way(e)}: expected in flight while a tile computed, "
+                        f"received {received}"
+                    )
     for s in range((world - 1) // 2):  # the rounds in which blocks travel both ways
-        four = [by.get(key, []) for key in (("send", right), ("recv", left), ("send", left), ("recv", right))]
-        if any(len(transfers) <= s for transfers in four):
+        keys = (("send", right), ("recv", left), ("send", left), ("recv", right))
+        if any(len(by.get(key, [])) <= s for key in keys):
             continue  # the traffic verdict names a missing transfer
-        four = [transfers[s] for transfers in four]
-        first_done = min(four, key=end)
-        last_issued = max(four, key=lambda e: e["start"])
+        together = [e for key in keys for e in by[key][s]]
+        first_done = min(together, key=end)
+        last_issued = max(together, key=lambda e: e["start"])
         if last_issued["start"] >= end(first_done):
-            way = lambda e: f"{e['kind']} {'to' if e['kind'] == 'send' else 'from'} rank {e['peer']}"  # noqa: E731
             return (
                 f"rank {r}: round {s}: expected the transfers both ways in flight together, received the "
                 f"{way(first_done)} waited for before the {way(last_issued)} was issued"
