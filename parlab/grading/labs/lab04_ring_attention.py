@@ -543,6 +543,11 @@ def _ring_tiles_wrong(tiles: list[dict], r: int, world: int) -> str:
     return f"rank {r}: expected a tile on rank {missing[0]}'s block, received none" if missing else ""
 
 
+def _placeholder(*shape) -> torch.Tensor:
+    """NaN in place of a tensor a rank did not return (fails every comparison)."""
+    return torch.full(shape, math.nan, dtype=torch.float64)  # host: the judge's placeholder
+
+
 def judge_ring(data) -> list[str]:
     lines, against = [], "GQA attention over the whole sequence"
     for world in RING_WORLDS:
@@ -550,11 +555,8 @@ def judge_ring(data) -> list[str]:
         q, k, v = ring_problem(2 + world, n * world)
         out = gqa_attention(q, k, v, causal=False)  # the lab model's attention on one device: [B, NQ, T, HD]
         _, lse = masked_attention(q, k.repeat_interleave(GROUP, 1), v.repeat_interleave(GROUP, 1))  # [B, NQ, T]
-        nan = math.nan
-        outs = [
-            res["out"] if res["out"] is not None else torch.full((B, NQ, n, HD), nan) for res in ranks
-        ]  # host: judge
-        lses = [res["lse"] if res["lse"] is not None else torch.full((B, NQ, n), nan) for res in ranks]  # host: judge
+        outs = [res["out"] if res["out"] is not None else _placeholder(B, NQ, n, HD) for res in ranks]
+        lses = [res["lse"] if res["lse"] is not None else _placeholder(B, NQ, n) for res in ranks]
         lines += [
             _compare(f"P = {world}: output, the ranks' blocks in order", [("out", torch.cat(outs, 2), out)], against),
             _compare(
