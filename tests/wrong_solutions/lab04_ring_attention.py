@@ -1,11 +1,18 @@
 # ruff: noqa
 # A wrong answer to labs/lab04_ring_attention.ipynb (tests/test_labs.py grades it; the other answers are the
-# solution's). The bug: the merge forgets to rescale. It adds the two outputs as they are, each normalised over its
-# own block only, so the weights of the merged softmax sum to 2 instead of 1 (the log-sum-exp itself is right).
-# The ring step and the attention layer use this merge, so their outputs are wrong too.
+# solution's). The bug: the merge forgets to rescale. It takes the larger max as the new m but adds the two
+# accumulators and the two sums as they are, each still measured against its own block's max: a block whose max is
+# below the new one weighs exp(m - m_x) times too much. The ring and the attention layer use this merge, so their
+# outputs are wrong too.
 # EXPECT FAIL: merge, ring, layer
 
 # ANSWER: merge
-def merge(out_a, lse_a, out_b, lse_b):
-    lse = torch.logaddexp(lse_a, lse_b)
-    return out_a + out_b, lse
+def merge(a, b):
+    acc_a, m_a, l_a = a
+    acc_b, m_b, l_b = b
+    return acc_a + acc_b, torch.maximum(m_a, m_b), l_a + l_b
+
+
+def finish(state):
+    acc, m, l = state
+    return acc / l.masked_fill(l == 0, 1.0).unsqueeze(-1), m + torch.log(l)

@@ -16,18 +16,30 @@ def attention_layer(x, attn, layout):
     local = torch.arange(n)  # the bug: positions within the block
     q = apply_rope(heads(attn.q(x)), local, cfg.rope_base)
     k = apply_rope(heads(attn.k(x)), local, cfg.rope_base)
-    kv = torch.stack([k, heads(attn.v(x))])
-    out = lse = None
-    for step in range(P):
-        src = (rank - step) % P
-        if step < P - 1:
-            incoming = kv.new_empty(2, B, cfg.kv_heads, len(layout[(src - 1) % P]), hd)
-            works = [comm.irecv(incoming, (rank - 1) % P), comm.isend(kv, (rank + 1) % P)]
-        mask = mine[:, None] >= torch.tensor(layout[src])[None, :]
-        if mask.any():
-            o, block_lse = attend(q, kv[0].repeat_interleave(group, dim=1), kv[1].repeat_interleave(group, dim=1), mask)
-            out, lse = (o, block_lse) if out is None else merge(out, lse, o, block_lse)
-        if step < P - 1:
-            comm.wait_all(works)
-            kv = incoming
+    going_right = going_left = torch.stack([k, heads(attn.v(x))])
+    right, left = (rank + 1) % P, (rank - 1) % P
+    hops_right, hops_left = P // 2, (P - 1) // 2
+    state = None
+    for s in range(P // 2 + 1):
+        works = []
+        if s < hops_right:
+            from_left = going_right.new_empty(2, B, cfg.kv_heads, len(layout[(rank - s - 1) % P]), hd)
+            works += [comm.irecv(from_left, left), comm.isend(going_right, right)]
+        if s < hops_left:
+            from_right = going_left.new_empty(2, B, cfg.kv_heads, len(layout[(rank + s + 1) % P]), hd)
+            works += [comm.irecv(from_right, right), comm.isend(going_left, left)]
+        holding = {(rank - s) % P: going_right}
+        if 0 < s <= hops_left:
+            holding[(rank + s) % P] = going_left
+        for owner, kv in holding.items():
+            mask = mine[:, None] >= torch.tensor(layout[owner])[None, :]
+            if mask.any():
+                tile = attend(q, kv[0].repeat_interleave(group, dim=1), kv[1].repeat_interleave(group, dim=1), mask)
+                state = tile if state is None else merge(state, tile)
+        comm.wait_all(works)
+        if s < hops_right:
+            going_right = from_left
+        if s < hops_left:
+            going_left = from_right
+    out, _ = finish(state)
     return attn.o(out.transpose(1, 2).reshape(B, n, -1))

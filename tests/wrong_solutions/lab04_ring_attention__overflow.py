@@ -1,13 +1,19 @@
 # ruff: noqa
-# A wrong answer to labs/lab04_ring_attention.ipynb. The bug: the merge follows the formula literally, forming each
-# block's total weight exp(lse) and dividing by their sum. Right for ordinary scores (the ring and the layer pass),
-# but with scores in the thousands exp(lse) is inf in float64 (inf / inf: NaN), and a row that saw no key in
-# either block divides 0 by 0.
+# A wrong answer to labs/lab04_ring_attention.ipynb. The bug: the merge writes each rescaling factor as it reads on
+# paper, exp(m_a) / exp(m), instead of exp(m_a - m). Right for ordinary scores (the ring and the layer pass), but
+# with scores in the thousands exp(m) is inf in float64 (inf / inf: NaN), and a row that saw no key in either block
+# divides 0 by 0.
 # EXPECT FAIL: merge
 
 # ANSWER: merge
-def merge(out_a, lse_a, out_b, lse_b):
-    weight_a, weight_b = torch.exp(lse_a), torch.exp(lse_b)  # [..., Tq]: each block's total softmax weight
-    total = weight_a + weight_b
-    out = (weight_a / total).unsqueeze(-1) * out_a + (weight_b / total).unsqueeze(-1) * out_b
-    return out, torch.log(total)
+def merge(a, b):
+    acc_a, m_a, l_a = a
+    acc_b, m_b, l_b = b
+    m = torch.maximum(m_a, m_b)
+    alpha, beta = torch.exp(m_a) / torch.exp(m), torch.exp(m_b) / torch.exp(m)
+    return alpha.unsqueeze(-1) * acc_a + beta.unsqueeze(-1) * acc_b, m, alpha * l_a + beta * l_b
+
+
+def finish(state):
+    acc, m, l = state
+    return acc / l.masked_fill(l == 0, 1.0).unsqueeze(-1), m + torch.log(l)

@@ -1,15 +1,23 @@
-"""Lab 04's checks: the online-softmax merge (empty partial results included), one ring step of grouped-query
-attention overlapped with its tile, a prediction of the causal work and the K/V traffic of the lab model's attention
-on a ring, and the lab model's attention layer (GQA, RoPE with global positions) on a ring for any token layout:
-striped (token t on rank t mod P, uneven when P does not divide T) and contiguous.
+"""Lab 04's checks: the online-softmax merge in FlashAttention-2's form (an unnormalised accumulator with a running
+row max and row sum, normalised once at the end; empty partial results included), a bidirectional ring of
+grouped-query attention (each K/V block travels both ways round the ring, the one opposite a rank only once), a
+prediction of the causal work and the traffic of that ring, and the lab model's attention layer (GQA, RoPE with
+global positions) on the bidirectional ring for any token layout: striped (token t on rank t mod P, uneven when P
+does not divide T) and contiguous.
 
 Every tile the student computes goes through `attend` (below), which, on a rank the check is recording, notes whose
 queries and whose keys it was given (for each query head, which K/V head of which rank's block), the mask, and when
 it ran. So the checks see, beyond the numbers: which tiles each rank computed and with which mask, whether the K/V
 heads were expanded to the query heads the way grouped-query attention pairs them, whether the transfers were in
-flight while the tiles computed (parlab.core.comm's trace: issued before, waited after), and what each rank sent to
-whom (parlab.core.probe). Calls into the library's own sequence-parallel code (LIBRARY) are seen too (a profile
-hook, parlab/grading/labs/guard.py): the lab asks for the student's own.
+flight while the tiles computed and both ways at once (parlab.core.comm's trace: issued before, waited after), and
+what each rank sent to whom (parlab.core.probe). Calls into the library's own sequence-parallel code (LIBRARY) are
+seen too (a profile hook, parlab/grading/labs/guard.py): the lab asks for the student's own.
+
+The bidirectional ring on P ranks (the schedule the checks expect, `sends` below): at round s = 0, 1, ... rank r
+passes the block that came from its left (rank r-s's) on to rank r+1 and the block that came from its right (rank
+r+s's) on to rank r-1; at step s it attends to blocks r-s and r+s. A block travels as long as it brings a rank a
+block it has not seen; when P is even the block opposite a rank (r + P/2) reaches it from the left only. Every rank
+sends P-1 blocks, as in the one-way ring, but in about P/2 rounds instead of P-1.
 """
 
 from __future__ import annotations
@@ -29,22 +37,24 @@ from parlab.grading.labs import prediction_lines, run_check
 from parlab.grading.labs.guard import library_calls, library_line
 
 LAUNCH = {"timeout": 60, "echo": False}  # a hang (a send nobody receives) stops within seconds and names the ranks
-P, B = 4, 1  # ranks; batch
+P, B = 4, 1  # ranks (parts 2 and 4; part 2 also runs on 5); batch
 CFG = LabConfig(hidden=48, heads=6, kv_heads=2)  # nq = 6 query heads share nkv = 2 K/V heads, hd = 8
 NQ, NKV, HD = CFG.heads, CFG.kv_heads, CFG.head_size
 GROUP = NQ // NKV  # query heads per K/V head: query head h reads K/V head h // GROUP
-T_RING = 16  # part 2: rank r holds tokens [r*T/P, (r+1)*T/P)
-T_WORK = 40  # part 3: the prediction's sequence
+T_MERGE = 16  # part 1: the keys cut into blocks
+RING_WORLDS = (4, 5)  # part 2: an even ring (the block opposite a rank) and an odd one (blocks forwarded both ways)
+N_RING = 4  # part 2: tokens per rank; rank r holds tokens [r*N_RING, (r+1)*N_RING)
+T_WORK, P_WORK = 42, 8  # part 3: the prediction's sequence and ranks (striped: 6, 6, 5, 5, 5, 5, 5, 5 tokens)
 
 
-def striped(T: int) -> list[list[int]]:
+def striped(T: int, world: int = P) -> list[list[int]]:
     """Token t on rank t mod P: rank j holds positions j, j+P, j+2P, ... (uneven when P does not divide T)."""
-    return [list(range(j, T, P)) for j in range(P)]
+    return [list(range(j, T, world)) for j in range(world)]
 
 
-def contiguous(T: int) -> list[list[int]]:
+def contiguous(T: int, world: int = P) -> list[list[int]]:
     """Rank j holds positions [j*T/P, (j+1)*T/P)."""
-    return [list(range(j * T // P, (j + 1) * T // P)) for j in range(P)]
+    return [list(range(j * T // world, (j + 1) * T // world)) for j in range(world)]
 
 
 LAYOUTS = {  # part 4: layout[j] = the global positions of the tokens rank j holds, in its order
@@ -56,33 +66,41 @@ MERGE_CASES = {  # name: (where the keys are cut into blocks, a factor on q, whi
     "two halves": ((8,), 1.0, "all"),
     "uneven blocks 3 + 13": ((3,), 1.0, "all"),
     "three blocks merged left to right": ((5, 11), 1.0, "all"),
-    "scores in the thousands (exp(lse) overflows)": ((8,), 2000.0, "all"),
+    "scores in the thousands (exp(m) overflows)": ((8,), 2000.0, "all"),
     "causal: rows 0-7 see no key of the second block": ((8,), 1.0, "causal"),
-    "rows 0-2 see no key at all (out 0, lse -inf)": ((8,), 1.0, "from row 3"),
+    "rows 0-2 see no key at all (acc 0, m -inf, l 0)": ((8,), 1.0, "from row 3"),
 }
 LIBRARY = ("schemes/sequence/", "lessons/sequence_parallel.py")  # parlab/grading/labs/guard.py
 
 STRUCTURAL = {
-    "merge": "the merged output and log-sum-exp equal attention over all the keys for two, uneven and three blocks, "
-    "for scores in the thousands (exp(lse) overflows float64), for rows one block does not see (lse -inf) and for "
-    "rows no block sees (out 0, lse -inf exactly); the library's merge is not called",
-    "ring": "grouped-query attention, nq = 6 query heads on nkv = 2 K/V heads: outputs and log-sum-exps equal "
-    "attention over the whole sequence; per rank: K/V sent only to the right neighbour and received only from the "
-    "left, no collective; what it sent at step s is rank r-s's K then V with its nkv heads only (never expanded to "
-    "nq); one tile per step, of its queries against rank r-s's K/V, query head h paired with K/V head h // 3; at "
-    "every step both transfers issued before the tile and waited for after it (parlab.core.comm's trace); the "
-    "FAIL lines name the first wrong rank and step with what was expected and what came",
-    "work": "the predicted (query, key) pairs the causal mask leaves the busiest rank (contiguous and striped, "
-    "T = 40 on 4 ranks) against the theory, and against the count on the causal mask; the predicted bytes a rank "
-    "sends in the forward of one attention layer of the lab model (GQA: K and V of the nkv heads) against the "
-    "theory and the bytes parlab's own ring measured on live ranks with those K/V heads",
-    "layer": "the lab model's attention layer (projections, RoPE, GQA, causal mask, output projection) on 4 ranks "
-    "for the striped, an uneven striped (18 tokens: 5, 5, 4, 4) and the contiguous layout: outputs equal the layer "
-    "on one device (float64); each rank computed one tile per block holding a key its queries may see, none for "
-    "the others, each once, its queries rotated by its tokens' global positions, the keys of the right rank "
-    "expanded h // 3, with the mask of the global positions (not the diagonal); K/V passed on P-1 times to the "
-    "right neighbour only, rank r-s's K then V (nkv heads, rotated or not) at step s; on the striped layouts "
-    "every transfer in flight while a tile computed; no library code",
+    "merge": "the merged state (the unnormalised accumulator acc, the running row max m, the row sum l) equals the "
+    "state over all the keys (m the exact row max) and finish gives the output and log-sum-exp of attention over "
+    "all the keys, for two, uneven and three blocks, for scores in the thousands (exp(m) overflows float64), for "
+    "rows one block does not see (m -inf) and for rows no block sees (state acc 0, m -inf, l 0; out 0, lse -inf "
+    "exactly); the library's merge is not called",
+    "ring": "grouped-query attention (nq = 6 query heads on nkv = 2 K/V heads) on a bidirectional ring of 4 ranks "
+    "and of 5: outputs and log-sum-exps equal attention over the whole sequence; per rank: K/V sent only to ranks "
+    "r+1 and r-1 and received only from them, no collective; to r+1 the blocks of ranks r, r-1, ... and to r-1 "
+    "those of r, r+1, ..., in round order, each as long as it brings a rank a block it has not seen, K then V with "
+    "its nkv heads only (never expanded to nq): P-1 blocks, the one opposite a rank once (from the left); one tile "
+    "per block (the opposite one not twice), "
+    "query head h paired with K/V head h // 3; every transfer issued before a tile and waited for after it, and in "
+    "each round the transfers both ways in flight together (parlab.core.comm's trace); the FAIL lines name the "
+    "first wrong rank, round or tile with what was expected and what came",
+    "work": "exact (integer counts): the predicted (query, key) pairs the causal mask leaves the busiest rank of the "
+    "striped layout of 42 tokens on 8 ranks (8 does not divide 42), against the theory and the "
+    "count on the causal mask; the bytes the busiest rank hands to isend in one forward of the bidirectional ring "
+    "(GQA: K and V of the nkv heads) and the bytes on the busiest link in one direction, against the theory and a "
+    "replay of the ring's blocks",
+    "layer": "the lab model's attention layer (projections, RoPE, GQA, causal mask, output projection) on a "
+    "bidirectional ring of 4 ranks for the striped, an uneven striped (18 tokens: 5, 5, 4, 4) and the contiguous "
+    "layout: outputs equal the layer on one device (float64); each rank computed one tile per block holding a key "
+    "its queries may see, none for the others, each once, its queries rotated by its tokens' global positions, the "
+    "keys of the right rank expanded h // 3, with the mask of the global positions (not the diagonal); K/V passed "
+    "to r+1 (blocks r, r-1) and to r-1 (block r) only, K then V (nkv heads, rotated or not), blocks of different "
+    "sizes; every transfer of a round in which the rank holds a block with a visible key in flight while a tile "
+    "computed (on the contiguous layout a round whose blocks are all in the rank's future is exempt), and both "
+    "ways at once; no library code",
 }
 
 
@@ -91,10 +109,32 @@ def run(check: str, *answers) -> None:
     run_check(__name__, check, *answers)
 
 
+# ------------------------------------------------------------------------------------ the bidirectional ring
+
+
+def sends(r: int, world: int) -> dict[int, list[int]]:
+    """The blocks rank r hands to isend in one pass of the bidirectional ring, by neighbour, in round order:
+    {r+1: [r, r-1, ...] (world // 2 blocks), r-1: [r, r+1, ...] ((world-1) // 2 blocks)}."""
+    right, left = (r + 1) % world, (r - 1) % world
+    return {
+        right: [(r - s) % world for s in range(world // 2)],
+        left: [(r + s) % world for s in range((world - 1) // 2)],
+    }
+
+
+def held(r: int, world: int) -> list[list[int]]:
+    """The blocks rank r holds at each step s = 0 .. world // 2: its own, then r-s (from the left) and r+s (from
+    the right) while a block still comes from the right; the one opposite r (even world) once."""
+    steps = [[r]]
+    for s in range(1, world // 2 + 1):
+        steps.append([(r - s) % world] + ([(r + s) % world] if s <= (world - 1) // 2 else []))
+    return steps
+
+
 # ------------------------------------------------------------------------------------------- the problems
 
 
-def ring_problem(seed: int = 0, seq: int = T_RING, scale: float = 1.0):
+def ring_problem(seed: int, seq: int, scale: float = 1.0):
     """q: [B, NQ, seq, HD], k, v: [B, NKV, seq, HD], float64, from a seed (q multiplied by `scale`)."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, NQ, seq, HD, generator=gen, dtype=torch.float64)  # host: the seeded draw
@@ -103,16 +143,16 @@ def ring_problem(seed: int = 0, seq: int = T_RING, scale: float = 1.0):
 
 
 def merge_problem(seed: int, scale: float):
-    """One query head per key head (the merge is about blocks of keys): q, k, v [B, 2, T_RING, HD]."""
+    """One query head per key head (the merge is about blocks of keys): q, k, v [B, 2, T_MERGE, HD]."""
     gen = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(B, 2, T_RING, HD, generator=gen, dtype=torch.float64) for _ in range(3))  # host: seeded
+    q, k, v = (torch.randn(B, 2, T_MERGE, HD, generator=gen, dtype=torch.float64) for _ in range(3))  # host: seeded
     return q * scale, k, v
 
 
 def merge_mask(kind: str) -> torch.Tensor | None:
     """Which keys each query row may see: all, causal (key j <= row i), or only rows 3 on (keys j < i - 2)."""
-    rows = torch.arange(T_RING)[:, None]  # host: the reference on one device
-    cols = torch.arange(T_RING)[None, :]  # host: the reference on one device
+    rows = torch.arange(T_MERGE)[:, None]  # host: the reference on one device
+    cols = torch.arange(T_MERGE)[None, :]  # host: the reference on one device
     return {"all": None, "causal": cols <= rows, "from row 3": cols <= rows - 3}[kind]
 
 
@@ -178,13 +218,27 @@ def _whose_keys(k: torch.Tensor) -> tuple[int, list[int] | None]:
     return -1, None
 
 
+def _state(q, k, v, mask):
+    """The FlashAttention-2 state of q over the keys k (see attend) and the log-sum-exp, without recording."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, nh, Tq, Tk]
+    if mask is not None:
+        scores = scores.masked_fill(~mask.to(torch.bool), -math.inf)
+    m = scores.amax(dim=-1)  # [B, nh, Tq]: the row max; -inf on a row with no visible key
+    m_safe = m.masked_fill(torch.isneginf(m), 0.0)  # such a row: exp(-inf - 0) = 0, not exp(-inf + inf) = NaN
+    weights = torch.exp(scores - m_safe.unsqueeze(-1))  # [B, nh, Tq, Tk], each <= 1
+    return weights @ v, m, weights.sum(dim=-1)
+
+
 def attend(q, k, v, mask=None):
     """Attention of queries q [B, nh, Tq, hd] on one block of keys and values k, v [B, nh, Tk, hd] (as many heads
-    as q: query head h attends with k[:, h], v[:, h]).
+    as q: query head h attends with k[:, h], v[:, h]), as FlashAttention-2 keeps it: unnormalised.
 
-    mask: None (every key visible) or a bool tensor [Tq, Tk], True where query i may see key j. Returns (out
-    [B, nh, Tq, hd], normalised over the visible keys of this block only; lse [B, nh, Tq], the log-sum-exp of the
-    visible scores q k^T / sqrt(hd)). A query row that sees no key of the block gets out 0 and lse -inf.
+    mask: None (every key visible) or a bool tensor [Tq, Tk], True where query i may see key j. With the scores
+    s_j = q k_j / sqrt(hd) of the visible keys, returns the state (acc, m, l) of this block:
+        m   [B, nh, Tq]      the row max of the scores, max_j s_j
+        l   [B, nh, Tq]      the row sum sum_j exp(s_j - m)
+        acc [B, nh, Tq, hd]  the unnormalised output sum_j exp(s_j - m) v_j
+    A query row that sees no key of the block gets acc 0, m -inf, l 0.
     """
     if k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1]:
         raise ValueError(
@@ -192,12 +246,7 @@ def attend(q, k, v, mask=None):
             "query head (query head h attends with k[:, h] and v[:, h])"
         )
     start = time.perf_counter()
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, nh, Tq, Tk]
-    if mask is not None:
-        scores = scores.masked_fill(~mask.to(torch.bool), -math.inf)
-    lse = torch.logsumexp(scores, dim=-1)  # [B, nh, Tq]; -inf on a row with no visible key
-    out = torch.softmax(scores, dim=-1) @ v  # NaN on such a row (0/0): it sees nothing, so its output is 0
-    out = torch.where(torch.isneginf(lse).unsqueeze(-1), torch.zeros_like(out), out)
+    state = _state(q, k, v, mask)
     if _LOG is not None:
         owner, heads = _whose_keys(k.detach())
         _LOG.append(
@@ -205,22 +254,28 @@ def attend(q, k, v, mask=None):
                 "q": _whose_queries(q.detach()),
                 "k": owner,
                 "heads": heads,
-                "mask": _mask_text(mask, scores.shape[-2:]),
+                "mask": _mask_text(mask, (q.shape[-2], k.shape[-2])),
                 "start": start,
                 "end": time.perf_counter(),
             }
         )
-    return out, lse
+    return state
 
 
 def masked_attention(q, k, v, mask=None):
-    """The reference on one device: out and lse of q over all the keys at once (nh equal), as attend computes them."""
-    global _LOG
-    log, _LOG = _LOG, None
-    try:
-        return attend(q, k, v, mask)
-    finally:
-        _LOG = log
+    """The reference on one device: (out, lse) of q over all the keys at once (nh equal), by softmax and logsumexp.
+    A row that sees no key: out 0, lse -inf."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, nh, Tq, Tk]
+    if mask is not None:
+        scores = scores.masked_fill(~mask.to(torch.bool), -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)  # [B, nh, Tq]; -inf on a row with no visible key
+    out = torch.softmax(scores, dim=-1) @ v  # NaN on such a row (0/0): it sees nothing, so its output is 0
+    return torch.where(torch.isneginf(lse).unsqueeze(-1), torch.zeros_like(out), out), lse
+
+
+def masked_state(q, k, v, mask=None):
+    """The reference state (acc, m, l) of q over all the keys at once, as attend computes it for one block."""
+    return _state(q, k, v, mask)
 
 
 # --------------------------------------------------------------------------------------- what the ranks did
@@ -257,43 +312,89 @@ def _comm_events(since: float) -> list[dict]:
     ]
 
 
-def _neighbours_wrong(calls, r: int) -> str:
-    """What is wrong with whom rank r talked to ('' if only K/V to rank r+1 and from rank r-1, no collective)."""
-    right, left = (r + 1) % P, (r - 1) % P
+def _neighbours_wrong(calls, r: int, world: int) -> str:
+    """What is wrong with whom rank r talked to ('' if only K/V to and from ranks r+1 and r-1, no collective)."""
+    neighbours = {(r + 1) % world, (r - 1) % world}
     sends = [c["peer"] for c in calls if c["op"] == "send"]
     recvs = [c["peer"] for c in calls if c["op"] in probe.P2P and c["op"] != "send"]
     if probe.library_collectives(calls):
         return f"called {sorted(set(probe.library_collectives(calls)))}"
-    if not sends or set(sends) != {right}:
-        return f"expected sends to rank {right} only, received sends to ranks {sends}"
-    if not recvs or set(recvs) != {left}:
-        return f"expected receives from rank {left} only, received receives from ranks {recvs}"
+    if set(sends) != neighbours:
+        return f"expected sends to ranks {sorted(neighbours)}, received sends to ranks {sends}"
+    if set(recvs) != neighbours:
+        return f"expected receives from ranks {sorted(neighbours)}, received receives from ranks {recvs}"
     return ""
 
 
-def _sent(calls) -> list[torch.Tensor]:
-    return [c["data"].to(torch.float64) for c in calls if c["op"] == "send" and "data" in c]
+def _traffic_wrong(calls, r: int, world: int, sizes: list[int], matches) -> str:
+    """'' when rank r sent each neighbour the blocks `sends` lists, in round order: block j is sizes[j] numbers (K
+    then V, flattened) for which matches(piece, j) holds; else the first wrong neighbour and round, expected and
+    received."""
+    for peer, owners in sends(r, world).items():
+        sent = [c["data"].to(torch.float64) for c in calls if c["op"] == "send" and c["peer"] == peer and "data" in c]
+        got = torch.cat(sent) if sent else torch.zeros(0, dtype=torch.float64)  # host: the grader's data
+        expected = [sizes[j] for j in owners]  # blocks may differ in size (uneven layouts)
+        if got.numel() != sum(expected):
+            blocks = ", ".join(f"rank {j}'s" for j in owners)
+            return (
+                f"to rank {peer}: expected {len(owners)} block(s) ({blocks}; K then V, nkv = {NKV} heads), "
+                f"{sum(expected) * 8:,} bytes; received {len(sent)} message(s), {got.numel() * 8:,} bytes"
+            )
+        offset = 0
+        for s, (j, size) in enumerate(zip(owners, expected, strict=True)):
+            piece, offset = got[offset : offset + size], offset + size
+            if matches(piece, j):
+                continue
+            whose = [i for i in range(world) if sizes[i] == size and matches(piece, i)]
+            what = f"rank {whose[0]}'s block" if whose else "none of the ranks' K/V blocks (K then V)"
+            return f"to rank {peer}, round {s}: expected rank {j}'s K then V, received {what}"
+    return ""
 
 
-def _traffic_wrong(calls, sizes: list[int], matches, r: int, steps: int) -> str:
-    """'' when rank r sent, at step s = 0..steps-1, rank (r-s)'s block: sizes[j] numbers (K then V, flattened) for
-    which matches(piece, j) holds; else the first wrong step with what was expected and what came."""
-    sent = _sent(calls)
-    got = torch.cat(sent) if sent else torch.zeros(0, dtype=torch.float64)  # host: the grader's data
-    expected = [sizes[(r - s) % P] for s in range(steps)]  # blocks may differ in size (uneven layouts)
-    if got.numel() != sum(expected):
-        return (
-            f"expected {sum(expected) * 8:,} bytes in {steps} steps (K then V of rank r-s's block, nkv = {NKV} "
-            f"heads), received {len(sent)} message(s), {got.numel() * 8:,} bytes in all"
-        )
-    offset = 0
-    for s, size in enumerate(expected):
-        piece, offset = got[offset : offset + size], offset + size
-        if matches(piece, (r - s) % P):
-            continue
-        whose = [j for j in range(P) if sizes[j] == size and matches(piece, j)]
-        what = f"rank {whose[0]}'s block" if whose else "none of the ranks' K/V blocks (K then V)"
-        return f"step {s}: expected rank {(r - s) % P}'s K then V, received {what}"
+def _rounds(events: list[dict], r: int, world: int) -> dict[tuple[str, int], list[list[dict]]]:
+    """Rank r's transfers by (kind, peer), cut into the ring's rounds: {("send", r+1): [[round 0's], [round 1's],
+    ...], ...}. A block may travel as one message or two (K, then V): as many per round as the count divides."""
+    rounds = {}
+    for key in sorted({(e["kind"], e["peer"]) for e in events}):
+        kind, peer = key
+        transfers = [e for e in events if (e["kind"], e["peer"]) == key]
+        expected = len(sends(r, world).get(peer, [])) if kind == "send" else len(sends(peer, world).get(r, []))
+        per = len(transfers) // expected if expected and len(transfers) % expected == 0 else 1
+        rounds[key] = [transfers[i : i + per] for i in range(0, len(transfers), per)]
+    return rounds
+
+
+def _overlap_wrong(events: list[dict], tiles: list[dict], r: int, world: int, busy: list[bool]) -> str:
+    """'' when every transfer of a round in which rank r computes (busy[s]) was in flight while a tile computed
+    (issued before it began, waited for after it ended), and in every round of both directions the transfers to
+    and from r+1 and r-1 were in flight together; else the first round and transfer that was not."""
+    right, left = (r + 1) % world, (r - 1) % world
+    by = _rounds(events, r, world)
+    end = lambda e: math.inf if e["end"] < 0 else e["end"]  # noqa: E731 (never waited for: still in flight)
+    way = lambda e: f"{e['kind']} {'to' if e['kind'] == 'send' else 'from'} rank {e['peer']}"  # noqa: E731
+    for rounds in by.values():
+        for s, transfers in enumerate(rounds):
+            if s < len(busy) and not busy[s]:
+                continue  # every block this round is in the rank's future: no tile to hide behind
+            for e in transfers:
+                if not any(e["start"] <= t["start"] and t["end"] <= end(e) for t in tiles):
+                    received = "never waited for" if e["end"] < 0 else "no tile between its issue and its wait"
+                    return (
+                        f"rank {r}: round {s}, the {way(e)}: expected in flight while a tile computed, "
+                        f"received {received}"
+                    )
+    for s in range((world - 1) // 2):  # the rounds in which blocks travel both ways
+        keys = (("send", right), ("recv", left), ("send", left), ("recv", right))
+        if any(len(by.get(key, [])) <= s for key in keys):
+            continue  # the traffic verdict names a missing transfer
+        together = [e for key in keys for e in by[key][s]]
+        first_done = min(together, key=end)
+        last_issued = max(together, key=lambda e: e["start"])
+        if last_issued["start"] >= end(first_done):
+            return (
+                f"rank {r}: round {s}: expected the transfers both ways in flight together, received the "
+                f"{way(first_done)} waited for before the {way(last_issued)} was issued"
+            )
     return ""
 
 
@@ -306,10 +407,8 @@ def _verdict(what: str, wrong: list[str]) -> str:
     return f"{what}: PASS" if not wrong else f"{what}: {_first(wrong)}: FAIL"
 
 
-def _first_difference(got: torch.Tensor | None, ref: torch.Tensor) -> str:
+def _first_difference(got: torch.Tensor, ref: torch.Tensor) -> str:
     """Where got first differs from ref, with both values (for a FAIL line)."""
-    if got is None:
-        return "no tensor of the expected shape came back"
     bad = ~torch.isclose(got, ref, rtol=0, atol=1e-10, equal_nan=False) & ~(torch.isneginf(got) & torch.isneginf(ref))
     if not bad.any():
         return ""
@@ -317,32 +416,47 @@ def _first_difference(got: torch.Tensor | None, ref: torch.Tensor) -> str:
     return f"first at {index}: expected {ref[tuple(index)].item():.6g}, received {got[tuple(index)].item():.6g}"
 
 
-def _compare(what: str, got: torch.Tensor | None, ref: torch.Tensor, against: str) -> str:
-    """compare(...).line, with the first wrong element (expected, received) when it fails. -inf (no key seen) must
-    come back as -inf."""
-    finite = lambda t: None if t is None else torch.where(torch.isneginf(t), -1e300, t)  # noqa: E731
-    verdict = compare(what, finite(got) if got is not None else None, finite(ref), against=against)
-    if verdict.passed or got is None:
+def _compare(what: str, parts: list[tuple[str, torch.Tensor | None, torch.Tensor]], against: str) -> str:
+    """compare(...).line over several tensors (name, received, expected), with the first wrong element of the first
+    tensor that differs (expected, received) when it fails. -inf (no key seen) must come back as -inf."""
+    for name, got, _ in parts:
+        if got is None:
+            return f"{what}: {name}: no tensor of the expected shape came back: FAIL"
+    finite = lambda t: torch.where(torch.isneginf(t), -1e300, t)  # noqa: E731
+    verdict = compare(
+        what,
+        {name: finite(got) for name, got, _ in parts},
+        {name: finite(ref) for name, _, ref in parts},
+        against=against,
+    )
+    if verdict.passed:
         return verdict.line
-    return dataclasses.replace(verdict, note=_first_difference(got, ref) or verdict.note).line
+    for name, got, ref in parts:
+        if where := _first_difference(got, ref):
+            named = f"{name}: {where}" if len(parts) > 1 else where
+            return dataclasses.replace(verdict, note=named).line
+    return verdict.line
 
 
 # ------------------------------------------------------------------------------------------- 1 · the merge
 
 
-def collect_merge(merge) -> dict:
+def collect_merge(merge, finish) -> dict:
     results = {}
     with library_calls(LIBRARY) as called:
         for name, (cuts, scale, kind) in MERGE_CASES.items():
             q, k, v = merge_problem(1, scale)
             mask = merge_mask(kind)
-            bounds = [0, *cuts, T_RING]
-            out = lse = None
+            bounds = [0, *cuts, T_MERGE]
+            state = None
             for lo, hi in zip(bounds, bounds[1:], strict=False):
                 block_mask = None if mask is None else mask[:, lo:hi]
-                o, block_lse = attend(q, k[..., lo:hi, :], v[..., lo:hi, :], block_mask)
-                out, lse = (o, block_lse) if out is None else merge(out, lse, o, block_lse)
-            results[name] = {"out": torch.as_tensor(out).detach(), "lse": torch.as_tensor(lse).detach()}
+                tile = attend(q, k[..., lo:hi, :], v[..., lo:hi, :], block_mask)
+                state = tile if state is None else merge(state, tile)
+            out, lse = finish(state)
+            parts = dict(zip(("acc", "m", "l"), state, strict=True))  # the merged state, as the student returns it
+            parts.update(out=out, lse=lse)
+            results[name] = {key: torch.as_tensor(t).detach() for key, t in parts.items()}
     return {"cases": results, "library": list(called)}
 
 
@@ -350,165 +464,167 @@ def judge_merge(data) -> list[str]:
     lines = []
     for name, (_, scale, kind) in MERGE_CASES.items():
         q, k, v = merge_problem(1, scale)
+        acc, row_max, row_sum = masked_state(q, k, v, merge_mask(kind))
         out, lse = masked_attention(q, k, v, merge_mask(kind))
         got = data["cases"][name]
-        against = "attention over all the keys"
-        lines.append(_compare(f"{name}: merged output", _tensor(got["out"], out.shape), out, against))
-        lines.append(_compare(f"{name}: merged log-sum-exp", _tensor(got["lse"], lse.shape), lse, against))
+        state = [("m", row_max), ("l", row_sum), ("acc", acc)]
+        lines.append(
+            _compare(
+                f"{name}: merged state (m, l, acc)",
+                [(key, _tensor(got[key], ref.shape), ref) for key, ref in state],
+                "the state over all the keys",
+            )
+        )
+        lines.append(
+            _compare(
+                f"{name}: finish (out, lse)",
+                [(key, _tensor(got[key], ref.shape), ref) for key, ref in (("out", out), ("lse", lse))],
+                "attention over all the keys",
+            )
+        )
     lines.append(_library_line("merge", data["library"]))
     return lines
 
 
-# ------------------------------------------------------------------------------------------- 2 · one ring step
+# ------------------------------------------------------------------------------------- 2 · the bidirectional ring
 
 
-def ring_forward(q, k, v, ring_step):
-    """Rank code: P calls of the student's ring_step, from this rank's own K/V block and no result yet.
-    Returns the result and the time each step began (the check reads the trace and the tiles between them)."""
-    out = lse = None
-    starts = []
-    for _ in range(dist.get_world_size()):
-        starts.append(time.perf_counter())
-        out, lse, k, v = ring_step(q, k, v, out, lse)
-    return out, lse, starts
-
-
-def _run_ring(ring_step) -> dict:
-    r, n = dist.get_rank(), T_RING // P
-    q, k, v = ring_problem(2)
-    tiles = _recording({"q": [chunk(q, j, n) for j in range(P)], "k": [chunk(k, j, n) for j in range(P)]})
+def ring_rank(bidirectional_ring) -> dict:
+    """Rank code: the student's ring on this rank's block of the problem (N_RING tokens a rank), recorded: its
+    tiles (attend), its transfers (parlab.core.comm's trace), every call into torch.distributed, library calls."""
+    r, world = dist.get_rank(), dist.get_world_size()
+    q, k, v = ring_problem(2 + world, N_RING * world)
+    tiles = _recording(
+        {"q": [chunk(q, j, N_RING) for j in range(world)], "k": [chunk(k, j, N_RING) for j in range(world)]}
+    )
     since = time.perf_counter()
     with probe.recording() as calls, library_calls(LIBRARY) as called:
-        out, lse, starts = ring_forward(
-            chunk(q, r, n).clone(), chunk(k, r, n).clone(), chunk(v, r, n).clone(), ring_step
+        out, lse = bidirectional_ring(
+            chunk(q, r, N_RING).clone(), chunk(k, r, N_RING).clone(), chunk(v, r, N_RING).clone()
         )
     return {
-        "out": _tensor(out, [B, NQ, n, HD]),
-        "lse": _tensor(lse, [B, NQ, n]),
+        "out": _tensor(out, [B, NQ, N_RING, HD]),
+        "lse": _tensor(lse, [B, NQ, N_RING]),
         "calls": calls,
         "tiles": list(tiles),
         "comm": _comm_events(since),
-        "starts": starts + [time.perf_counter()],
         "library": list(called),
     }
 
 
-def collect_ring(ring_step) -> dict:
-    return {"ranks": list(parlab.launch(_run_ring, P, ring_step, **LAUNCH))}
-
-
-def _step_overlap(tiles: list[dict], events: list[dict]) -> str:
-    """'' when both transfers of a step were issued before its tile began and waited for after it ended."""
-    kinds = sorted(e["kind"] for e in events)
-    if not tiles:
-        return "expected a tile computed with attend, received none"
-    if set(kinds) != {"recv", "send"}:
-        return f"expected a send and a receive through parlab.core.comm, received {kinds}"
-    if any(e["start"] > tiles[0]["start"] for e in events):
-        return "expected the transfers issued before the tile, received one issued after it began"
-    if any(e["end"] < tiles[-1]["end"] for e in events):
-        return "expected the transfers waited for after the tile, received one waited for before it was done"
-    return ""
+def collect_ring(bidirectional_ring) -> dict:
+    return {str(world): list(parlab.launch(ring_rank, world, bidirectional_ring, **LAUNCH)) for world in RING_WORLDS}
 
 
 def _expected_heads() -> list[int]:
     return [h // GROUP for h in range(NQ)]
 
 
+def _ring_tiles_wrong(tiles: list[dict], r: int, world: int) -> str:
+    """'' when rank r computed one tile per block of the ring, each with its own queries and the block's K/V heads
+    expanded h // GROUP; else the first thing wrong."""
+    seen = []
+    for t in tiles:
+        if t["q"] != r:
+            return f"rank {r}: expected its own queries, received " + (
+                "queries that are no rank's" if t["q"] < 0 else f"rank {t['q']}'s"
+            )
+        if t["k"] < 0:
+            return f"rank {r}: a tile whose K/V heads are not all of one rank's block"
+        if t["heads"] != _expected_heads():
+            return (
+                f"rank {r}: on rank {t['k']}'s block expected query heads 0..{NQ - 1} on K/V heads "
+                f"{_expected_heads()}, received K/V heads {t['heads']}"
+            )
+        if t["k"] in seen:
+            return f"rank {r}: expected one tile on rank {t['k']}'s block, received two (the block counted twice)"
+        seen.append(t["k"])
+    missing = sorted(set(range(world)) - set(seen))
+    return f"rank {r}: expected a tile on rank {missing[0]}'s block, received none" if missing else ""
+
+
+def _placeholder(*shape) -> torch.Tensor:
+    """NaN in place of a tensor a rank did not return (fails every comparison)."""
+    return torch.full(shape, math.nan, dtype=torch.float64)  # host: the judge's placeholder
+
+
 def judge_ring(data) -> list[str]:
-    ranks, (q, k, v), n = data["ranks"], ring_problem(2), T_RING // P
-    out = gqa_attention(q, k, v, causal=False)  # the lab model's attention on one device: [B, NQ, T, HD]
-    _, lse = masked_attention(q, k.repeat_interleave(GROUP, 1), v.repeat_interleave(GROUP, 1))  # [B, NQ, T]
-    against = "GQA attention over the whole sequence"
-    nan = math.nan
-    outs = [res["out"] if res["out"] is not None else torch.full((B, NQ, n, HD), nan) for res in ranks]  # host: judge
-    lses = [res["lse"] if res["lse"] is not None else torch.full((B, NQ, n), nan) for res in ranks]  # host: judge
-    lines = [
-        _compare("output, the ranks' blocks in order", torch.cat(outs, 2), out, against),
-        _compare("log-sum-exp, the ranks' blocks in order", torch.cat(lses, 2), lse, against),
-    ]
-    blocks = [torch.cat([chunk(k, j, n).flatten(), chunk(v, j, n).flatten()]) for j in range(P)]
-    sizes = [block.numel() for block in blocks]
-    talk, traffic, tiles, overlap = [], [], [], []
-    for r in range(P):
-        res = ranks[r]
-        if wrong := _neighbours_wrong(res["calls"], r):
-            talk.append(f"rank {r}: {wrong}")
-        if wrong := _traffic_wrong(res["calls"], sizes, lambda piece, j: _close(piece, blocks[j]), r, P):
-            traffic.append(f"rank {r}: {wrong}")
-        starts = res["starts"]
-        for s in range(P):
-            lo, hi = starts[s], starts[s + 1]
-            step_tiles = [t for t in res["tiles"] if lo <= t["start"] < hi]
-            src = (r - s) % P
-            if len(step_tiles) != 1:
-                tiles.append(f"rank {r}: step {s}: expected one tile, received {len(step_tiles)}")
-            elif (step_tiles[0]["q"], step_tiles[0]["k"]) != (r, src):
-                t = step_tiles[0]
-                tiles.append(
-                    f"rank {r}: step {s}: expected rank {r}'s queries on rank {src}'s K/V, received "
-                    + ("queries that are no rank's" if t["q"] < 0 else f"rank {t['q']}'s queries")
-                    + " on "
-                    + ("K/V heads of no one rank's block" if t["k"] < 0 else f"rank {t['k']}'s K/V")
-                )
-            elif step_tiles[0]["heads"] != _expected_heads():
-                tiles.append(
-                    f"rank {r}: step {s}: expected query heads 0..{NQ - 1} on K/V heads {_expected_heads()}, "
-                    f"received K/V heads {step_tiles[0]['heads']}"
-                )
-            events = [e for e in res["comm"] if lo <= e["start"] < hi]
-            if wrong := _step_overlap(step_tiles, events):
-                overlap.append(f"rank {r}: step {s}: {wrong}")
-    lines += [
-        _verdict("every rank sent K/V only to rank r+1 and received only from rank r-1, no collective", talk),
-        _verdict(f"what each rank sent at step s: rank r-s's K then V, its nkv = {NKV} heads only", traffic),
-        _verdict(
-            f"one tile per step: the rank's queries on rank r-s's K/V, query head h on K/V head h // {GROUP}", tiles
-        ),
-        _verdict("at every step both transfers were in flight while the tile computed", overlap),
-        _library_line("ring_step", [name for res in ranks for name in res["library"]]),
-    ]
+    lines, against = [], "GQA attention over the whole sequence"
+    for world in RING_WORLDS:
+        ranks, n = data[str(world)], N_RING
+        q, k, v = ring_problem(2 + world, n * world)
+        out = gqa_attention(q, k, v, causal=False)  # the lab model's attention on one device: [B, NQ, T, HD]
+        _, lse = masked_attention(q, k.repeat_interleave(GROUP, 1), v.repeat_interleave(GROUP, 1))  # [B, NQ, T]
+        outs = [res["out"] if res["out"] is not None else _placeholder(B, NQ, n, HD) for res in ranks]
+        lses = [res["lse"] if res["lse"] is not None else _placeholder(B, NQ, n) for res in ranks]
+        lines += [
+            _compare(f"P = {world}: output, the ranks' blocks in order", [("out", torch.cat(outs, 2), out)], against),
+            _compare(
+                f"P = {world}: log-sum-exp, the ranks' blocks in order", [("lse", torch.cat(lses, 2), lse)], against
+            ),
+        ]
+        blocks = [torch.cat([chunk(k, j, n).flatten(), chunk(v, j, n).flatten()]) for j in range(world)]
+        sizes = [block.numel() for block in blocks]
+        talk, traffic, tiles, overlap = [], [], [], []
+        for r in range(world):
+            res = ranks[r]
+            if wrong := _neighbours_wrong(res["calls"], r, world):
+                talk.append(f"rank {r}: {wrong}")
+            if wrong := _traffic_wrong(
+                res["calls"], r, world, sizes, lambda piece, j, blocks=blocks: _close(piece, blocks[j])
+            ):
+                traffic.append(f"rank {r}: {wrong}")
+            if wrong := _ring_tiles_wrong(res["tiles"], r, world):
+                tiles.append(wrong)
+            if wrong := _overlap_wrong(res["comm"], res["tiles"], r, world, [True] * world):
+                overlap.append(wrong)
+        lines += [
+            _verdict(
+                f"P = {world}: every rank sent K/V only to ranks r+1 and r-1 and received only from them, "
+                "no collective",
+                talk,
+            ),
+            _verdict(
+                f"P = {world}: what each rank sent: to r+1 the blocks of ranks r, r-1, ... ({world // 2}), "
+                f"to r-1 those of r, r+1, ... ({(world - 1) // 2}), K then V, nkv = {NKV} heads only",
+                traffic,
+            ),
+            _verdict(f"P = {world}: one tile per block, query head h on K/V head h // {GROUP}", tiles),
+            _verdict(f"P = {world}: every transfer in flight while a tile computed, both ways at once", overlap),
+        ]
+    called = [name for world in RING_WORLDS for res in data[str(world)] for name in res["library"]]
+    lines.append(_library_line("bidirectional_ring", called))
     return lines
 
 
 # ------------------------------------------------------------------------------------------- 3 · the prediction
 
-
-def _pairs_theory(layout: str, T: int) -> int:
-    """(query, key) pairs the causal mask leaves the busiest rank (the last one, in both layouts): c = T/P tokens."""
-    c = T // P
-    if layout == "contiguous":  # rank P-1: every key of the P-1 blocks before it, and a triangle of its own
-        return (P - 1) * c * c + c * (c + 1) // 2
-    # striped, rank P-1: its i-th token (position iP + P-1) sees every key up to itself: (i+1) P of them
-    return sum((i + 1) * P for i in range(c))
+TOKEN_BYTES = 2 * B * NKV * HD * CFG.dtype_bytes  # K and V of one token, nkv heads, float64: what a block costs a token
 
 
-def _bytes_theory(T: int) -> int:
-    """Bytes one rank sends in one forward of the ring: P-1 steps of K and V with the nkv heads, float64."""
-    return (P - 1) * 2 * B * NKV * (T // P) * HD * CFG.dtype_bytes
+def _pairs_theory(T: int, world: int) -> int:
+    """(query, key) pairs the causal mask leaves the busiest rank, striped: rank j's i-th token is at position
+    j + i*P and sees the keys 0..j + i*P, so rank j has n_j (j + 1) + P n_j (n_j - 1) / 2 pairs."""
+    counts = [(T - j + world - 1) // world for j in range(world)]  # n_j: tokens of rank j
+    return max(n * (j + 1) + world * n * (n - 1) // 2 for j, n in enumerate(counts))
+
+
+def _ring_bytes_theory(T: int, world: int) -> tuple[int, int]:
+    """(the most bytes a rank hands to isend, the most bytes over one link in one direction) in one forward of the
+    bidirectional ring, striped: rank r sends to r+1 the blocks of ranks r, r-1, .. (P // 2 of them) and to r-1
+    those of r, r+1, .. ((P-1) // 2)."""
+    counts = [(T - j + world - 1) // world for j in range(world)]
+    right = [sum(counts[(r - s) % world] for s in range(world // 2)) for r in range(world)]
+    left = [sum(counts[(r + s) % world] for s in range((world - 1) // 2)) for r in range(world)]
+    return max(a + b for a, b in zip(right, left, strict=True)) * TOKEN_BYTES, max(right + left) * TOKEN_BYTES
 
 
 def work_theory() -> dict[str, float]:
-    return {
-        "pairs_contiguous": _pairs_theory("contiguous", T_WORK),
-        "pairs_striped": _pairs_theory("striped", T_WORK),
-        "bytes_sent": _bytes_theory(T_WORK),
-    }
+    sent, link = _ring_bytes_theory(T_WORK, P_WORK)
+    return {"pairs_busiest": _pairs_theory(T_WORK, P_WORK), "bytes_busiest": sent, "bytes_link": link}
 
 
 THEORY = {"work": work_theory}  # the numbers judge_work scores against (tests/test_lab_design.py hides them)
-
-
-def _library_bytes() -> int:
-    """Rank code: the bytes this rank hands to send in one forward of parlab's own ring attention, given K and V
-    of the nkv heads (and as many query heads: the library's ring pairs them one to one)."""
-    from parlab.schemes.sequence.ring_attention import ring_attention
-
-    r, n = dist.get_rank(), T_WORK // P
-    q, k, v = ring_problem(3, T_WORK)
-    with probe.recording(keep_sent_data=False) as calls:
-        ring_attention(chunk(q[:, :NKV], r, n), chunk(k, r, n), chunk(v, r, n), causal=True)
-    return probe.total_bytes(calls, "send")
 
 
 def _plain(value) -> float | str:
@@ -522,8 +638,7 @@ def _plain(value) -> float | str:
 
 
 def collect_work(predicted: dict) -> dict:
-    sent = parlab.launch(_library_bytes, P, **LAUNCH)
-    return {"predicted": {str(k): _plain(v) for k, v in predicted.items()}, "bytes": [int(b) for b in sent]}
+    return {"predicted": {str(k): _plain(v) for k, v in predicted.items()}}
 
 
 def _pairs_counted(layout: list[list[int]]) -> int:
@@ -533,21 +648,45 @@ def _pairs_counted(layout: list[list[int]]) -> int:
     return max(int(causal[tokens].sum()) for tokens in layout)
 
 
+def _ring_replayed(layout: list[list[int]]) -> tuple[int, int]:
+    """The bidirectional ring played block by block: each round every rank passes each block it got on, in the
+    direction it travels, to a neighbour that has not seen it and does not get it from the other side in the same
+    round (then it goes rightward only). Returns the most bytes a rank sent and the most bytes on one link in one
+    direction."""
+    world = len(layout)
+    seen = [{r} for r in range(world)]
+    moving = [{+1: r, -1: r} for r in range(world)]  # the block each rank passes on each way (None: none)
+    link = {(r, d): 0 for r in range(world) for d in (+1, -1)}
+    while any(len(s) < world for s in seen):
+        arriving = [{+1: None, -1: None} for _ in range(world)]
+        for r in range(world):
+            for d in (+1, -1):
+                block, to = moving[r][d], (r + d) % world
+                if block is None or block in seen[to]:
+                    continue
+                if d == -1 and moving[(to - 1) % world][+1] == block:
+                    continue  # the neighbour gets it from its left this round
+                arriving[to][d] = block
+                link[(r, d)] += len(layout[block]) * TOKEN_BYTES
+        for r in range(world):
+            seen[r] |= {b for b in arriving[r].values() if b is not None}
+        moving = arriving
+    sent = [link[(r, +1)] + link[(r, -1)] for r in range(world)]
+    return max(sent), max(link.values())
+
+
 def judge_work(data) -> list[str]:
     theory, predicted = THEORY["work"](), data["predicted"]
-    measured = {
-        "pairs_contiguous": _pairs_counted(contiguous(T_WORK)),
-        "pairs_striped": _pairs_counted(striped(T_WORK)),
-        "bytes_sent": max(data["bytes"]),
-    }
+    sent, link = _ring_replayed(striped(T_WORK, P_WORK))
+    counted = {"pairs_busiest": _pairs_counted(striped(T_WORK, P_WORK)), "bytes_busiest": sent, "bytes_link": link}
     labels = {
-        "pairs_contiguous": "pairs_contiguous (query-key pairs the busiest rank's queries see, contiguous)",
-        "pairs_striped": "pairs_striped (query-key pairs the busiest rank's queries see, striped)",
-        "bytes_sent": "bytes_sent (bytes a rank sends in one ring forward, GQA)",
+        "pairs_busiest": "pairs_busiest (query-key pairs the busiest rank's queries see, striped; counted on the mask)",
+        "bytes_busiest": "bytes_busiest (bytes the busiest rank sends in one bidirectional ring forward; replayed)",
+        "bytes_link": "bytes_link (bytes over the busiest link, one direction; replayed)",
     }
     lines = []
     for name, label in labels.items():
-        lines += prediction_lines(label, predicted.get(name), theory[name], measured[name])
+        lines += prediction_lines(label, predicted.get(name), theory[name], counted[name], rtol=0)
     return lines
 
 
@@ -629,7 +768,7 @@ def _tiles_wrong(tiles: list[dict], layout: list[list[int]], r: int) -> str:
         if src not in expected:
             return f"rank {r}: a tile on rank {src}'s block, which holds no key its queries may see (skip it)"
         if src in seen:
-            return f"rank {r}: the tile on rank {src}'s block computed twice"
+            return f"rank {r}: expected one tile on rank {src}'s block, received two (the block counted twice)"
         seen.add(src)
         if t["mask"] != expected[src]:
             return f"rank {r}: on rank {src}'s block expected the mask {expected[src]}, received {t['mask']}"
@@ -637,17 +776,10 @@ def _tiles_wrong(tiles: list[dict], layout: list[list[int]], r: int) -> str:
     return f"rank {r}: expected a tile on rank {missing[0]}'s block, received none" if missing else ""
 
 
-def _overlap_wrong(res: dict, r: int) -> str:
-    """'' when each of rank r's transfers was in flight while some tile computed (issued before, waited after)."""
-    for i, e in enumerate(res["comm"]):
-        if not any(e["start"] <= t["start"] and t["end"] <= e["end"] for t in res["tiles"]):
-            peer = f"to rank {e['peer']}" if e["kind"] == "send" else f"from rank {e['peer']}"
-            received = "never waited for" if e["end"] < 0 else "no tile between its issue and its wait"
-            return (
-                f"rank {r}: transfer {i + 1} of {len(res['comm'])} ({e['kind']} {peer}): expected in flight while "
-                f"a tile computed, received {received}"
-            )
-    return ""
+def _busy_rounds(layout: list[list[int]], r: int) -> list[bool]:
+    """Per step of the ring, whether rank r holds a block with a key its queries may see (a tile to hide the
+    round's transfers behind)."""
+    return [any(bool(_expected_mask(layout, r, j).any()) for j in blocks) for blocks in held(r, P)]
 
 
 def judge_layer(data) -> list[str]:
@@ -663,7 +795,11 @@ def judge_layer(data) -> list[str]:
             if y is not None:
                 got[:, layout[r]] = y
         lines.append(
-            _compare(f"{name}: output, the ranks' tokens in sequence order", got, reference, "the layer on one device")
+            _compare(
+                f"{name}: output, the ranks' tokens in sequence order",
+                [("y", got, reference)],
+                "the layer on one device",
+            )
         )
         blocks = _layer_blocks(attn, layout)
         tiles = [w for r in range(P) if (w := _tiles_wrong(ranks[r][name]["tiles"], layout, r))]
@@ -675,15 +811,17 @@ def judge_layer(data) -> list[str]:
         values = blocks["v"]
         sizes = [2 * v.numel() for v in values]
         holds = lambda piece, j, values=values: _close(piece[piece.numel() // 2 :], values[j])  # noqa: E731
-        traffic = []
+        traffic, overlap = [], []
         for r in range(P):
-            calls = ranks[r][name]["calls"]
-            wrong = _neighbours_wrong(calls, r) or _traffic_wrong(calls, sizes, holds, r, P - 1)
+            res = ranks[r][name]
+            wrong = _neighbours_wrong(res["calls"], r, P) or _traffic_wrong(res["calls"], r, P, sizes, holds)
             traffic += [f"rank {r}: {wrong}"] if wrong else []
-        lines.append(_verdict(f"{name}: K/V passed on P-1 times to rank r+1, rank r-s's K then V at step s", traffic))
-        if name.startswith("striped"):  # a tile at every step: every transfer can hide behind one
-            overlap = [w for r in range(P) if (w := _overlap_wrong(ranks[r][name], r))]
-            lines.append(_verdict(f"{name}: every transfer in flight while a tile computed", overlap))
+            if wrong := _overlap_wrong(res["comm"], res["tiles"], r, P, _busy_rounds(layout, r)):
+                overlap.append(wrong)
+        lines.append(
+            _verdict(f"{name}: K/V to r+1 (blocks r, r-1) and to r-1 (block r), K then V, any block size", traffic)
+        )
+        lines.append(_verdict(f"{name}: every transfer in flight while a tile computed, both ways at once", overlap))
     called = [f for res in ranks for layout in res.values() for f in layout["library"]]
     lines.append(_library_line("attention_layer", called))
     return lines

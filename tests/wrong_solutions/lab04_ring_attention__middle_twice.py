@@ -1,0 +1,39 @@
+# ruff: noqa
+# A wrong answer to labs/lab04_ring_attention.ipynb. The bug: every block travels as far both ways, P // 2 hops.
+# With an odd P that is right; with an even P the block opposite a rank (rank r + P/2) reaches it from both sides at
+# the last step, and the rank attends to both copies: that block counts twice in the softmax. The prediction makes
+# the same mistake: the opposite block sent both ways.
+# EXPECT FAIL: ring, work
+
+# ANSWER: bidirectional_ring
+def bidirectional_ring(q, k, v):
+    rank, P = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % P, (rank - 1) % P
+    hops = P // 2  # the bug: as many hops leftward as rightward
+    group = q.shape[1] // k.shape[1]
+    going_right = going_left = torch.stack([k, v])
+    state = None
+    for s in range(hops + 1):
+        works = []
+        if s < hops:
+            from_left, from_right = torch.empty_like(going_right), torch.empty_like(going_left)
+            works += [comm.irecv(from_left, left), comm.isend(going_right, right)]
+            works += [comm.irecv(from_right, right), comm.isend(going_left, left)]
+        for kv in [going_right] if s == 0 else [going_right, going_left]:
+            tile = attend(q, kv[0].repeat_interleave(group, dim=1), kv[1].repeat_interleave(group, dim=1))
+            state = tile if state is None else merge(state, tile)
+        comm.wait_all(works)
+        if s < hops:
+            going_right, going_left = from_left, from_right
+    return finish(state)
+
+
+# PREDICT: work
+T, P, B, nkv, hd = 42, 8, 1, 2, 8
+tokens = [len(range(j, T, P)) for j in range(P)]
+pairs_busiest = max(sum(t + 1 for t in range(j, T, P)) for j in range(P))
+token_bytes = 2 * B * nkv * hd * 8
+to_right = [sum(tokens[(r - s) % P] for s in range(P // 2)) for r in range(P)]
+to_left = [sum(tokens[(r + s) % P] for s in range(P // 2)) for r in range(P)]  # the bug: the opposite block too
+bytes_busiest = max(to_right[r] + to_left[r] for r in range(P)) * token_bytes
+bytes_link = max(to_right + to_left) * token_bytes
