@@ -245,7 +245,12 @@ def test_every_lesson_names_its_byte_counts():
 
 @pytest.mark.parametrize(
     "notebook, lab",
-    [("06_offload", "lab06_offload"), ("07_hybrid", "lab07_hybrid"), ("08_parameter_server", "lab08_parameter_server")],
+    [
+        ("06_offload", "lab06_offload"),
+        ("07_hybrid", "lab07_hybrid"),
+        ("08_parameter_server", "lab08_parameter_server"),
+        ("10_pytorch_twins", "lab10_pytorch_twins"),
+    ],
 )
 def test_closing_cell_links_its_lab(notebook, lab):
     closing = _source(_cells(f"{notebook}.ipynb")[-1])
