@@ -17,6 +17,7 @@ those files is seen. Building blocks a lab hands out (`parlab.core`: comm, model
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import threading
@@ -49,7 +50,9 @@ def library_calls(library: Sequence[str]) -> Iterator[list[str]]:
     known: dict[str, str | None] = {}
 
     def profile(frame, event, arg):
-        if event != "call":
+        # Only functions count: a module's or a class's body runs when the file is imported, which calls nothing,
+        # and a generator expression or lambda inside a library function is seen as that function.
+        if event != "call" or not frame.f_code.co_flags & inspect.CO_OPTIMIZED or "<" in frame.f_code.co_name:
             return
         filename = frame.f_code.co_filename
         if filename not in known:
