@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from parlab.core.check import check_equal, compare
+from parlab.core.check import check_equal, compare, host_values
+from parlab.core.comm import device
 from parlab.core.models import GPT, build_model, lm_loss, make_batches
 from parlab.runs.options import FaultOptions, ModelOptions, option
 from parlab.runs.registry import Scheme, launch_scheme
@@ -133,9 +134,9 @@ def reference_name(opts: ZeROOptions) -> str | None:
 
 def zero_rank(opts: ZeROOptions) -> dict:
     """Rank code: our ZeRO (traced), then PyTorch's (untraced) on the same data unless opts.reference is False."""
-    cfg = opts.gpt_config()
-    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)  # global [B, T], the same on every rank
-    out = train_zero(build_model(cfg, opts.seed), batches, **opts.zero_kwargs())
+    cfg, dev = opts.gpt_config(), device()  # dev: this rank's GPU under NCCL, else the CPU
+    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed, device=dev)  # global [B, T], the same everywhere
+    out = train_zero(build_model(cfg, opts.seed, device=dev), batches, **opts.zero_kwargs())
     if reference_name(opts):
         out["reference"] = train_torch_reference(opts, batches)
     return out
@@ -191,8 +192,8 @@ def _single_device(opts: ZeROOptions) -> tuple[list[float], dict]:
         return single.losses, single.params
     cfg, zkw = opts.gpt_config(), opts.zero_kwargs()
     single = mixed_precision_single_device(
-        build_model(cfg, opts.seed),
-        make_batches(cfg, opts.batch, opts.steps, opts.seed),
+        build_model(cfg, opts.seed),  # host: the parent's reference
+        make_batches(cfg, opts.batch, opts.steps, opts.seed),  # host: the parent's reference
         lr=opts.lr,
         compute_dtype=zkw["compute_dtype"],
         loss_scale=zkw["loss_scale"],
@@ -305,8 +306,8 @@ def _numeric_verdicts(opts, loss_ours, loss_ref, params_ours, params_ref, agains
         ),
         compare(
             f"parameters after {K} steps, {MIXED_QUANTILE:.0%} of the elements ({dtype} compute), every rank",
-            torch.tensor(quantiles),
-            torch.zeros(len(quantiles)),
+            host_values(quantiles, torch.get_default_dtype()),
+            host_values([0.0] * len(quantiles), torch.get_default_dtype()),
             MIXED_PARAM_TOL,
             against=against,
         ),
