@@ -68,6 +68,8 @@ def twin_lines(report: dict, rank: int = 0) -> list[str]:
     twin = report["twin"]
     if "skipped" in twin:
         return [f"{report['scheme']} vs {twin['name']}: SKIPPED: {twin['skipped']}"]
+    if "error" in twin:  # it could not run, through parlab's fault (a tensor on the wrong device)
+        return [f"{report['scheme']} vs {twin['name']}: FAIL: {twin['error']}"]
     lines = [f"{report['scheme']} vs {twin['name']}:"] + [f"  {line}" for line in twin["verdicts"]]
     if twin["comm"] is not None:
         ours = {k: v for k, v in report["comm"].items() if isinstance(v, list) and len(v) == report["world_size"]}
