@@ -326,3 +326,84 @@ def test_check_device_looks_at_every_tensor_of_a_call():
     assert out["all_gather"].startswith("comm.all_gather: a tensor on cpu"), out  # the second tensor of the list
     assert out["all_to_all"].startswith("comm.all_to_all: a tensor on cpu"), out
     assert "tests/test_devices.py:" in out["all_gather"]  # the caller: this file, not comm.py
+
+
+# ------------------------------------------------------------------- a GPU launch, as far as a CPU can check it
+
+
+def test_an_nccl_rank_makes_its_cuda_context_then_its_communicator_eagerly(monkeypatch):
+    """Under NCCL a rank sets its GPU and makes its CUDA context first, then init_process_group with device_id
+    (the communicator is made there, not in the first collective); every phase is timed. CUDA is faked here."""
+    from parlab.runtime import rank as rank_code
+
+    calls = []
+    monkeypatch.setattr(rank_code, "_cuda_context", lambda i: calls.append(("context", i)) or torch.device("cuda", i))
+    monkeypatch.setattr(rank_code.dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw)))
+    phases = {"rank_start": 0.0}
+    rank_code._init_process_group({"backend": "nccl", "rendezvous": "/tmp/r", "world_size": 2}, 1, phases)
+    group = {"init_method": "file:///tmp/r", "rank": 1, "world_size": 2, "device_id": torch.device("cuda", 1)}
+    assert calls == [("context", 1), ("nccl", group)]
+    assert 0.0 < phases["cuda_context"] <= phases["process_group"]
+
+    calls.clear()  # gloo: no CUDA at all, no device_id
+    phases = {"rank_start": 0.0}
+    rank_code._init_process_group({"backend": "gloo", "rendezvous": "/tmp/r", "world_size": 2}, 0, phases)
+    assert calls == [("gloo", {"init_method": "file:///tmp/r", "rank": 0, "world_size": 2})]
+    assert "cuda_context" not in phases and phases["process_group"] > 0
+
+
+def test_this_torch_takes_device_id():
+    """init_process_group(device_id=...) exists from torch 2.3; parlab needs >= 2.4 (README)."""
+    assert "device_id" in inspect.signature(torch.distributed.init_process_group).parameters
+
+
+def test_spares_make_a_cuda_context_only_for_an_nccl_job(monkeypatch):
+    """A spare of an NCCL job makes its CUDA context ahead, on the GPU of the rank it is prepared as; a gloo job's
+    spare never touches CUDA; and a spare of one kind never serves a job of the other."""
+    from parlab.runtime import rank as rank_code
+    from parlab.runtime import workers
+
+    made = []
+    monkeypatch.setattr(rank_code, "_cuda_context", made.append)
+    monkeypatch.setattr(rank_code, "_seed_generators", lambda seed: None)  # (not this test process's generators)
+    rank_code._prepare_spare(None)
+    assert made == []
+    rank_code._prepare_spare(3)
+    assert made == [3]
+    spec = {"env": {}, "sys_path": [], "cwd": "/", "slot_bytes": 1}
+    assert workers.spec_key({**spec, "cuda": True}) != workers.spec_key({**spec, "cuda": False})
+
+
+def test_the_parent_counts_gpus_without_starting_cuda(monkeypatch):
+    """default_backend and the launch's checks count GPUs through torch.cuda.device_count (NVML where it can):
+    torch.cuda.is_available() would initialise the driver in the parent, ~0.5 s of every command."""
+    from parlab.runtime import launcher
+
+    def no(*args):
+        raise AssertionError("torch.cuda.is_available() called")
+
+    monkeypatch.setattr(torch.cuda, "is_available", no)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert [launcher.default_backend(w) for w in (1, 2, 3)] == ["nccl", "nccl", "gloo"]
+    assert launcher.check_launch_args(print, 2, "nccl", 10.0) == "nccl"
+    with pytest.raises(ValueError, match="needs one GPU per rank: world_size=3 but 2 GPUs"):
+        launcher.check_launch_args(print, 3, "nccl", 10.0)
+
+
+def test_a_launch_says_its_backend_and_each_ranks_phases():
+    results = parlab.launch(lambda: comm.device().type, 2, echo=False)
+    assert list(results) == ["cpu", "cpu"] and results.backend == "gloo"
+    for phases in results.phases:
+        assert list(phases) == ["rank_start", "process_group", "fn_done"]  # no CUDA phase on gloo
+        assert 0 < phases["rank_start"] < phases["process_group"] <= phases["fn_done"] < results.seconds
+
+
+def test_the_trace_says_where_each_collectives_tensors_were():
+    def rank():
+        x = torch.ones(2)  # host: gloo's device
+        comm.all_reduce(x)
+        comm.barrier()
+        return x
+
+    events = parlab.launch(rank, 2, echo=False).trace.events
+    assert {(e.kind, e.device) for e in events} == {("all_reduce", "cpu"), ("barrier", None)}

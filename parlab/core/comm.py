@@ -208,6 +208,7 @@ def _run(kind, call, tensor, nbytes, async_op, label="", peer=None, group=None):
         peer=peer,
         group=_group_ranks(group),
         axis=_axis(group),
+        device=None if kind == "barrier" else str(tensor.device),  # (a barrier's marker is never handed over)
     )
     _events.append(event)
     if event_hook is not None:
@@ -371,8 +372,9 @@ def span(label: str, kind: str = "compute", **extra) -> Iterator[Event]:
         yield event
         finished = True
     finally:
-        # GPU kernels run asynchronously: wait for them, or the span would end when they were queued.
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # GPU kernels run asynchronously: wait for them, or the span would end when they were queued. Only where
+        # CUDA has started (is_available() would start the driver in every gloo rank of a GPU machine).
+        if torch.cuda.is_initialized():
             torch.cuda.synchronize()
         if finished:
             pace.hold_compute(event)  # an emulated device: held to its modelled duration (parlab.core.pace)

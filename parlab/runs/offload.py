@@ -274,7 +274,7 @@ def run_offload(world_size: int = 4, target: str = "cpu", **options) -> tuple[Re
                 "offload", world_size=world_size, target=target, folder=str(folder), **options
             )
         report["disk_folder_removed"] = not folder.exists()
-    return Results(list(results), offload_trace(results), results.stdout, results.seconds, results.seed), report
+    return results.derived(list(results), offload_trace(results)), report
 
 
 SCHEMES = [

@@ -119,7 +119,7 @@ def split(results: Results) -> tuple[Results, list[dict | None]]:
     """Parlab's results (as the scheme's report expects them) and the twin's outputs, in rank order."""
     values = [r.value if isinstance(r, Twinned) else r for r in results]
     twins = [r.twin if isinstance(r, Twinned) else None for r in results]
-    return Results(values, results.trace, results.stdout, results.seconds, results.seed), twins
+    return results.derived(values), twins
 
 
 def twin_report(scheme: str, opts, results: Results, outs: list[dict | None]) -> dict:
