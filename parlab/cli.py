@@ -6,6 +6,7 @@
     python -m parlab grade NOTEBOOK... [--json]        re-execute lab notebooks, print a score table
     python -m parlab plan --layers L --hidden H ...     which DP x TP x PP (+ SP, ZeRO, offload) fits a cluster
     python -m parlab figures --lesson 03 --out DIR      a lesson's figures as standalone HTML (+ PNG/SVG) files
+    python -m parlab doctor [--quick] [--json]          this machine, a launch's phases, every scheme and its twin
 
 The same `run` works as one rank of a torchrun job, on one machine or many:
     torchrun --standalone --nproc-per-node 4 -m parlab run collectives
@@ -52,6 +53,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     tour = commands.add_parser("tour", help="run every scheme that accepts the world size, one verdict line each")
     tour.add_argument("--world", type=int, default=4, help="number of ranks (default 4)")
     tour.add_argument("--no-twin", dest="twin", action="store_false", help="skip the PyTorch twins (parlab/twins)")
+    doctor = commands.add_parser(
+        "doctor",
+        help="check this machine: every scheme at the largest world it allows, with its twin, and a launch's phases",
+        description="Reports the machine (CPUs, GPUs, torch, CUDA, NCCL, gloo, the grading sandbox), times the "
+        "phases of a launch, and runs every scheme at the largest world size the machine allows (one GPU per rank "
+        "on NCCL, else 4 ranks on gloo) with its PyTorch twin. Exit status 0 when every scheme passes.",
+    )
+    doctor.add_argument("--quick", action="store_true", help="each scheme's fastest run that still checks it")
+    doctor.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    doctor.add_argument("--no-twin", dest="twin", action="store_false", help="skip the PyTorch twins")
+    doctor.add_argument("--only", nargs="+", metavar="SCHEME", help="these schemes only (default: every one)")
     grade_parser = commands.add_parser("grade", help="re-execute lab notebooks and score their checks")
     if command in (None, "grade"):
         from parlab.grading import command as grade
@@ -167,6 +179,26 @@ def tour(world_size: int, twin: bool = True) -> int:
     return 0 if ok else 1
 
 
+def doctor(args: argparse.Namespace) -> int:
+    """`python -m parlab doctor`: checked here, before any process starts; parlab/doctor.py does the rest."""
+    from parlab.runtime import under_torchrun
+
+    if under_torchrun():
+        return _error("doctor starts its own ranks (parlab.launch): run it without torchrun")
+    if args.only:
+        from parlab.runs.registry import all_schemes
+
+        unknown = [name for name in args.only if name not in all_schemes()]
+        if unknown:
+            return _error(f"--only {' '.join(unknown)}: no such scheme; available: {', '.join(all_schemes())}")
+    from parlab import doctor as checks
+
+    report = checks.doctor(quick=args.quick, twin=args.twin, only=args.only, echo=not args.json)
+    if args.json:
+        print(json.dumps(_json_safe(report)))
+    return 0 if report["passed"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line's exit status: a command's own, 130 after Ctrl-C, 1 when stdout was closed early
     (`parlab plan | head -2`), each without a traceback."""
@@ -196,6 +228,8 @@ def _main(argv: list[str] | None) -> int:
         return grade.run(args)
     if args.command == "tour":
         return tour(args.world, args.twin)
+    if args.command == "doctor":
+        return doctor(args)
     if args.command == "figures":
         from parlab.lessons import figures
 

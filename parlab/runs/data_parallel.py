@@ -156,6 +156,7 @@ SCHEMES = [
         dp_report,
         fixed=(("mode", "dp"),),
         failure="dp",
+        quick=(("steps", 1), ("layers", 1)),
     ),
     Scheme(
         "dp-naive",
@@ -165,5 +166,6 @@ SCHEMES = [
         dp_report,
         fixed=(("mode", "dp-naive"),),
         failure="dp",
+        quick=(("steps", 1), ("layers", 1)),
     ),
 ]

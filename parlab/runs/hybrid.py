@@ -403,5 +403,6 @@ SCHEMES = [
         HybridOptions,
         hybrid_rank,
         hybrid_report,
+        quick=(("steps", 1), ("layers", 1)),
     )
 ]

@@ -220,5 +220,6 @@ SCHEMES = [
         PPOptions,
         pp_rank,
         pp_report,
+        quick=(("steps", 1), ("layers", 4), ("microbatches", 4)),  # one block per stage at 4 ranks
     )
 ]

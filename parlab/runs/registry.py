@@ -56,6 +56,7 @@ class Scheme:
 
     fixed: option values this scheme always runs with (e.g. {"mode": "dp-naive"}), not offered as CLI flags.
     failure: the kind of run `--kill-rank` makes of it (parlab/runs/checkpoint.py, `failure_run`), or None.
+    quick: option values of its fastest run that still checks every part of it (`python -m parlab doctor --quick`).
     """
 
     name: str
@@ -65,6 +66,7 @@ class Scheme:
     report: Callable[[Any, Results], dict]
     fixed: tuple[tuple[str, Any], ...] = ()
     failure: str | None = None
+    quick: tuple[tuple[str, Any], ...] = (("steps", 1),)
 
     def make_options(self, **values) -> RunOptions:
         """The validated options: the class defaults, then `values`, then what this scheme fixes."""

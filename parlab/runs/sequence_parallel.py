@@ -316,6 +316,7 @@ SCHEMES = [
         sp_rank,
         sp_report,
         fixed=(("method", "megatron-sp"),),
+        quick=(("steps", 1), ("layers", 1)),
     ),
     Scheme(
         "ulysses",

@@ -158,5 +158,6 @@ SCHEMES = [
         TPOptions,
         tp_rank,
         tp_report,
+        quick=(("steps", 1), ("layers", 1)),
     )
 ]

@@ -329,5 +329,6 @@ SCHEMES = [
         zero_rank,
         zero_report,
         failure="zero",
+        quick=(("steps", 1), ("layers", 1)),
     )
 ]
