@@ -63,6 +63,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     doctor.add_argument("--quick", action="store_true", help="each scheme's fastest run that still checks it")
     doctor.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    doctor.add_argument("--json-file", metavar="PATH", help="also write that JSON object to PATH")
     doctor.add_argument("--no-twin", dest="twin", action="store_false", help="skip the PyTorch twins")
     doctor.add_argument("--only", nargs="+", metavar="SCHEME", help="these schemes only (default: every one)")
     grade_parser = commands.add_parser("grade", help="re-execute lab notebooks and score their checks")
@@ -212,9 +213,15 @@ def doctor(args: argparse.Namespace) -> int:
             return _error(f"--only {' '.join(unknown)}: no such scheme; available: {', '.join(all_schemes())}")
     from parlab import doctor as checks
 
+    if args.json_file and not os.path.isdir(os.path.dirname(os.path.abspath(args.json_file))):
+        return _error(f"--json-file {args.json_file}: its folder does not exist")
     report = checks.doctor(quick=args.quick, twin=args.twin, only=args.only, echo=not args.json)
+    text = json.dumps(_json_safe(report))
     if args.json:
-        print(json.dumps(_json_safe(report)))
+        print(text)
+    if args.json_file:
+        with open(args.json_file, "w") as f:
+            f.write(text + "\n")
     return 0 if report["passed"] else 1
 
 

@@ -6,9 +6,11 @@ every scheme on this CPU-only machine (gloo, 4 ranks) and must pass in under 2 m
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +166,27 @@ def test_doctor_quick_passes_on_this_machine_in_under_two_minutes():
         assert r[1:5] == ["gloo", "4", "cpu", "PASS"] and r[6] in ("PASS", "SKIPPED"), r
     assert lines[-1].startswith("doctor --quick: every scheme passed")
     assert seconds < 120, f"doctor --quick took {seconds:.0f} s"
+
+
+@pytest.mark.slow
+def test_the_gpu_check_writes_its_tables_timings_and_log_to_one_folder(tmp_path):
+    """benchmarks/gpu_check.sh on this CPU machine (one scheme, to keep it short): every file it promises."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.sh"
+    folder = tmp_path / "check"
+    out = subprocess.run(
+        ["bash", str(script), str(folder), "--quick", "--only", "collectives"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert sorted(p.name for p in folder.iterdir()) == ["doctor.json", "doctor.txt", "log.txt", "startup.txt"]
+    report = json.loads((folder / "doctor.json").read_text())
+    assert report["passed"] and [r["scheme"] for r in report["schemes"]] == ["collectives"]
+    text = (folder / "doctor.txt").read_text()
+    assert "launch phases" in text and text.strip().splitlines()[-1].startswith("doctor --quick: every scheme passed")
+    startup = (folder / "startup.txt").read_text().splitlines()
+    assert startup[0].startswith("import torch:") and "(PASS)" in startup[2] and startup[4].startswith("goal: ")
+    log = (folder / "log.txt").read_text()
+    assert "--- versions" in log and "doctor: collectives ... PASS" in log  # the doctor's progress lands in the log
