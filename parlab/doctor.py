@@ -98,16 +98,22 @@ class LaunchTiming:
     first_collective: float
     total: float  # from the job handed over to every rank's result back in this process
     spares: int  # ranks served by spares prepared ahead
-    ok: bool
+    ok: bool  # the launch worked and its all-reduce summed right
     gpus: list = field(default_factory=list)
+    error: str = ""  # why it failed
 
 
-def timed_launch(label: str, world: int, backend: str | None = None) -> LaunchTiming:
-    """Launch `probe_rank` on `world` ranks and read each phase from the ranks' own timestamps."""
+def timed_launch(label: str, world: int, backend: str, cold: bool = False) -> LaunchTiming:
+    """Launch `probe_rank` on `world` ranks and read each phase from the ranks' own timestamps. cold: the launch
+    starts a new rank server (its start is timed too). A launch that fails is a timing with ok False and the error."""
     import parlab
 
     began = time.perf_counter()
-    results = parlab.launch(probe_rank, world, backend=backend, echo=False)
+    try:
+        results = parlab.launch(probe_rank, world, backend=backend, echo=False)
+    except Exception as exc:  # NCCL that cannot start, say: the doctor reports it and goes on
+        error = " ".join(line.strip() for line in traceback.format_exception_only(exc) if line.strip())
+        return LaunchTiming(label, backend, world, None, 0.0, None, 0.0, 0.0, 0.0, 0, False, error=error[:2000])
     wall = time.perf_counter() - began  # launch's own `seconds` start once the rank server is ready
 
     def slowest(end: str, after: str | None) -> float | None:
@@ -121,7 +127,7 @@ def timed_launch(label: str, world: int, backend: str | None = None) -> LaunchTi
         launch=label,
         backend=results.backend,
         world=world,
-        server_start=max(0.0, wall - results.seconds) if label.startswith("cold") else None,
+        server_start=max(0.0, wall - results.seconds) if cold else None,
         rank_start=slowest("rank_start", None),
         cuda_context=cuda,
         process_group=slowest("process_group", "cuda_context" if cuda is not None else "rank_start"),
@@ -140,7 +146,7 @@ def launch_timings(gpus: int) -> list[LaunchTiming]:
     from parlab.runtime.server import shutdown
 
     shutdown()  # the cold launch starts its own rank server
-    timings = [timed_launch("cold: new rank server", 1, "gloo"), timed_launch("warm", 1, "gloo")]
+    timings = [timed_launch("cold: new rank server", 1, "gloo", cold=True), timed_launch("warm", 1, "gloo")]
     if gpus:
         timings += [timed_launch("first on the GPU", 1, "nccl"), timed_launch("warm", 1, "nccl")]
         if gpus > 1:
@@ -303,9 +309,9 @@ def launch_lines(timings: list[LaunchTiming]) -> list[str]:
         + [str(t.spares)]
         for t in timings
     ]
-    return ["launch phases (seconds, the slowest rank; 'total' from the job handed over to every result back):"] + [
-        "  " + line for line in table(header, rows)
-    ]
+    errors = [f"  {t.launch} ({t.backend}, world {t.world}) FAILED: {t.error}" for t in timings if not t.ok]
+    title = "launch phases (seconds, the slowest rank; 'total' from the job handed over to every result back):"
+    return [title] + ["  " + line for line in table(header, rows)] + errors
 
 
 def scheme_lines(rows: list[SchemeRow]) -> list[str]:
@@ -353,11 +359,12 @@ def doctor(quick: bool = False, twin: bool = True, only: list[str] | None = None
         print(f"doctor: {name} ...", end=" ", file=sys.stderr, flush=True)
         rows.append(run_scheme_row(name, schemes[name], info["gpus"], quick, twin))
         print(f"{'PASS' if row_passed(rows[-1]) else 'FAIL'} ({rows[-1].seconds:.1f} s)", file=sys.stderr, flush=True)
-    passed = all(row_passed(r) for r in rows)
+    passed = all(row_passed(r) for r in rows) and all(t.ok for t in timings)
     seconds = time.perf_counter() - began
     if echo:
         print("\n" + "\n".join(scheme_lines(rows)))
         failed = [r.scheme for r in rows if not row_passed(r)]
+        failed += [f"the {t.launch} launch ({t.backend})" for t in timings if not t.ok]
         verdict = "every scheme passed" if passed else f"FAILED: {', '.join(failed)}"
         print(f"\ndoctor{' --quick' if quick else ''}: {verdict} ({len(rows)} schemes, {seconds:.0f} s)")
     return {

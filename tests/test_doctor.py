@@ -104,6 +104,9 @@ def test_bad_options_are_refused_before_any_process_starts(monkeypatch):
     ]
     out = run_cli("doctor", "--world", "2")
     assert out.returncode == 2 and out.stderr.startswith("parlab: error: unrecognized arguments: --world 2")
+    out = run_cli("doctor", "--json-file", "/no/such/folder/doctor.json")
+    assert out.returncode == 2
+    assert out.stderr.strip() == "parlab: error: --json-file /no/such/folder/doctor.json: its folder does not exist"
 
 
 def test_json_holds_the_machine_the_launch_phases_and_one_row_per_scheme():
@@ -190,3 +193,26 @@ def test_the_gpu_check_writes_its_tables_timings_and_log_to_one_folder(tmp_path)
     assert startup[0].startswith("import torch:") and "(PASS)" in startup[2] and startup[4].startswith("goal: ")
     log = (folder / "log.txt").read_text()
     assert "--- versions" in log and "doctor: collectives ... PASS" in log  # the doctor's progress lands in the log
+
+
+def test_a_launch_that_cannot_start_is_reported_and_fails_the_doctor(monkeypatch):
+    """NCCL that cannot start, say: the timing says why, the doctor goes on to the schemes, and fails."""
+    import parlab
+
+    def refused(fn, world, backend=None, **kwargs):
+        raise RuntimeError("NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)")
+
+    monkeypatch.setattr(parlab, "launch", refused)
+    timing = doctor.timed_launch("first on the GPU", 1, "nccl")
+    assert (
+        not timing.ok
+        and timing.error == "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"
+    )
+    lines = doctor.launch_lines([_timing("warm", "gloo", 0.04), timing])
+    assert lines[-1] == f"  first on the GPU (nccl, world 1) FAILED: {timing.error}"
+
+    monkeypatch.undo()  # the scheme runs for real; the launch timings are the failed one
+    monkeypatch.setattr(doctor, "launch_timings", lambda gpus: [timing])
+    out = run_cli("doctor", "--quick", "--only", "collectives")
+    assert out.returncode == 1
+    assert out.stdout.strip().splitlines()[-1].startswith("doctor --quick: FAILED: the first on the GPU launch (nccl)")
