@@ -153,8 +153,8 @@ def test_a_failing_scheme_is_a_failed_row_and_a_failed_doctor(monkeypatch):
 
 @pytest.mark.slow
 def test_doctor_quick_passes_on_this_machine_in_under_two_minutes():
-    """The issue's "done when" on CPU: the real command, every scheme with its twin, in a fresh process (38 s alone
-    on the 2-core machine, 66 s with the cores shared: marked slow)."""
+    """The issue's "done when" on CPU: the real command, every scheme with its twin, in a fresh process (21-42 s on
+    the 2-core machine, 66 s with its cores shared by other work: marked slow)."""
     began = time.perf_counter()
     out = subprocess.run(
         [sys.executable, "-m", "parlab", "doctor", "--quick"], capture_output=True, text=True, timeout=600
