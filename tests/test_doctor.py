@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_in_process import run_cli
 
 from parlab import doctor
 from parlab.runs import registry as runs
 from parlab.runs.registry import all_schemes
-from tests.cli_in_process import run_cli
 
 COLUMNS = ["scheme", "backend", "world", "device", "passed", "max |err|", "twin", "seconds"]
 
