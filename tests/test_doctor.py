@@ -216,3 +216,17 @@ def test_a_launch_that_cannot_start_is_reported_and_fails_the_doctor(monkeypatch
     out = run_cli("doctor", "--quick", "--only", "collectives")
     assert out.returncode == 1
     assert out.stdout.strip().splitlines()[-1].startswith("doctor --quick: FAILED: the first on the GPU launch (nccl)")
+
+
+@pytest.mark.slow
+def test_the_one_gpu_plan_passes_on_gloo():
+    """What the doctor runs on a one-GPU machine (world 1 wherever a scheme admits it, gloo's 4 ranks elsewhere),
+    here on gloo: the world-1 paths (zero's wire check divided by zero there) are checked without a GPU."""
+    rows = [
+        doctor.run_scheme_row(name, scheme, gpus=1, quick=True, twin=True) for name, scheme in all_schemes().items()
+    ]
+    worlds = {r.scheme: r.world for r in rows}
+    assert {name for name, world in worlds.items() if world == 4} == {"megatron-sp", "usp", "hybrid", "ps"}
+    assert set(worlds.values()) == {1, 4}
+    failed = [(r.scheme, r.notes) for r in rows if not doctor.row_passed(r)]
+    assert not failed, failed
