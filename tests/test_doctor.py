@@ -218,7 +218,6 @@ def test_a_launch_that_cannot_start_is_reported_and_fails_the_doctor(monkeypatch
     assert out.stdout.strip().splitlines()[-1].startswith("doctor --quick: FAILED: the first on the GPU launch (nccl)")
 
 
-@pytest.mark.slow
 def test_the_one_gpu_plan_passes_on_gloo():
     """What the doctor runs on a one-GPU machine (world 1 wherever a scheme admits it, gloo's 4 ranks elsewhere),
     here on gloo: the world-1 paths (zero's wire check divided by zero there) are checked without a GPU."""
