@@ -6,11 +6,13 @@
     python -m parlab grade NOTEBOOK... [--json]        re-execute lab notebooks, print a score table
     python -m parlab plan --layers L --hidden H ...     which DP x TP x PP (+ SP, ZeRO, offload) fits a cluster
     python -m parlab figures --lesson 03 --out DIR      a lesson's figures as standalone HTML (+ PNG/SVG) files
+    python -m parlab doctor [--quick] [--json]          this machine, a launch's phases, every scheme and its twin
 
 The same `run` works as one rank of a torchrun job, on one machine or many:
     torchrun --standalone --nproc-per-node 4 -m parlab run collectives
 
-Bad options are refused with one `parlab: error: ...` line (exit status 2) before any process starts.
+Bad options are refused with one `parlab: error: ...` line (exit status 2) before any rank starts. (`run` and `tour`
+start the rank server at once, which imports torch while this process checks the options; it runs no rank code.)
 """
 
 from __future__ import annotations
@@ -52,6 +54,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     tour = commands.add_parser("tour", help="run every scheme that accepts the world size, one verdict line each")
     tour.add_argument("--world", type=int, default=4, help="number of ranks (default 4)")
     tour.add_argument("--no-twin", dest="twin", action="store_false", help="skip the PyTorch twins (parlab/twins)")
+    doctor = commands.add_parser(
+        "doctor",
+        help="check this machine: every scheme at the largest world it allows, with its twin, and a launch's phases",
+        description="Reports the machine (CPUs, GPUs, torch, CUDA, NCCL, gloo, the grading sandbox), times the "
+        "phases of a launch, and runs every scheme at the largest world size the machine allows (one GPU per rank "
+        "on NCCL, else 4 ranks on gloo) with its PyTorch twin. Exit status 0 when every scheme passes.",
+    )
+    doctor.add_argument("--quick", action="store_true", help="each scheme's fastest run that still checks it")
+    doctor.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    doctor.add_argument("--json-file", metavar="PATH", help="also write that JSON object to PATH")
+    doctor.add_argument("--no-twin", dest="twin", action="store_false", help="skip the PyTorch twins")
+    doctor.add_argument("--only", nargs="+", metavar="SCHEME", help="these schemes only (default: every one)")
     grade_parser = commands.add_parser("grade", help="re-execute lab notebooks and score their checks")
     if command in (None, "grade"):
         from parlab.grading import command as grade
@@ -75,6 +89,24 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         sub.add_argument("--no-twin", dest="twin", action="store_false", help=twin_help)
         scheme.options.add_arguments(sub, skip=dict(scheme.fixed))
     return parser
+
+
+def _start_rank_server() -> None:
+    """Start the rank server now, for a command that launches ranks: it imports torch (and torch._dynamo) in its
+    own process while this one imports torch to check the options, instead of after it (on the first GPU machine a
+    command-line run took 26-28 s where `import torch` took 4.4). It runs no rank code: options are still refused
+    before any rank starts, and the server stops with this process. Not under torchrun (it starts no ranks), nor
+    with PARLAB_WARM=0."""
+    from parlab.runtime import under_torchrun
+
+    if under_torchrun() or os.environ.get("PARLAB_WARM", "").strip() == "0":
+        return
+    from parlab.runtime.server import warm_up
+
+    try:
+        warm_up()
+    except OSError:  # the launch will say what is wrong
+        pass
 
 
 def _error(message: str) -> int:
@@ -167,6 +199,32 @@ def tour(world_size: int, twin: bool = True) -> int:
     return 0 if ok else 1
 
 
+def doctor(args: argparse.Namespace) -> int:
+    """`python -m parlab doctor`: checked here, before any process starts; parlab/doctor.py does the rest."""
+    from parlab.runtime import under_torchrun
+
+    if under_torchrun():
+        return _error("doctor starts its own ranks (parlab.launch): run it without torchrun")
+    if args.only:
+        from parlab.runs.registry import all_schemes
+
+        unknown = [name for name in args.only if name not in all_schemes()]
+        if unknown:
+            return _error(f"--only {' '.join(unknown)}: no such scheme; available: {', '.join(all_schemes())}")
+    from parlab import doctor as checks
+
+    if args.json_file and not os.path.isdir(os.path.dirname(os.path.abspath(args.json_file))):
+        return _error(f"--json-file {args.json_file}: its folder does not exist")
+    report = checks.doctor(quick=args.quick, twin=args.twin, only=args.only, echo=not args.json)
+    text = json.dumps(_json_safe(report))
+    if args.json:
+        print(text)
+    if args.json_file:
+        with open(args.json_file, "w") as f:
+            f.write(text + "\n")
+    return 0 if report["passed"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line's exit status: a command's own, 130 after Ctrl-C, 1 when stdout was closed early
     (`parlab plan | head -2`), each without a traceback."""
@@ -185,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     words = sys.argv[1:] if argv is None else argv
     command = next((word for word in words if not word.startswith("-")), "")  # "": none given (e.g. --help)
+    if command in ("run", "tour") and not {"-h", "--help"} & set(words):
+        _start_rank_server()
     args = build_parser(command).parse_args(argv)
     if args.command == "list":
         for name, help_line in CATALOG:
@@ -196,6 +256,8 @@ def _main(argv: list[str] | None) -> int:
         return grade.run(args)
     if args.command == "tour":
         return tour(args.world, args.twin)
+    if args.command == "doctor":
+        return doctor(args)
     if args.command == "figures":
         from parlab.lessons import figures
 

@@ -36,6 +36,7 @@ SECONDS_ALONE = {
     "test_browser.py": 65,
     "test_cli.py": 35,
     "03_pipeline_parallel.ipynb": 28,
+    "test_doctor.py": 60,
     "test_torchrun.py": 25,
     "test_launch_warm.py": 22,
     "test_offload.py": 19,

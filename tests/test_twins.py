@@ -110,6 +110,39 @@ def test_a_twin_that_cannot_run_says_why(scheme, options, why):
     assert why in twin["skipped"] and twin["name"]
 
 
+@pytest.mark.parametrize(
+    ("error", "parlabs"),
+    [
+        (RuntimeError("No backend type associated with device type cpu"), True),  # the first GPU run's tp twin
+        (RuntimeError("target is on cpu, different from other tensors on cuda:0 (when checking argument)"), True),
+        (RuntimeError("Expected all tensors to be on the same device, but found at least two devices"), True),
+        (
+            NotImplementedError("Operator aten._scaled_dot_product_flash_attention_for_cpu.default does not have a"),
+            False,
+        ),
+        (RuntimeError("Cannot access accelerator device when none is available."), False),
+    ],
+)
+def test_a_twin_on_the_wrong_device_fails_where_torchs_refusal_is_skipped(monkeypatch, error, parlabs):
+    """A tensor on the wrong device is parlab's bug: the twin FAILS (the first GPU run called two of them "torch
+    refused on this machine"); torch refusing an operation is a skip, quoted."""
+
+    def rank(opts, value):
+        raise error
+
+    monkeypatch.setattr(twins, "registry", lambda: {"tp": twins.Twin("a twin", rank, None)})
+    opts = get_scheme("tp").make_options(world_size=2)
+    outs = [twins.run_twin("tp", opts, value={})] * 2  # what each rank sent back
+    twin = twins.twin_report("tp", opts, results=None, outs=outs)
+    line = twins.twin_line({"scheme": "tp", "twin": twin})
+    if parlabs:
+        assert twin["passed"] is False and twin["error"].startswith("a tensor on the wrong device: RuntimeError: ")
+        assert line.startswith("tp vs a twin: FAIL: a tensor on the wrong device")
+    else:
+        assert "passed" not in twin and twin["skipped"].startswith("torch refused on this machine: ")
+        assert line.startswith("tp vs a twin: SKIPPED: torch refused")
+
+
 def test_every_listed_scheme_has_a_twin_or_a_reason():
     assert set(all_schemes()) <= set(twins.registry())
 

@@ -251,3 +251,13 @@ def test_fp16_overflow_skips_the_step_on_every_rank_and_halves_the_scale():
     for took, scale, params, before in launch(_overflowing_fp16_step, 2, echo=False):
         assert took is False and scale == 5e29
         assert _max_diff(params, before) == 0  # the master weights did not move
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_zero_on_one_rank_puts_nothing_on_a_wire(stage):
+    """World 1, what the doctor runs on a one-GPU machine: every stage still matches one device, and the wire check
+    says 0 = 0 (the ratio to a DP all-reduce, 0 / 0 there, raised ZeroDivisionError)."""
+    _, report = run_zero(world_size=1, stage=stage, steps=1, layers=1)
+    assert report["passed"], report["verdicts"]
+    assert report["verdicts"][-1] == "wire bytes per step (ring): measured 0 = theory 0 on one rank: PASS"
+    assert report["comm"]["measured_ratio"] is None and report["comm"]["theory_ratio"] == (1.5 if stage == 3 else 1.0)

@@ -67,8 +67,15 @@ def _leaves(value: Any) -> list:
     return [value]
 
 
+def host_values(numbers: Any, dtype: torch.dtype) -> torch.Tensor:
+    """Plain numbers (a run's losses, say) as a tensor of the run's dtype, on the host where verdicts are made:
+    compare() takes its tolerance from the dtype, so a float32 run is held to float32's."""
+    return torch.tensor(list(numbers), dtype=dtype)  # host: verdicts are made on the host
+
+
 def _as_tensor(x: Any) -> torch.Tensor:
-    return x.detach().cpu() if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+    # host: verdicts compare on the host, whatever device the ranks computed on
+    return x.detach().cpu() if isinstance(x, torch.Tensor) else torch.as_tensor(x)  # host: see above
 
 
 def max_abs_error(parallel: Any, reference: Any) -> tuple[float, str]:

@@ -20,9 +20,11 @@ sends 2(P-1)/P x N, which is why lessons print that theory beside the measured p
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -96,14 +98,61 @@ def _axis(group) -> str | None:
     return desc.removeprefix("mesh_") if desc.startswith("mesh_") else None
 
 
-def device() -> torch.device:
+def device(group=None) -> torch.device:
     """The device this rank's tensors live on: its own GPU under NCCL, else the CPU (parlab.device()).
 
-    Every tensor a rank hands to a collective must be on it: NCCL refuses a CPU tensor ("No backend type
-    associated with device type cpu")."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
+    group: the device of that group's collectives (default: the whole world's). Every tensor a rank hands to a
+    collective must be on it: NCCL refuses a CPU tensor ("No backend type associated with device type cpu"), and
+    parlab's gloo runs keep everything on the CPU. The traced calls below check it (see `check_device`)."""
+    if dist.is_initialized() and _backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def _backend(group) -> str:
+    """The backend of `group` ("gloo", "nccl"); a function of its own so that a test can pretend to be NCCL."""
+    return dist.get_backend(group)
+
+
+class DeviceMismatch(RuntimeError):
+    """A tensor handed to a traced collective is not on the device of the group it is handed to."""
+
+
+def check_device(what: str, group, tensors: Sequence[torch.Tensor]) -> None:
+    """Refuse, before torch.distributed sees it, a tensor that is not on `group`'s device (see `device`).
+
+    NCCL's own error for a CPU tensor names neither the tensor nor the line that made it; this one names the call
+    and the line of the scheme (the first caller outside this file) that handed it over."""
+    if not dist.is_initialized():
+        return
+    backend = _backend(group)
+    if backend not in ("gloo", "nccl"):  # a mixed backend ("cpu:gloo,cuda:nccl") takes either device
+        return
+    expected = device(group)
+    for tensor in tensors:
+        if tensor.device != expected:
+            raise DeviceMismatch(
+                f"comm.{what}: a tensor on {tensor.device}, but this rank's {backend} group works on {expected}"
+                f"{' (NCCL refuses CPU tensors)' if backend == 'nccl' else ''}: make it on parlab.device() "
+                f"(draw on the host with the seeded generator, then .to(parlab.device())); "
+                f"handed over at {_caller()}"
+            )
+
+
+def _caller() -> str:
+    """'path:line (function)' of the first frame outside this file: the scheme's line that made the call."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    if frame is None:
+        return "an unknown place"
+    path = Path(frame.f_code.co_filename)
+    root = Path(__file__).resolve().parents[2]  # the folder that holds the parlab package
+    try:
+        path = path.resolve().relative_to(root)
+    except ValueError:  # outside the repository (a notebook cell, a script): the path as Python has it
+        pass
+    return f"{path.as_posix()}:{frame.f_lineno} ({frame.f_code.co_name})"
 
 
 def group_rank(group=None) -> int:
@@ -163,6 +212,7 @@ def _run(kind, call, tensor, nbytes, async_op, label="", peer=None, group=None):
         peer=peer,
         group=_group_ranks(group),
         axis=_axis(group),
+        device=None if kind == "barrier" else str(tensor.device),  # (a barrier's marker is never handed over)
     )
     _events.append(event)
     if event_hook is not None:
@@ -200,48 +250,56 @@ def _hook(event: Event, index: int, state: str) -> None:
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, label=""):
     """Every rank ends with the reduction (sum by default) of all ranks' `tensor`, in place."""
+    check_device("all_reduce", group, [tensor])
     call = lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op)  # noqa: E731
     return _run("all_reduce", call, tensor, _nbytes(tensor), async_op, label, group=group)
 
 
 def broadcast(tensor, src, group=None, async_op=False, label=""):
     """Every rank ends with rank `src`'s `tensor`, in place."""
+    check_device("broadcast", group, [tensor])
     call = lambda: dist.broadcast(tensor, src=src, group=group, async_op=async_op)  # noqa: E731
     return _run("broadcast", call, tensor, _nbytes(tensor), async_op, label, peer=src, group=group)
 
 
 def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, label=""):
     """Rank `dst` ends with the reduction of all ranks' `tensor`."""
+    check_device("reduce", group, [tensor])
     call = lambda: dist.reduce(tensor, dst=dst, op=op, group=group, async_op=async_op)  # noqa: E731
     return _run("reduce", call, tensor, _nbytes(tensor), async_op, label, peer=dst, group=group)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False, label=""):
     """tensor_list[r] <- rank r's `tensor`, on every rank."""
+    check_device("all_gather", group, [*tensor_list, tensor])
     call = lambda: dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)  # noqa: E731
     return _run("all_gather", call, tensor, _nbytes(tensor), async_op, label, group=group)
 
 
 def all_gather_into_tensor(output, tensor, group=None, async_op=False, label=""):
     """output = concatenation of every rank's `tensor` along dim 0, on every rank."""
+    check_device("all_gather_into_tensor", group, [output, tensor])
     call = lambda: _all_gather_single(output, tensor, group=group, async_op=async_op)  # noqa: E731
     return _run("all_gather", call, output, _nbytes(tensor), async_op, label, group=group)
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, label=""):
     """Rank r's `output` <- the reduction over ranks of their input_list[r]."""
+    check_device("reduce_scatter", group, [output, *input_list])
     call = lambda: dist.reduce_scatter(output, input_list, op=op, group=group, async_op=async_op)  # noqa: E731
     return _run("reduce_scatter", call, output, _nbytes(input_list), async_op, label, group=group)
 
 
 def reduce_scatter_tensor(output, tensor, op=ReduceOp.SUM, group=None, async_op=False, label=""):
     """Rank r's `output` <- the reduction over ranks of chunk r (along dim 0) of their `tensor`."""
+    check_device("reduce_scatter_tensor", group, [output, tensor])
     call = lambda: _reduce_scatter_single(output, tensor, op=op, group=group, async_op=async_op)  # noqa: E731
     return _run("reduce_scatter", call, output, _nbytes(tensor), async_op, label, group=group)
 
 
 def all_to_all(output_list, input_list, group=None, async_op=False, label=""):
     """output_list[s] on rank r <- input_list[r] of rank s: every rank sends one chunk to every rank."""
+    check_device("all_to_all", group, [*output_list, *input_list])
     call = lambda: dist.all_to_all(output_list, input_list, group=group, async_op=async_op)  # noqa: E731
     return _run("all_to_all", call, output_list[0], _nbytes(input_list), async_op, label, group=group)
 
@@ -251,6 +309,7 @@ def all_to_all_single(
 ):
     """Like all_to_all with the chunks taken along dim 0 of one tensor: equal chunks, or uneven ones given by the
     split sizes (rows of `tensor` for each rank, rows of `output` from each rank; expert parallelism's tokens)."""
+    check_device("all_to_all_single", group, [output, tensor])
     call = lambda: dist.all_to_all_single(  # noqa: E731
         output, tensor, output_split_sizes, input_split_sizes, group=group, async_op=async_op
     )
@@ -259,7 +318,7 @@ def all_to_all_single(
 
 def barrier(group=None, label=""):
     """Wait until every rank of the group gets here (no payload)."""
-    marker = torch.zeros(0)
+    marker = torch.zeros(0)  # host: an empty marker for the trace, never handed to torch.distributed
     return _run("barrier", lambda: dist.barrier(group=group), marker, 0, False, label, group=group)
 
 
@@ -268,6 +327,7 @@ def barrier(group=None, label=""):
 
 def send(tensor, dst, group=None, label=""):
     """Send `tensor` to rank `dst`; returns once the data has left this rank."""
+    check_device("send", group, [tensor])
     call = lambda: dist.send(tensor, dst=dst, group=group)  # noqa: E731
     return _run("send", call, tensor, _nbytes(tensor), False, label, dst, group)
 
@@ -275,18 +335,21 @@ def send(tensor, dst, group=None, label=""):
 def recv(tensor, src, group=None, label=""):
     """Receive into `tensor` from rank `src` (None: from whichever rank sends first); returns the sender's
     global rank, as dist.recv does."""
+    check_device("recv", group, [tensor])
     call = lambda: dist.recv(tensor, src=src, group=group)  # noqa: E731
     return _run("recv", call, tensor, _nbytes(tensor), False, label, src, group)
 
 
 def isend(tensor, dst, group=None, label=""):
     """Start sending `tensor` to rank `dst`; call .wait() on the result before reusing `tensor`."""
+    check_device("isend", group, [tensor])
     call = lambda: dist.isend(tensor, dst=dst, group=group)  # noqa: E731
     return _run("send", call, tensor, _nbytes(tensor), True, label, dst, group)
 
 
 def irecv(tensor, src, group=None, label=""):
     """Start receiving into `tensor` from rank `src`; call .wait() before reading it."""
+    check_device("irecv", group, [tensor])
     call = lambda: dist.irecv(tensor, src=src, group=group)  # noqa: E731
     return _run("recv", call, tensor, _nbytes(tensor), True, label, src, group)
 
@@ -313,8 +376,9 @@ def span(label: str, kind: str = "compute", **extra) -> Iterator[Event]:
         yield event
         finished = True
     finally:
-        # GPU kernels run asynchronously: wait for them, or the span would end when they were queued.
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # GPU kernels run asynchronously: wait for them, or the span would end when they were queued. Only where
+        # CUDA has started (is_available() would start the driver in every gloo rank of a GPU machine).
+        if torch.cuda.is_initialized():
             torch.cuda.synchronize()
         if finished:
             pace.hold_compute(event)  # an emulated device: held to its modelled duration (parlab.core.pace)

@@ -131,7 +131,7 @@ class RMSNorm(nn.Module):
     def __init__(self, hidden: int, eps: float):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden))
+        self.weight = nn.Parameter(torch.ones(hidden))  # host: built with the module, moved with it (.to)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
@@ -215,9 +215,10 @@ def lab_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def build_lab_model(cfg: LabConfig | None = None, seed: int = 0) -> LabModel:
+def build_lab_model(cfg: LabConfig | None = None, seed: int = 0, device: torch.device | str | None = None) -> LabModel:
     """The lab model with deterministic weights: N(0, 0.02) matrices, unit RMSNorm gains. Its own generator: the
-    result depends on `seed` and `cfg` only."""
+    result depends on `seed` and `cfg` only. device: where it lives (rank code: parlab.device()); drawn on the
+    host, then moved."""
     cfg = cfg or LabConfig()
     model = LabModel(cfg).to(cfg.torch_dtype)
     gen = torch.Generator().manual_seed(seed)
@@ -226,13 +227,16 @@ def build_lab_model(cfg: LabConfig | None = None, seed: int = 0) -> LabModel:
             if "norm" in name:
                 p.fill_(1.0)
             else:  # host: the seeded draw, then copied into the parameter wherever it lives
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.02)
-    return model
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.02)  # host: the seeded draw
+    return model if device is None else model.to(device)
 
 
-def lab_batches(cfg: LabConfig, batch_size: int, steps: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`steps` global batches (x, y) of parlab's synthetic corpus: x, y: [batch_size, seq_len] token ids."""
-    return make_batches(cfg, batch_size, steps, seed)
+def lab_batches(
+    cfg: LabConfig, batch_size: int, steps: int, seed: int = 0, device: torch.device | str | None = None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`steps` global batches (x, y) of parlab's synthetic corpus: x, y: [batch_size, seq_len] token ids (moved to
+    `device` when given)."""
+    return make_batches(cfg, batch_size, steps, seed, device=device)
 
 
 def train_lab_single_device(
@@ -248,4 +252,5 @@ def train_lab_single_device(
     def loss_of(model: LabModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return lab_loss(model(x), y)
 
-    return train_model(build_lab_model(cfg, seed), batches, loss_of, optimizer, lr)
+    device = batches[0][0].device if batches else None  # the reference trains where its batches are (the host)
+    return train_model(build_lab_model(cfg, seed, device=device), batches, loss_of, optimizer, lr)

@@ -185,10 +185,12 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def build_model(cfg: GPTConfig, seed: int = 0) -> GPT:
+def build_model(cfg: GPTConfig, seed: int = 0, device: torch.device | str | None = None) -> GPT:
     """The GPT with deterministic weights: N(0, 0.02) matrices, zero biases, unit LayerNorm gains.
 
     Uses its own generator, so the result depends on `seed` and `cfg` only (not on the global RNG).
+    device: where the model lives (rank code passes parlab.device(): its GPU under NCCL). The weights are drawn on
+    the host with the CPU generator and then moved, so every device gets the same numbers.
     """
     model = GPT(cfg).to(cfg.torch_dtype)
     gen = torch.Generator().manual_seed(seed)
@@ -199,8 +201,8 @@ def build_model(cfg: GPTConfig, seed: int = 0) -> GPT:
             elif ".ln" in name or name.startswith("ln_"):
                 p.fill_(1.0)
             else:
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.02)
-    return model
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.02)  # host: the seeded draw
+    return model if device is None else model.to(device)
 
 
 # ------------------------------------------------------------------------------------------------------ data
@@ -212,29 +214,34 @@ def synthetic_corpus(vocab_size: int = 64, length: int = 4096, seed: int = 0) ->
 
     Generated here (no download): a random sparse bigram table, then a walk through it. [length] int64.
     """
+    # The whole corpus is drawn on the host with the seeded CPU generator; make_batches moves the batches.
     gen = torch.Generator().manual_seed(seed)
-    successors = torch.randint(vocab_size, (vocab_size, 3), generator=gen)  # each token's 3 likely next tokens
-    tokens = torch.empty(length, dtype=torch.long)
+    successors = torch.randint(vocab_size, (vocab_size, 3), generator=gen)  # host: each token's 3 likely next tokens
+    tokens = torch.empty(length, dtype=torch.long)  # host: the walk below, on the host
     tokens[0] = 0
-    choices = torch.randint(3, (length,), generator=gen)
-    noise = torch.rand(length, generator=gen) < 0.1  # 10% of the time: any token
-    random_tokens = torch.randint(vocab_size, (length,), generator=gen)
+    choices = torch.randint(3, (length,), generator=gen)  # host: the seeded draw
+    noise = torch.rand(length, generator=gen) < 0.1  # host: 10% of the time, any token
+    random_tokens = torch.randint(vocab_size, (length,), generator=gen)  # host: the seeded draw
     for i in range(1, length):
         nxt = successors[tokens[i - 1], choices[i]]
         tokens[i] = random_tokens[i] if noise[i] else nxt
     return tokens
 
 
-def make_batches(cfg: GPTConfig, batch_size: int, steps: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`steps` global batches (x, y) of the synthetic corpus: x, y: [batch_size, seq_len], y = x shifted by one."""
+def make_batches(
+    cfg: GPTConfig, batch_size: int, steps: int, seed: int = 0, device: torch.device | str | None = None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`steps` global batches (x, y) of the synthetic corpus: x, y: [batch_size, seq_len], y = x shifted by one.
+
+    device: where the batches go (rank code passes parlab.device()); they are drawn on the host, then moved."""
     corpus = synthetic_corpus(cfg.vocab_size, seed=seed)
     gen = torch.Generator().manual_seed(seed + 1)
     batches = []
     for _ in range(steps):
-        starts = torch.randint(len(corpus) - cfg.seq_len - 1, (batch_size,), generator=gen)
+        starts = torch.randint(len(corpus) - cfg.seq_len - 1, (batch_size,), generator=gen)  # host: seeded draw
         x = torch.stack([corpus[s : s + cfg.seq_len] for s in starts])
         y = torch.stack([corpus[s + 1 : s + cfg.seq_len + 1] for s in starts])
-        batches.append((x, y))
+        batches.append((x, y) if device is None else (x.to(device), y.to(device)))
     return batches
 
 
@@ -270,7 +277,8 @@ def train_single_device(
     def loss_of(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return lm_loss(model(x), y) + aux_loss(model)  # + the MoE load-balancing loss (0 without MoE)
 
-    return train_model(build_model(cfg, seed), batches, loss_of, optimizer, lr)
+    device = batches[0][0].device if batches else None  # the reference trains where its batches are (the host)
+    return train_model(build_model(cfg, seed, device=device), batches, loss_of, optimizer, lr)
 
 
 def train_model(

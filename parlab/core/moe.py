@@ -160,7 +160,7 @@ class MoE(nn.Module):
     def sequence_order(self, seq: int) -> torch.Tensor:
         """The positions [T] with each sequence group's side by side (arange(T) without seq_groups)."""
         blocks = self.cfg.seq_groups or (tuple(range(seq)),)
-        order = torch.tensor([t for block in blocks for t in block])
+        order = torch.tensor([t for block in blocks for t in block])  # host: indices, moved where they are used
         if sorted(order.tolist()) != list(range(seq)) or len({len(b) for b in blocks}) != 1:
             raise ValueError(f"seq_groups={blocks} is not a partition of range({seq}) into equal blocks")
         return order

@@ -24,6 +24,7 @@ class Event:
     peer:  the other rank (global) of a send/recv; group: the ranks of the call's group (None: all ranks)
     axis:  the device-mesh axis of that group ("dp", "tp", ...), None outside a mesh
     end:   None until an asynchronous operation has been waited for
+    device: where the tensors handed to torch.distributed lived ("cpu", "cuda:0"); None for compute and barriers
     """
 
     rank: int
@@ -36,6 +37,7 @@ class Event:
     group: tuple[int, ...] | None = None
     axis: str | None = None
     extra: dict = field(default_factory=dict)
+    device: str | None = None
 
     @property
     def is_compute(self) -> bool:

@@ -27,15 +27,15 @@ COLLECTIVES = ("broadcast", "all_reduce", "reduce_scatter", "all_gather", "all_t
 # ------------------------------------------------------------------------------ the collectives, chunk by chunk
 
 
-def initial_chunks(rank: int, world_size: int) -> torch.Tensor:
+def initial_chunks(rank: int, world_size: int, device=None) -> torch.Tensor:
     """What rank r holds before a collective: P chunks with values 100 r + c, so a value names its origin."""
-    return torch.tensor([100.0 * rank + c for c in range(world_size)], dtype=torch.float64)
+    return torch.tensor([100.0 * rank + c for c in range(world_size)], dtype=torch.float64, device=device)
 
 
 def collective_rank_fn(kind: str) -> dict:
     """Run one collective on P chunks per rank; return the chunks before and after. A chunk is one number."""
     P, r = comm.group_size(), comm.group_rank()
-    before = initial_chunks(r, P)
+    before = initial_chunks(r, P, comm.device())  # on this rank's device: its GPU under NCCL
     x = before.clone()
     if kind == "broadcast":
         comm.broadcast(x, src=0)
@@ -44,16 +44,16 @@ def collective_rank_fn(kind: str) -> dict:
         comm.all_reduce(x)
         after = x
     elif kind == "reduce_scatter":
-        mine = torch.zeros(1, dtype=x.dtype)
+        mine = torch.zeros(1, dtype=x.dtype, device=x.device)
         comm.reduce_scatter_tensor(mine, x)  # rank r gets the sum over ranks of chunk r
-        after = torch.full((P,), float("nan"), dtype=x.dtype)
+        after = torch.full((P,), float("nan"), dtype=x.dtype, device=x.device)
         after[r] = mine
     elif kind == "all_gather":
         mine = x[r : r + 1].clone()  # each rank contributes its own chunk r
-        after = torch.empty(P, dtype=x.dtype)
+        after = torch.empty(P, dtype=x.dtype, device=x.device)
         comm.all_gather_into_tensor(after, mine)
     elif kind == "all_to_all":
-        after = torch.empty(P, dtype=x.dtype)
+        after = torch.empty(P, dtype=x.dtype, device=x.device)
         comm.all_to_all_single(after, x)  # chunk c of rank r goes to rank c, as its chunk r
     elif kind == "send_recv":
         after = x.clone()  # rank r sends its whole row to rank r+1 (ring shift), receives from r-1
@@ -159,7 +159,7 @@ def ring_demo_rank_fn() -> list:
     """Rank code for the picture: rank r contributes 2^r in every chunk, so a sum's bits name its contributors."""
     P, r = comm.group_size(), comm.group_rank()
     history: list = []
-    ring_all_reduce(torch.full((P,), 2.0**r, dtype=torch.float64), history)
+    ring_all_reduce(torch.full((P,), 2.0**r, dtype=torch.float64, device=comm.device()), history)
     return [torch.cat(snapshot) for snapshot in history]  # 2(P-1) + 1 snapshots, each [P] (one value a chunk)
 
 

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from parlab.core import comm
 from parlab.core.check import Verdict, compare
 from parlab.core.memory import saved_activations
 from parlab.core.models import GPTConfig, build_model, lm_loss, make_batches
@@ -40,14 +41,15 @@ from parlab.views.plots import rank_color, square_legend, style
 def attention_inputs(seq: int, heads: int = 4, head_size: int = 4, dtype=torch.float64) -> list[torch.Tensor]:
     """The whole sequence's q, k, v and an upstream gradient dL/dout: [1, nh, T, hs] each (seeded)."""
     gen = torch.Generator().manual_seed(0)
-    return [torch.randn(1, heads, seq, head_size, generator=gen, dtype=torch.float64).to(dtype) for _ in range(4)]
+    shape = (1, heads, seq, head_size)
+    return [torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype) for _ in range(4)]  # host: seeded draw
 
 
 def attention_rank_fn(method: str, layout: str, causal: bool, seq: int) -> list[torch.Tensor]:
     """Rank code: ring or Ulysses attention, forward and backward, on this rank's block of the seeded inputs.
     Returns [out, dq, dk, dv], this rank's blocks."""
     rank, P = dist.get_rank(), dist.get_world_size()
-    q, k, v, dout = attention_inputs(seq)
+    q, k, v, dout = (t.to(comm.device()) for t in attention_inputs(seq))  # drawn on the host, moved to the device
     mine = [sequence_split(t, rank, P, 2, layout).requires_grad_() for t in (q, k, v)]
     if method == "ulysses":
         out = ulysses_attention(*mine, causal=causal)
@@ -192,7 +194,7 @@ def _rect(x0, y0, x1, y1, color, width=0.6):
 def ulysses_demo_rank_fn(heads: int, seq: int) -> dict:
     """Rank code: seq_to_heads on a tensor whose values name their place: 100 x sequence block + head."""
     rank, P = dist.get_rank(), dist.get_world_size()
-    head = torch.arange(heads, dtype=torch.float64).view(1, heads, 1, 1)
+    head = torch.arange(heads, dtype=torch.float64, device=comm.device()).view(1, heads, 1, 1)
     x = (100.0 * rank + head).expand(1, heads, seq // P, 1).contiguous()  # my block, all heads: [1, nh, T/P, 1]
     y = seq_to_heads(x)  # [1, nh/P, T, 1]
     return {"before": x[0, :, 0, 0], "after": y[0, :, :: seq // P, 0]}  # per head; per head and sequence block
@@ -303,11 +305,11 @@ def memory_config(seq: int, dtype: str = "float64") -> GPTConfig:
 
 def activations_rank_fn(method: str, seqs: list[int], batch: int) -> dict[int, int]:
     """Rank code: saved activations (bytes) of one forward + loss of the GPT on this rank, per sequence length."""
-    out = {}
+    out, dev = {}, comm.device()
     for T in seqs:
         cfg = memory_config(T)
-        full = build_model(cfg)
-        x, y = make_batches(cfg, batch, 1)[0]
+        full = build_model(cfg, device=dev)
+        x, y = make_batches(cfg, batch, 1, device=dev)[0]
         if method == "megatron-sp":
             model = MegatronSPGPT(full)
             with saved_activations(exclude=model) as saved:
@@ -377,7 +379,10 @@ def usp_demo_rank_fn(ulysses: int, ring: int, heads: int, seq: int, layout: str)
 
     mesh = DeviceMesh(usp_mesh_axes(ulysses, ring))
     g, u = mesh.index("ring"), mesh.index("ulysses")
-    place = 1000.0 * torch.arange(heads).view(1, heads, 1, 1) + torch.arange(seq).view(1, 1, seq, 1)
+    dev = comm.device()
+    place = 1000.0 * torch.arange(heads, device=dev).view(1, heads, 1, 1) + torch.arange(seq, device=dev).view(
+        1, 1, seq, 1
+    )
     mine = usp_split(place.to(torch.float64), g, u, ring, ulysses, 2, layout).contiguous()  # [1, nh, T/P, 1]
     inside = seq_to_heads(mine, group=mesh.group("ulysses"))  # [1, nh/U, T/R, 1]: what the ring attention sees
     return {"between": mine.flatten().tolist(), "inside": inside.flatten().tolist()}

@@ -60,13 +60,14 @@ SPLITS = ("columns", "rows")
 def gemm_inputs(M: int, K: int, N: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """A: [M, K], B: [K, N], float64, the same on every rank."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(M, K, generator=gen, dtype=torch.float64), torch.randn(K, N, generator=gen, dtype=torch.float64)
+    A = torch.randn(M, K, generator=gen, dtype=torch.float64)  # host: the seeded draw (rank code moves it)
+    return A, torch.randn(K, N, generator=gen, dtype=torch.float64)  # host: the seeded draw
 
 
 def gemm_rank_fn(split: str, M: int, K: int, N: int, seed: int = 0) -> dict:
     """Rank code: C = A B with B split by columns (all-gather C) or by rows (all-reduce the partial C's)."""
     rank, P = dist.get_rank(), dist.get_world_size()
-    A, B = gemm_inputs(M, K, N, seed)
+    A, B = (t.to(comm.device()) for t in gemm_inputs(M, K, N, seed))  # drawn on the host, moved to the device
     if split == "columns":  # C = A [B_0 | B_1 | ...] = [A B_0 | A B_1 | ...]
         A_r, B_r = A, B.chunk(P, dim=1)[rank]  # A replicated [M, K]; rank r holds B's columns: [K, N/P]
         C_r = A_r @ B_r  # [M, N/P]: rank r's columns of C, complete
@@ -142,9 +143,10 @@ def gemm_figure(results: Results, split: str) -> go.Figure:
 def held_numbers_rank_fn(kind: str, in_features: int, out_features: int) -> torch.Tensor:
     """Rank code: fill an nn.Linear's W with its element numbers, build this rank's column- or row-parallel slice
     of it, and return the numbers the slice holds."""
-    numbered = nn.Linear(in_features, out_features, bias=False).to(torch.float64)
+    numbered = nn.Linear(in_features, out_features, bias=False).to(comm.device(), torch.float64)
+    weight = numbered.weight
     with torch.no_grad():
-        numbered.weight.copy_(torch.arange(numbered.weight.numel(), dtype=torch.float64).view_as(numbered.weight))
+        weight.copy_(torch.arange(weight.numel(), dtype=torch.float64, device=weight.device).view_as(weight))
     layer_class = ColumnParallelLinear if kind == "column" else RowParallelLinear
     return layer_class(numbered).weight.detach().long().flatten()
 
@@ -208,24 +210,26 @@ def layer_config(dtype: str = "float64") -> GPTConfig:
     return GPTConfig(vocab_size=64, seq_len=8, hidden=32, heads=8, layers=1, ffn=128, dtype=dtype)
 
 
-def layer_inputs(cfg: GPTConfig, batch: int, seed: int) -> dict[str, torch.Tensor]:
-    """The same inputs and upstream gradients on every rank and in the parent (its own generator)."""
+def layer_inputs(cfg: GPTConfig, batch: int, seed: int, device=None) -> dict[str, torch.Tensor]:
+    """The same inputs and upstream gradients on every rank and in the parent (its own generator): drawn on the
+    host, then moved to `device` (rank code: parlab.device())."""
     gen = torch.Generator().manual_seed(seed + 1000)
     B, T, H, F_, V = batch, cfg.seq_len, cfg.hidden, cfg.ffn, cfg.vocab_size
 
     def randn(*shape):
-        return torch.randn(shape, generator=gen, dtype=torch.float64).to(cfg.torch_dtype)
+        return torch.randn(shape, generator=gen, dtype=torch.float64).to(cfg.torch_dtype)  # host: moved below
 
-    return {
+    inputs = {
         "x": randn(B, T, H),  # a block's input
         "h": randn(B, T, F_),  # an FFN activation (the row-parallel layer's input)
         "logits": randn(B, T, V),
-        "idx": torch.randint(V, (B, T), generator=gen),
-        "targets": torch.randint(V, (B, T), generator=gen),
+        "idx": torch.randint(V, (B, T), generator=gen),  # host: moved below
+        "targets": torch.randint(V, (B, T), generator=gen),  # host: moved below
         "dy_H": randn(B, T, H),  # upstream gradients: the "loss" of a layer is sum(y * dy)
         "dy_F": randn(B, T, F_),
-        "dy_1": torch.ones((), dtype=cfg.torch_dtype),
+        "dy_1": torch.ones((), dtype=cfg.torch_dtype),  # host: moved below
     }
+    return {name: t.to(device) for name, t in inputs.items()}
 
 
 # name: (the unsharded layer in build_model(cfg), its input, the input's split dim, upstream grad, output split dim)
@@ -269,8 +273,8 @@ def _mine(t: torch.Tensor, dim: int | None, rank: int, P: int) -> torch.Tensor:
 
 def layers_rank_fn(cfg: GPTConfig, batch: int, seed: int) -> dict:
     """Rank code: run each of LAYERS forward and backward on its slice; return outputs and gradients (slices)."""
-    rank, P = comm.group_rank(), comm.group_size()
-    full, inputs = build_model(cfg, seed), layer_inputs(cfg, batch, seed)
+    rank, P, dev = comm.group_rank(), comm.group_size(), comm.device()
+    full, inputs = build_model(cfg, seed, device=dev), layer_inputs(cfg, batch, seed, device=dev)
     out = {}
     for name, (_, x_key, x_dim, dy_key, y_dim) in LAYERS.items():
         layer = _tp_layer(name, full, inputs["targets"], rank, P)
@@ -324,7 +328,7 @@ def check_layers(world_size: int = 4, dtype: str = "float64", seed: int = 0, bat
     cfg = layer_config(dtype)
     _check_sizes(cfg, world_size)
     results = launch(layers_rank_fn, world_size, cfg, batch, seed, echo=False)
-    full, inputs = build_model(cfg, seed), layer_inputs(cfg, batch, seed)
+    full, inputs = build_model(cfg, seed), layer_inputs(cfg, batch, seed)  # host: the parent's reference
     verdicts = []
     for name, (_, x_key, _, dy_key, _) in LAYERS.items():
         layer = _reference_layer(name, full, inputs["targets"])

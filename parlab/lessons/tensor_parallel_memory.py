@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from parlab.core import comm
 from parlab.core.memory import tensor_bytes
 from parlab.core.models import RECOMPUTE, GPTConfig, build_model
 from parlab.runs.tensor_parallel import TPOptions
@@ -33,7 +34,7 @@ def _check_sizes(cfg: GPTConfig, world_size: int) -> None:
 
 def param_bytes_rank_fn(cfg: GPTConfig) -> int:
     """Rank code: build this rank's slice of the model and count the bytes of the tensors it holds."""
-    return tensor_bytes(TensorParallelGPT(build_model(cfg)).parameters())
+    return tensor_bytes(TensorParallelGPT(build_model(cfg, device=comm.device())).parameters())
 
 
 def measure_param_bytes(cfg: GPTConfig, world_sizes=(1, 2, 4, 8)) -> dict[int, list[int]]:
@@ -140,10 +141,10 @@ def parallel_forms_rank_fn(cfg: GPTConfig, batch: int) -> dict[str, int]:
     from parlab.core.memory import saved_activations
     from parlab.schemes.sequence.sequence_parallel import MegatronSPGPT
 
-    out, P = {}, dist.get_world_size()
+    out, P, dev = {}, dist.get_world_size(), comm.device()
     for form, make, T in (("tp", TensorParallelGPT, cfg.seq_len), ("tp+sp", MegatronSPGPT, cfg.seq_len // P)):
-        block = make(build_model(cfg)).blocks[0]
-        x = torch.randn(batch, T, cfg.hidden, dtype=cfg.torch_dtype, requires_grad=True)  # this rank's input
+        block = make(build_model(cfg, device=dev)).blocks[0]
+        x = torch.randn(batch, T, cfg.hidden, dtype=cfg.torch_dtype, device=dev, requires_grad=True)  # rank's input
         with saved_activations(exclude=block) as saved:
             block(x)
         out[form] = saved.bytes

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from IPython.display import Markdown
 
+from parlab.core import comm
 from parlab.runs.registry import launch_scheme
 from parlab.runtime.launcher import launch
 
@@ -67,6 +68,8 @@ def twin_lines(report: dict, rank: int = 0) -> list[str]:
     twin = report["twin"]
     if "skipped" in twin:
         return [f"{report['scheme']} vs {twin['name']}: SKIPPED: {twin['skipped']}"]
+    if "error" in twin:  # it could not run, through parlab's fault (a tensor on the wrong device)
+        return [f"{report['scheme']} vs {twin['name']}: FAIL: {twin['error']}"]
     lines = [f"{report['scheme']} vs {twin['name']}:"] + [f"  {line}" for line in twin["verdicts"]]
     if twin["comm"] is not None:
         ours = {k: v for k, v in report["comm"].items() if isinstance(v, list) and len(v) == report["world_size"]}
@@ -90,8 +93,8 @@ def _placements_rank() -> list[dict]:
 
     from parlab.twins.record import recording
 
-    P, rank = dist.get_world_size(), dist.get_rank()
-    mesh = init_device_mesh("cpu", (P,))
+    P, rank, dev = dist.get_world_size(), dist.get_rank(), comm.device()
+    mesh = init_device_mesh(dev.type, (P,))  # on this rank's device: "cpu" under gloo
     rows = []
 
     def change(label, make, target):
@@ -101,7 +104,7 @@ def _placements_rank() -> list[dict]:
         ops = ", ".join(f"{e.kind} {e.bytes} B" for e in events) or "none (a local slice or copy)"
         rows.append({"change": label, "collectives": ops, "local shape": list(out.shape)})
 
-    mine = torch.arange(4, dtype=torch.float64) + 10 * rank  # this rank's 4 numbers
+    mine = torch.arange(4, dtype=torch.float64, device=dev) + 10 * rank  # this rank's 4 numbers
     change("Partial(sum) -> Replicate", lambda: DTensor.from_local(mine, mesh, [Partial()]), Replicate())
     change("Partial(sum) -> Shard(0)", lambda: DTensor.from_local(mine, mesh, [Partial()]), Shard(0))
     change("Shard(0) -> Replicate", lambda: DTensor.from_local(mine, mesh, [Shard(0)]), Replicate())
@@ -109,7 +112,8 @@ def _placements_rank() -> list[dict]:
 
     # Where a Partial comes from: a row-parallel matmul. x [2, 4] split by columns, w [4, 3] by rows.
     gen = torch.Generator().manual_seed(0)
-    x, w = torch.randn(2, 4, generator=gen, dtype=torch.float64), torch.randn(4, 3, generator=gen, dtype=torch.float64)
+    x = torch.randn(2, 4, generator=gen, dtype=torch.float64).to(dev)  # host: the seeded draw, moved
+    w = torch.randn(4, 3, generator=gen, dtype=torch.float64).to(dev)  # host: the seeded draw, moved
     with recording() as events:
         y = distribute_tensor(x, mesh, [Shard(1)], src_data_rank=None) @ distribute_tensor(
             w, mesh, [Shard(0)], src_data_rank=None
@@ -150,9 +154,10 @@ def _mismatch_rank() -> dict:
     os.environ["TORCH_FR_BUFFER_SIZE"] = "64"  # the flight recorder: the last 64 collectives of each group
     dist.set_debug_level(dist.DebugLevel.DETAIL)  # what TORCH_DISTRIBUTED_DEBUG=DETAIL sets at start-up
     group = dist.new_group(list(range(dist.get_world_size())))  # checked: wrapped in ProcessGroupWrapper
-    dist.all_reduce(torch.ones(4), group=group)
+    dev = comm.device()
+    dist.all_reduce(torch.ones(4, device=dev), group=group)
     try:  # rank 1 thinks the tensor has 8 numbers
-        dist.all_reduce(torch.ones(4 if dist.get_rank() == 0 else 8), group=group)
+        dist.all_reduce(torch.ones(4 if dist.get_rank() == 0 else 8, device=dev), group=group)
         error = ""
     except RuntimeError as exc:
         error = str(exc)
@@ -179,10 +184,8 @@ def collective_mismatch() -> dict:
 
 
 def _lonely_receive() -> None:
-    from parlab.core import comm
-
     if dist.get_rank() == 1:
-        comm.recv(torch.empty(4), src=0, label="the message rank 0 never sends")
+        comm.recv(torch.empty(4, device=comm.device()), src=0, label="the message rank 0 never sends")
 
 
 def parlab_hang(timeout: float = 3.0) -> list[str]:

@@ -38,12 +38,12 @@ COMPONENT_COLORS = {
 def _dp_mixed_precision_rank(cfg: GPTConfig, batch: int, lr: float) -> dict:
     """Rank code: one step of plain DP with ZeRO's mixed-precision recipe (bf16 compute copy and gradients,
     fp32 master weights and Adam states, all-reduce in bf16); returns what this rank holds, and its Adam m."""
-    P, rank = comm.group_size(), comm.group_rank()
-    model = build_model(cfg, 0)  # fp32
+    P, rank, dev = comm.group_size(), comm.group_rank(), comm.device()
+    model = build_model(cfg, 0, device=dev)  # fp32, on this rank's device
     master = [p.detach().clone() for p in model.parameters()]  # fp32 master weights [Psi]
     opt = torch.optim.Adam(master, lr=lr)
     model.to(torch.bfloat16)  # the compute copy
-    x, y = shard_batch(*make_batches(cfg, batch, 1, 0)[0], rank, P)
+    x, y = shard_batch(*make_batches(cfg, batch, 1, 0, device=dev)[0], rank, P)
     lm_loss(model(x), y).backward()
     all_reduce_gradients(model)  # every rank: the same bf16 gradients [Psi]
     for w, p in zip(master, model.parameters(), strict=True):

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from parlab.core import comm
 from parlab.core.check import compare
@@ -65,14 +66,14 @@ def survivor_rows(batch: int, world_size: int) -> int:
 
 def uninterrupted_rank(kind: str, opts) -> dict:
     """Rank code of the launch that `run dp/zero --kill-rank` makes first: the same training, nobody dies."""
-    batches = make_batches(opts.gpt_config(), opts.batch, opts.steps, opts.seed)
+    batches = make_batches(opts.gpt_config(), opts.batch, opts.steps, opts.seed, device=comm.device())
     return resumable_rank(kind, opts.gpt_config(), batches, FaultPlan("", every=0), **_train_kwargs(kind, opts))
 
 
 def survive(kind: str, opts) -> dict:
     """The failure and the restart (two launches); returns what happened, measured."""
     P, K, cfg = opts.world_size, opts.steps, opts.gpt_config()
-    batches = make_batches(cfg, opts.batch, K, opts.seed)
+    batches = make_batches(cfg, opts.batch, K, opts.seed)  # host: sent to the ranks, which move them
     rows = survivor_rows(opts.batch, P)
     kwargs = _train_kwargs(kind, opts)
     with checkpoint_folder(opts.keep_checkpoint) as root:
@@ -158,7 +159,7 @@ def _versus_one_device(opts, story: dict) -> tuple:
     step after the restart, the verdicts)."""
     P, K, cfg = opts.world_size, opts.steps, opts.gpt_config()
     restart, resumed, rows = story["restart"], story["resumed_from"], story["rows_after"]
-    batches = make_batches(cfg, opts.batch, K, opts.seed)
+    batches = make_batches(cfg, opts.batch, K, opts.seed)  # host: the parent's reference
     same_order = [(x, y) if k < resumed else (x[:rows], y[:rows]) for k, (x, y) in enumerate(batches)]
     single = train_single_device(cfg, same_order, opts.seed, opts.optimizer, opts.lr)
     losses_after = [sum(r["losses"][k] for r in restart) / (P - 1) for k in range(K - resumed)]
@@ -205,13 +206,17 @@ def ps_failure_rank(opts) -> dict:
     It returns instead of os._exit-ing: parlab.launch ends the whole job when a process dies, and here the point is
     that nobody else needs it. To the server it is gone all the same: it never sends again."""
     cfg, P, rank = opts.gpt_config(), opts.world_size, comm.group_rank()
-    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)
-    model = build_model(cfg, opts.seed)
+    # The server receives from any worker, which only gloo can (parlab/runs/parameter_server.py): under NCCL the
+    # ranks talk over a gloo group, on the CPU.
+    group = dist.new_group(backend="gloo") if dist.get_backend() == "nccl" else None
+    dev = comm.device(group)
+    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed, device=dev)
+    model = build_model(cfg, opts.seed, device=dev)
     optimizer = make_optimizer(model.parameters(), opts.optimizer, opts.lr)
     if rank == SERVER:
-        return async_server_with_failures(model, optimizer, opts.steps, heartbeat=opts.heartbeat)
+        return async_server_with_failures(model, optimizer, opts.steps, heartbeat=opts.heartbeat, group=group)
     last = opts.at_step - 1 if rank == opts.kill_rank else opts.steps  # steps this worker completes
-    out = run_worker(model, batches[:last], loss_fn=lambda model, x, y: lm_loss(model(x), y))
+    out = run_worker(model, batches[:last], group=group, loss_fn=lambda model, x, y: lm_loss(model(x), y))
     return {"role": "worker", "died_at": opts.at_step if rank == opts.kill_rank else None, **out, "P": P}
 
 
@@ -219,8 +224,8 @@ def ps_failure_report(opts, results: Results) -> dict:
     P, K, cfg = opts.world_size, opts.steps, opts.gpt_config()
     N, server = P - 1, results[SERVER]
     updates, dead = server["updates"], server["dead"]
-    batches = make_batches(cfg, opts.batch, K, opts.seed)
-    model = build_model(cfg, opts.seed)
+    batches = make_batches(cfg, opts.batch, K, opts.seed)  # host: the parent's reference
+    model = build_model(cfg, opts.seed)  # host: the parent's reference
     replay = replay_on_one_device(
         model, make_optimizer(model.parameters(), opts.optimizer, opts.lr), batches, updates, N
     )
@@ -272,10 +277,10 @@ def zero_save_rank(cfg, batches, root: str, *, stage: int = 3, lr: float = 1e-3,
     from parlab.schemes.data_parallel import shard_batch
     from parlab.schemes.zero.stages import ZeRO
 
-    P, rank = comm.group_size(), comm.group_rank()
-    zero = ZeRO(build_model(cfg, seed), stage, lr=lr)
+    P, rank, dev = comm.group_size(), comm.group_rank(), comm.device()
+    zero = ZeRO(build_model(cfg, seed, device=dev), stage, lr=lr)
     for k, (x, y) in enumerate(batches):
-        x_r, y_r = shard_batch(x, y, rank, P)
+        x_r, y_r = (t.to(dev) for t in shard_batch(x, y, rank, P))  # the batches came from the parent (host)
         lm_loss(zero.model(x_r), y_r).backward()
         zero.step(k)
         zero.zero_grad()
@@ -301,10 +306,12 @@ def fsdp_model(cfg, seed: int = 0):
     """The GPT under FSDP2 (torch.distributed.fsdp.fully_shard, one unit per block and the root), and its Adam."""
     from torch.distributed.fsdp import fully_shard
 
-    model = build_model(cfg, seed)
+    from parlab.twins.data import world_mesh
+
+    model, mesh = build_model(cfg, seed, device=comm.device()), world_mesh()  # on parlab's device, not FSDP2's pick
     for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model
 
 
@@ -316,11 +323,11 @@ def dcp_save_rank(cfg, batches, root: str, *, lr: float = 1e-3, seed: int = 0) -
     from parlab.core.models import lm_loss
     from parlab.schemes.data_parallel import shard_batch
 
-    P, rank = comm.group_size(), comm.group_rank()
+    P, rank, dev = comm.group_size(), comm.group_rank(), comm.device()
     model = fsdp_model(cfg, seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     for x, y in batches:
-        x_r, y_r = shard_batch(x, y, rank, P)
+        x_r, y_r = (t.to(dev) for t in shard_batch(x, y, rank, P))  # the batches came from the parent (host)
         opt.zero_grad()
         lm_loss(model(x_r), y_r).backward()
         opt.step()
@@ -353,7 +360,7 @@ def zero_load_rank(cfg, root: str, *, stage: int = 3, lr: float = 1e-3, seed: in
     """Rank code: ZeRO `stage` on THIS world size loads parlab's checkpoint (resharding); returns the whole state."""
     from parlab.schemes.zero.stages import ZeRO
 
-    zero = ZeRO(build_model(cfg, seed), stage, lr=lr)
+    zero = ZeRO(build_model(cfg, seed, device=comm.device()), stage, lr=lr)
     ckpt.load_zero(ckpt.Reader(ckpt.latest(f"{root}/parlab")), zero)
     state = zero_state(zero)
     zero.remove()
@@ -390,7 +397,7 @@ def elastic_main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     init_from_env()
     cfg = GPTConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=2, dtype="float64")
-    batches = make_batches(cfg, args.batch, args.steps, 0)
+    batches = make_batches(cfg, args.batch, args.steps, 0, device=comm.device())
     once = not Path(args.root, DIED_FILE).exists()  # it fails once: not again after the restart
     plan = FaultPlan(args.root, args.checkpoint_every, args.kill_rank if once else None, args.at_step, resume=True)
     optimizer = "adam" if args.scheme == "zero" else "sgd"

@@ -31,7 +31,9 @@ def ring_rank(opts: RingOptions) -> dict:
     """Rank code: each rank draws its own data, sums it with the ring and with dist.all_reduce."""
     rank = comm.group_rank()
     gen = torch.Generator().manual_seed(opts.seed * 1000 + rank)
-    x = torch.randn(opts.numel, generator=gen, dtype=getattr(torch, opts.dtype))
+    # Drawn on the host with the seeded generator (the same numbers on any machine), then moved to this rank's device:
+    # NCCL refuses a CPU tensor.
+    x = torch.randn(opts.numel, generator=gen, dtype=getattr(torch, opts.dtype)).to(comm.device())  # host: seeded
     history = [] if opts.keep_history else None
     ring = ring_all_reduce(x, history)
     reference = x.clone()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parlab.core.check import compare
+from parlab.core.comm import device
 from parlab.core.models import build_model, make_batches, make_optimizer
 from parlab.runs.options import FaultOptions, ModelOptions, option, positive
 from parlab.runs.registry import Scheme, launch_scheme
@@ -51,9 +52,9 @@ class DPOptions(FaultOptions, ModelOptions):
 
 def dp_rank(opts: DPOptions) -> dict:
     """Rank code: our DP (traced), then torch DDP on the same data (untraced) unless opts.ddp is False."""
-    cfg = opts.gpt_config()
-    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)  # global [B, T], the same on every rank
-    model = build_model(cfg, opts.seed)  # the same weights on every rank (same seed)
+    cfg, dev = opts.gpt_config(), device()  # dev: this rank's GPU under NCCL, else the CPU
+    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed, device=dev)  # global [B, T], the same everywhere
+    model = build_model(cfg, opts.seed, device=dev)  # the same weights on every rank (same seed)
     optimizer = make_optimizer(model.parameters(), opts.optimizer, opts.lr)
     out = train_data_parallel(
         model, optimizer, batches, mode=opts.mode, bucket_bytes=opts.bucket_bytes, microbatches=opts.microbatches
@@ -155,6 +156,7 @@ SCHEMES = [
         dp_report,
         fixed=(("mode", "dp"),),
         failure="dp",
+        quick=(("steps", 1), ("layers", 1)),
     ),
     Scheme(
         "dp-naive",
@@ -164,5 +166,6 @@ SCHEMES = [
         dp_report,
         fixed=(("mode", "dp-naive"),),
         failure="dp",
+        quick=(("steps", 1), ("layers", 1)),
     ),
 ]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from parlab.core.check import compare
+from parlab.core.comm import device
 from parlab.core.mesh import DeviceMesh, mesh_coords
 from parlab.core.models import GPTConfig, build_model, make_batches
 from parlab.core.moe import MoEConfig, check_moe, moe_layers
@@ -79,14 +80,15 @@ class MoEOptions(ModelOptions):
 def moe_rank(opts: MoEOptions) -> dict:
     """Rank code: the mesh (dp x ep), the full model (same weights everywhere), then expert-parallel training."""
     mesh = DeviceMesh(opts.axes)
-    cfg = opts.gpt_config()
-    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)
-    return train_expert_parallel(build_model(cfg, opts.seed), mesh, batches, optimizer=opts.optimizer, lr=opts.lr)
+    cfg, dev = opts.gpt_config(), device()  # dev: this rank's GPU under NCCL, else the CPU
+    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed, device=dev)
+    model = build_model(cfg, opts.seed, device=dev)
+    return train_expert_parallel(model, mesh, batches, optimizer=opts.optimizer, lr=opts.lr)
 
 
 def reference_routing(cfg: GPTConfig, x: torch.Tensor, seed: int) -> dict:
     """One device's first forward: aux loss (summed over layers), load per expert and dropped assignments."""
-    model = build_model(cfg, seed)
+    model = build_model(cfg, seed)  # host: the parent's reference
     with torch.no_grad():
         model(x)
     layers = moe_layers(model)
@@ -102,7 +104,8 @@ def moe_report(opts: MoEOptions, results: Results) -> dict:
     cfg, W, K = opts.gpt_config(), opts.world_size, opts.steps
     coords = [mesh_coords(r, opts.axes) for r in range(W)]
     reference = single_device_run(opts)
-    ref_routing = reference_routing(cfg, make_batches(cfg, opts.batch, 1, opts.seed)[0][0], opts.seed)
+    x = make_batches(cfg, opts.batch, 1, opts.seed)[0][0]  # host: the parent's reference
+    ref_routing = reference_routing(cfg, x, opts.seed)
     loss = mean_losses(results, K)  # equal rows per rank: the mean of the ranks' means
     verdicts = _numerics(opts, results, coords, reference, ref_routing, loss)
     routing_checks, routing = _routing(opts, results, coords, ref_routing)

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from parlab.core.check import check_equal, compare
+from parlab.core.check import check_equal, compare, host_values
+from parlab.core.comm import device
 from parlab.core.mesh import DeviceMesh, mesh_coords
 from parlab.core.models import GPTConfig, build_model, make_batches
 from parlab.core.moe import MoEConfig
@@ -22,6 +21,7 @@ from parlab.runs.expert_parallel import reference_routing
 from parlab.runs.options import ModelOptions, option
 from parlab.runs.registry import Scheme, launch_scheme
 from parlab.runs.report import compare_losses, count_checks, model_fields, run_report, single_device_run
+from parlab.runs.zero import param_count
 from parlab.runtime.errors import Results
 from parlab.schemes.expert_parallel import is_expert_param
 from parlab.schemes.hybrid.experts import default_ulysses, ep_all_to_all_bytes, reference_seq_groups
@@ -145,12 +145,12 @@ class HybridOptions(ModelOptions):
 
 def hybrid_rank(opts: HybridOptions) -> dict:
     """Rank code: build the mesh (torch's DeviceMesh), train with every axis at once."""
-    cfg = opts.gpt_config()
+    cfg, dev = opts.gpt_config(), device()  # dev: this rank's GPU under NCCL, else the CPU
     return train_hybrid(
-        build_model(cfg, opts.seed),
+        build_model(cfg, opts.seed, device=dev),
         DeviceMesh(opts.axes),
         opts.make_schedule(),
-        make_batches(cfg, opts.batch, opts.steps, opts.seed),
+        make_batches(cfg, opts.batch, opts.steps, opts.seed, device=dev),
         optimizer=opts.optimizer,
         lr=opts.lr,
         zero_stage=opts.zero,
@@ -236,7 +236,7 @@ def hybrid_report(opts: HybridOptions, results: Results) -> dict:
         bytes_per_rank={"params": pb, "params_theory": pb_theory},
         state_bytes=[r["state_bytes"] for r in results],
         peak_activation_bytes=[r["peak_activation_bytes"] for r in results],
-        param_bytes_single_device=cfg.dtype_bytes * sum(p.numel() for p in build_model(cfg).parameters()),
+        param_bytes_single_device=cfg.dtype_bytes * param_count(cfg),
         microbatches=opts.microbatches,
         **model_fields(cfg, opts, "layers", "steps"),
     )
@@ -312,7 +312,8 @@ def moe_checks(opts: HybridOptions, results: Results, coords: list[dict]) -> dic
     ranks = _ranks(coords, tp=0)  # each (dp, pp, cp) once: the tp ranks route the same tokens
     groups = opts.dp * opts.microbatches * opts.cp
     aux = [sum(results[r]["moe"][k]["aux"] for r in ranks) / groups for k in range(K)]
-    ref = reference_routing(cfg, make_batches(cfg, opts.batch, 1, opts.seed)[0][0], opts.seed)
+    x = make_batches(cfg, opts.batch, 1, opts.seed)[0][0]  # host: the parent's reference
+    ref = reference_routing(cfg, x, opts.seed)
     load = [sum((results[r]["moe"][0]["load"] or [0] * E)[e] for r in ranks) for e in range(E)]  # [] if no MoE
     dropped = sum(results[r]["moe"][0]["dropped"] for r in ranks)
     a2a = [sum(n for step in r["moe"] for rows in step["a2a_rows"] for n in rows) for r in results]
@@ -321,8 +322,8 @@ def moe_checks(opts: HybridOptions, results: Results, coords: list[dict]) -> dic
         "verdicts": [
             compare(
                 "aux loss of step 1 (sum over MoE layers)",
-                torch.tensor([aux[0]], dtype=dtype),
-                torch.tensor([ref["aux"]], dtype=dtype),
+                host_values([aux[0]], dtype),
+                host_values([ref["aux"]], dtype),
             )
         ],
         "counts": [
@@ -402,5 +403,6 @@ SCHEMES = [
         HybridOptions,
         hybrid_rank,
         hybrid_report,
+        quick=(("steps", 1), ("layers", 1)),
     )
 ]

@@ -109,15 +109,13 @@ class OffloadOptions(ModelOptions):
 def offload_rank(opts: OffloadOptions) -> dict:
     """Rank code: train with the optimizer state on opts.target; then, unless opts.reference is False, the same
     run without offload (its events come after `reference_from` on this rank's clock)."""
-    cfg = opts.gpt_config()
-    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)  # global [B, T], the same on every rank
+    cfg, dev = opts.gpt_config(), device()  # dev: this rank's GPU under NCCL, else the CPU
+    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed, device=dev)  # global [B, T], the same everywhere
     folder = opts.folder or None
-    out = train_offload(
-        build_model(cfg, opts.seed).to(device()), batches, target=opts.target, lr=opts.lr, folder=folder
-    )
+    out = train_offload(build_model(cfg, opts.seed, device=dev), batches, target=opts.target, lr=opts.lr, folder=folder)
     out["reference_from"] = time.perf_counter()
     if opts.reference and opts.target != "none":
-        ref = train_offload(build_model(cfg, opts.seed).to(device()), batches, target="none", lr=opts.lr)
+        ref = train_offload(build_model(cfg, opts.seed, device=dev), batches, target="none", lr=opts.lr)
         out["none"] = {"losses": ref["losses"], "params": ref["params"]}
     return out
 
@@ -276,7 +274,7 @@ def run_offload(world_size: int = 4, target: str = "cpu", **options) -> tuple[Re
                 "offload", world_size=world_size, target=target, folder=str(folder), **options
             )
         report["disk_folder_removed"] = not folder.exists()
-    return Results(list(results), offload_trace(results), results.stdout, results.seconds, results.seed), report
+    return results.derived(list(results), offload_trace(results)), report
 
 
 SCHEMES = [

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from parlab.core import comm
-from parlab.core.check import CountCheck, compare
+from parlab.core.check import CountCheck, compare, host_values
 from parlab.core.models import build_model, lm_loss, make_batches, make_optimizer, synthetic_corpus
 from parlab.runs.options import FaultOptions, ModelOptions, option
 from parlab.runs.registry import Scheme, launch_scheme
@@ -73,7 +73,8 @@ def eval_batch(opts: PSOptions, rows: int = 64):
     theta_v of every mode is measured (the loss curves)."""
     cfg = opts.gpt_config()
     corpus = synthetic_corpus(cfg.vocab_size, seed=opts.seed)
-    starts = torch.randint(len(corpus) - cfg.seq_len - 1, (rows,), generator=torch.Generator().manual_seed(10**6))
+    gen = torch.Generator().manual_seed(10**6)
+    starts = torch.randint(len(corpus) - cfg.seq_len - 1, (rows,), generator=gen)  # host: the seeded draw
     x = torch.stack([corpus[s : s + cfg.seq_len] for s in starts])  # [rows, T]
     y = torch.stack([corpus[s + 1 : s + cfg.seq_len + 1] for s in starts])  # [rows, T]
     return x, y
@@ -83,13 +84,14 @@ def ps_rank(opts: PSOptions) -> dict:
     """Rank code: the parameter server (traced), then all-reduce DP over the workers (traced, unless opts.dp is
     False). The server also measures the loss of every version theta_v on a fixed batch, after training."""
     cfg, P = opts.gpt_config(), opts.world_size
-    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)  # global [B, T], the same on every rank
     # The asynchronous server's any-source receive needs gloo (NCCL has none): under NCCL (one GPU per rank) the
     # ranks talk over gloo groups instead, on the CPU. Every rank takes part in creating a group.
     backend = "gloo" if dist.get_backend() == "nccl" else None
     everyone = dist.new_group(backend="gloo") if backend else None
     workers = dist.new_group(list(range(1, P)), backend=backend) if opts.dp else None
-    model = build_model(cfg, opts.seed)
+    dev = comm.device(everyone)  # the device of the server's group: the CPU (gloo), whatever the world's backend
+    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed, device=dev)  # global [B, T], the same everywhere
+    model = build_model(cfg, opts.seed, device=dev)
     optimizer = make_optimizer(model.parameters(), opts.optimizer, opts.lr)
     out = train_parameter_server(
         model,
@@ -102,16 +104,16 @@ def ps_rank(opts: PSOptions) -> dict:
         keep_history=comm.group_rank() == SERVER,
     )
     if out["role"] == "server":
-        x, y = eval_batch(opts)
+        x, y = (t.to(dev) for t in eval_batch(opts))
         with torch.no_grad():
-            evaluator = build_model(cfg, opts.seed)
+            evaluator = build_model(cfg, opts.seed, device=dev)
             losses = []
             for theta in out.pop("history"):
                 vector_to_params(theta, evaluator)
                 losses.append(lm_loss(evaluator(x), y).item())
             out["eval_losses"] = losses  # eval_losses[v]: the loss of theta_v on the fixed batch
     if opts.dp and comm.group_rank() != SERVER:
-        dp_model = build_model(cfg, opts.seed)
+        dp_model = build_model(cfg, opts.seed, device=dev)
         dp_optimizer = make_optimizer(dp_model.parameters(), opts.optimizer, opts.lr)
         own = opts.slowdown if comm.group_rank() == opts.straggler else 1.0
         out["dp"] = train_all_reduce_dp(dp_model, dp_optimizer, batches, slowdown=own, group=workers)
@@ -184,12 +186,12 @@ def _async_numerics(opts: PSOptions, server: dict, workers: list[dict]) -> tuple
     """async: the order of the updates depends on timing, so the reference is one device REPLAYING the order the
     server applied them in: the final parameters and the loss of every gradient. Returns (verdicts, None)."""
     P, K, N, cfg = opts.world_size, opts.steps, opts.world_size - 1, opts.gpt_config()
-    dtype, model = cfg.torch_dtype, build_model(cfg, opts.seed)
+    dtype, model = cfg.torch_dtype, build_model(cfg, opts.seed)  # host: the parent's reference
     optimizer = make_optimizer(model.parameters(), opts.optimizer, opts.lr)
-    batches = make_batches(cfg, opts.batch, K, opts.seed)
+    batches = make_batches(cfg, opts.batch, K, opts.seed)  # host: the parent's reference
     replay = replay_on_one_device(model, optimizer, batches, server["updates"], N)
-    ours = torch.tensor([w["losses"][k] for w in workers for k in range(K)], dtype=dtype)
-    theirs = torch.tensor([replay["losses"][(w, k)] for w in range(1, P) for k in range(K)], dtype=dtype)
+    ours = host_values((w["losses"][k] for w in workers for k in range(K)), dtype)
+    theirs = host_values((replay["losses"][(w, k)] for w in range(1, P) for k in range(K)), dtype)
     against = "one-device replay of the same update order"
     numeric = [
         compare(
@@ -229,7 +231,7 @@ def _traffic(opts: PSOptions, results: Results) -> tuple[list[CountCheck], dict,
     the server moves N x a worker's bytes; and the all-reduce DP payload. Returns (checks, comm figures, the
     byte report fields)."""
     P, K, N, cfg = opts.world_size, opts.steps, opts.world_size - 1, opts.gpt_config()
-    grad_bytes = params_to_vector(build_model(cfg, opts.seed)).numel() * cfg.dtype_bytes
+    grad_bytes = params_to_vector(build_model(cfg, opts.seed)).numel() * cfg.dtype_bytes  # host: counted
     table = results.trace.bytes_per_rank()
     sent, received = table.get("send", [0] * P), table.get("recv", [0] * P)
     ps_bytes = [sent[r] + received[r] for r in range(P)]  # the parameter server's traffic, per rank

@@ -96,13 +96,13 @@ def pp_rank(opts: PPOptions) -> dict:
 
     Every rank builds the whole reference model from the seed (it is tiny) and keeps only its own stages."""
     cfg, schedule, dev = opts.gpt_config(), opts.make_schedule(), device()
-    model = build_model(cfg, opts.seed).to(dev)  # this rank's GPU under NCCL, else the CPU
+    model = build_model(cfg, opts.seed, device=dev)  # this rank's GPU under NCCL, else the CPU
     stages = build_stages(model, schedule, torch.distributed.get_rank(), opts.split or None)
     del model  # what this rank does not hold goes away
     weights = [w for stage in stages.values() for w in stage.named.values()]
     optimizer = make_optimizer(weights, opts.optimizer, opts.lr)
     grad_group = torch.distributed.new_group(list(range(schedule.p)))  # gradients get a channel of their own
-    batches = [(x.to(dev), y.to(dev)) for x, y in make_batches(cfg, opts.batch, opts.steps, opts.seed)]
+    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed, device=dev)
     return train_pipeline(schedule, stages, optimizer, batches, grad_group=grad_group)
 
 
@@ -220,5 +220,6 @@ SCHEMES = [
         PPOptions,
         pp_rank,
         pp_report,
+        quick=(("steps", 1), ("layers", 4), ("microbatches", 4)),  # one block per stage at 4 ranks
     )
 ]

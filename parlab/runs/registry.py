@@ -30,6 +30,7 @@ from parlab.runs.options import RunOptions
 from parlab.runtime import under_torchrun
 from parlab.runtime.errors import Results
 from parlab.runtime.launcher import init_from_env, launch
+from parlab.runtime.server import warm_up
 
 # Modules that may define schemes, in the order of the lessons. A module that does not exist (yet) is skipped.
 RUN_MODULES = [
@@ -56,6 +57,7 @@ class Scheme:
 
     fixed: option values this scheme always runs with (e.g. {"mode": "dp-naive"}), not offered as CLI flags.
     failure: the kind of run `--kill-rank` makes of it (parlab/runs/checkpoint.py, `failure_run`), or None.
+    quick: option values of its fastest run that still checks every part of it (`python -m parlab doctor --quick`).
     """
 
     name: str
@@ -65,6 +67,7 @@ class Scheme:
     report: Callable[[Any, Results], dict]
     fixed: tuple[tuple[str, Any], ...] = ()
     failure: str | None = None
+    quick: tuple[tuple[str, Any], ...] = (("steps", 1),)
 
     def make_options(self, **values) -> RunOptions:
         """The validated options: the class defaults, then `values`, then what this scheme fixes."""
@@ -123,6 +126,7 @@ def launch_scheme(name: str, twin: bool = False, live: bool = False, **options) 
             results, report = launch_scheme(name, twin=twin, **options)
             view.finish(results.trace)
         return results, report
+    _while_the_server_starts()
     if not twin:
         results = launch(run_rank, opts.world_size, scheme.rank_fn, opts, echo=False)
         return results, checked_report(scheme, opts, results)
@@ -133,6 +137,15 @@ def launch_scheme(name: str, twin: bool = False, live: bool = False, **options) 
     report = checked_report(scheme, opts, results)
     report["twin"] = twins.twin_report(name, opts, results, outs)
     return results, report
+
+
+def _while_the_server_starts() -> None:
+    """Start the rank server (if it is not running) and, while it imports torch in its own process, import here
+    what the report will need: its single-device reference makes a torch.optim optimizer, and the first one in a
+    process imports torch._dynamo (~3 s here). A cold command-line run paid both one after the other; in a warm
+    notebook both are done already."""
+    warm_up()
+    importlib.import_module("torch._dynamo")
 
 
 def run_rank(rank_fn: Callable[[Any], Any], opts: RunOptions) -> Any:

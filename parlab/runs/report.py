@@ -20,9 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
-from parlab.core.check import CountCheck, Verdict, check_equal, compare
+from parlab.core.check import CountCheck, Verdict, check_equal, compare, host_values
 from parlab.core.models import make_batches, train_single_device
 
 
@@ -61,7 +59,7 @@ def single_device_run(opts: Any, cfg: Any = None, optimizer: str | None = None) 
     """The reference every run is compared with: one device trained on the same global batches (all B rows a
     step), from the same seed. cfg: the model (default opts.gpt_config()); optimizer: default opts.optimizer."""
     cfg = cfg or opts.gpt_config()
-    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)
+    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed)  # host: the parent's reference
     return train_single_device(cfg, batches, opts.seed, optimizer or opts.optimizer, opts.lr)
 
 
@@ -74,7 +72,7 @@ def mean_losses(outs: Sequence[dict], steps: int) -> list[float]:
 def compare_losses(what: str, ours: Sequence[float], reference: Sequence[float], dtype: Any, **kw: Any) -> Verdict:
     """The loss of each step against a reference, both as tensors of the run's dtype: compare() takes its
     tolerance from the dtype, so a float32 run is held to float32's, not float64's. kw: compare()'s."""
-    return compare(what, torch.tensor(ours, dtype=dtype), torch.tensor(reference, dtype=dtype), **kw)
+    return compare(what, host_values(ours, dtype), host_values(reference, dtype), **kw)
 
 
 def one_device_checks(

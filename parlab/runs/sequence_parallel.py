@@ -86,8 +86,8 @@ def check_recompute_applied(recompute: str, method: str) -> None:
         )
 
 
-def make_model(opts: SPOptions, group=None):
-    full = build_model(opts.gpt_config(), opts.seed)  # the same seed on every rank
+def make_model(opts: SPOptions, group=None, device=None):
+    full = build_model(opts.gpt_config(), opts.seed, device=device)  # the same seed on every rank
     if opts.method == "megatron-sp":
         return MegatronSPGPT(full, group=group)
     return SequenceShardedGPT(full, opts.method, group=group)
@@ -97,10 +97,11 @@ def layernorm_saved_bytes(opts: SPOptions, world_size: int) -> dict[str, int]:
     """Saved activations (parlab.core.memory) of one LayerNorm on a rank's tokens: Megatron SP's [B, T/P, H] vs
     tensor parallelism's replicated [B, T, H]."""
     cfg = opts.gpt_config()
-    ln = build_model(cfg, opts.seed).blocks[0].ln1
+    # On the host: bytes are counted, nothing is communicated, and they are the same on any device.
+    ln = build_model(cfg, opts.seed).blocks[0].ln1  # host: a byte count, no collective
     out = {}
     for name, tokens in (("sp", cfg.seq_len // world_size), ("tp", cfg.seq_len)):
-        x = torch.randn(opts.batch, tokens, cfg.hidden, dtype=cfg.torch_dtype, requires_grad=True)
+        x = torch.randn(opts.batch, tokens, cfg.hidden, dtype=cfg.torch_dtype, requires_grad=True)  # host: as ln
         with saved_activations(exclude=ln) as saved:
             ln(x)
         out[name] = saved.bytes
@@ -110,9 +111,9 @@ def layernorm_saved_bytes(opts: SPOptions, world_size: int) -> dict[str, int]:
 def sp_rank(opts: SPOptions) -> dict:
     """Rank code: train the GPT with opts.method's sequence split for opts.steps steps."""
     cfg, dev = opts.gpt_config(), device()
-    model = make_model(opts).to(dev)
+    model = make_model(opts, device=dev).to(dev)  # (.to: whatever the wrapper adds goes there too)
     optimizer = make_optimizer(model.parameters(), opts.optimizer, opts.lr)
-    batches = [(x.to(dev), y.to(dev)) for x, y in make_batches(cfg, opts.batch, opts.steps, opts.seed)]
+    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed, device=dev)
     out = train_sequence_parallel(model, optimizer, batches)
     if opts.method == "megatron-sp":
         out["layernorm_saved"] = layernorm_saved_bytes(opts, opts.world_size)
@@ -315,6 +316,7 @@ SCHEMES = [
         sp_rank,
         sp_report,
         fixed=(("method", "megatron-sp"),),
+        quick=(("steps", 1), ("layers", 1)),
     ),
     Scheme(
         "ulysses",

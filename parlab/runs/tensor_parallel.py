@@ -50,9 +50,9 @@ class TPOptions(ModelOptions):
 def tp_rank(opts: TPOptions) -> dict:
     """Rank code: train the tensor-parallel GPT for opts.steps steps; return this rank's slices."""
     cfg, dev = opts.gpt_config(), device()
-    model = TensorParallelGPT(build_model(cfg, opts.seed)).to(dev)  # same seed everywhere, keep my slices
+    model = TensorParallelGPT(build_model(cfg, opts.seed, device=dev)).to(dev)  # same seed everywhere, my slices
     optimizer = make_optimizer(model.parameters(), opts.optimizer, opts.lr)
-    batches = [(x.to(dev), y.to(dev)) for x, y in make_batches(cfg, opts.batch, opts.steps, opts.seed)]
+    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed, device=dev)
     return train_tensor_parallel(model, optimizer, batches)
 
 
@@ -81,7 +81,7 @@ def tp_report(opts: TPOptions, results: Results) -> dict:
         comm=comm,
         **model_fields(cfg, opts),
         **param_bytes,
-        param_bytes_single_device=tensor_bytes(build_model(cfg, opts.seed).parameters()),
+        param_bytes_single_device=tensor_bytes(build_model(cfg, opts.seed).parameters()),  # host: counted
     )
 
 
@@ -158,5 +158,6 @@ SCHEMES = [
         TPOptions,
         tp_rank,
         tp_report,
+        quick=(("steps", 1), ("layers", 1)),
     )
 ]

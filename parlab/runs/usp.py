@@ -46,9 +46,10 @@ def usp_rank(opts: USPOptions) -> dict:
     """Rank code: build the ulysses x ring mesh, train the GPT with USP attention for opts.steps steps."""
     cfg, dev = opts.gpt_config(), device()
     mesh = DeviceMesh(usp_mesh_axes(opts.ulysses, opts.ring))  # collective: every rank builds it
-    model = USPGPT(build_model(cfg, opts.seed), opts.layout, mesh.group("ulysses"), mesh.group("ring")).to(dev)
+    full = build_model(cfg, opts.seed, device=dev)
+    model = USPGPT(full, opts.layout, mesh.group("ulysses"), mesh.group("ring")).to(dev)  # .to: what it adds too
     optimizer = make_optimizer(model.parameters(), opts.optimizer, opts.lr)
-    batches = [(x.to(dev), y.to(dev)) for x, y in make_batches(cfg, opts.batch, opts.steps, opts.seed)]
+    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed, device=dev)
     return train_usp(model, optimizer, batches, mesh)
 
 

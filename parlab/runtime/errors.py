@@ -81,10 +81,37 @@ class Results(list):
     """What each rank returned, in rank order, plus the merged `trace` and each rank's printed `stdout`.
 
     `seed`: the launch's seed (rank r's generators were seeded with seed + r; None when not launched).
-    `spares`: how many ranks were spares the rank server prepared ahead (parlab.launch's _spares_wanted)."""
+    `spares`: how many ranks were spares the rank server prepared ahead (parlab.launch's _spares_wanted).
+    `backend`: "gloo" or "nccl" (None when not launched by parlab.launch).
+    `phases`: per rank, when it reached each phase of its start, in seconds after the launch handed the job over:
+    "rank_start" (its process runs parlab's rank code), "cuda_context" (NCCL only: its GPU set and its CUDA
+    context made), "process_group" (torch.distributed ready; under NCCL its communicator made), "fn_done" (the
+    function returned). `python -m parlab doctor` prints them."""
 
     def __init__(
-        self, values: list, trace: Trace, stdout: list[str], seconds: float, seed: int | None = None, spares: int = 0
+        self,
+        values: list,
+        trace: Trace,
+        stdout: list[str],
+        seconds: float,
+        seed: int | None = None,
+        spares: int = 0,
+        backend: str | None = None,
+        phases: list[dict[str, float]] | None = None,
     ):
         super().__init__(values)
         self.trace, self.stdout, self.seconds, self.seed, self.spares = trace, stdout, seconds, seed, spares
+        self.backend, self.phases = backend, phases
+
+    def derived(self, values: list, trace: Trace | None = None) -> Results:
+        """The same launch with other values (and trace): what a report keeps of it, the launch's facts intact."""
+        return Results(
+            values,
+            self.trace if trace is None else trace,
+            self.stdout,
+            self.seconds,
+            self.seed,
+            self.spares,
+            self.backend,
+            self.phases,
+        )

@@ -65,11 +65,15 @@ os.register_at_fork(after_in_child=_forget_lock_in_child)
 # --------------------------------------------------------------------------------------------------- launching
 
 
+def gpu_count() -> int:
+    """The GPUs this process may use, counted without starting CUDA here (torch.cuda.device_count asks NVML where
+    it can; torch.cuda.is_available() would initialise the driver in this process: ~0.5 s, for nothing)."""
+    return torch.cuda.device_count()
+
+
 def default_backend(world_size: int) -> str:
     """NCCL when there is one GPU per rank, gloo otherwise."""
-    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
-        return "nccl"
-    return "gloo"
+    return "nccl" if gpu_count() >= world_size else "gloo"
 
 
 def check_launch_args(fn: Any, world_size: Any, backend: str | None, timeout: float, threads: Any = None) -> str:
@@ -88,7 +92,7 @@ def check_launch_args(fn: Any, world_size: Any, backend: str | None, timeout: fl
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if backend == "nccl":
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        gpus = gpu_count()
         if world_size > gpus:
             raise ValueError(f"backend='nccl' needs one GPU per rank: world_size={world_size} but {gpus} GPUs")
     return backend
@@ -191,7 +195,14 @@ def launch(
         del request
         report, stopped, calls = _wait_for_report(server, job_id, timeout, world_size)
         seconds = time.perf_counter() - started
-    return _results_from(report, stopped, calls, world_size, timeout, seconds, echo, seed)
+    results = _results_from(report, stopped, calls, world_size, timeout, seconds, echo, seed)
+    results.backend = backend
+    # Each rank's phases, in seconds after the job was handed over (perf_counter is one clock for every process).
+    results.phases = [
+        {name: at - started for name, at in report["messages"].get(rank, {}).get("phases", {}).items()}
+        for rank in range(world_size)
+    ]
+    return results
 
 
 def _spares_wanted() -> bool:
@@ -298,13 +309,15 @@ def init_from_env(backend: str | None = None) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if backend is None:  # one GPU per process on this machine: NCCL
         backend = default_backend(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
-    if backend == "nccl":
+    kwargs = {}
+    if backend == "nccl":  # this process's GPU; device_id: NCCL's communicator is made now, not at the first call
         torch.cuda.set_device(local_rank)
+        kwargs["device_id"] = torch.device("cuda", local_rank)
     store = _store_of_this_attempt(world_size)
     if store is None:
-        dist.init_process_group(backend, init_method="env://")
+        dist.init_process_group(backend, init_method="env://", **kwargs)
     else:
-        dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=world_size)
+        dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=world_size, **kwargs)
     # One process group for the life of the process: several schemes can run one after another in it (torchrun's
     # store does not take a second group of the same name), and it is torn down once, on the way out.
     atexit.register(_destroy_at_exit)

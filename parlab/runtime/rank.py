@@ -177,17 +177,55 @@ def _parts(value: Any, path: str) -> list[tuple[str, Any]]:
     return []
 
 
-def _prepare_spare() -> None:
+def _prepare_spare(cuda_device: int | None = None) -> None:
     """A spare, while it waits for its job: run once what every rank runs first, so that the pages it writes are
-    copied from the server now rather than during the launch (the job reseeds every generator)."""
+    copied from the server now rather than during the launch (the job reseeds every generator).
+
+    cuda_device: the GPU of the rank this spare will be (spares of an NCCL job are prepared as ranks 0, 1, ...):
+    its CUDA context is made now, off the next launch's path. Safe here, and only here: the spare is a process of
+    its own that forks nothing, while the rank server that forks it never touches CUDA (a process that has
+    initialised CUDA must not fork processes that use it)."""
     _seed_generators(0)
     cloudpickle.loads(cloudpickle.dumps((_seed_generators, (), {})))
+    if cuda_device is not None:
+        _cuda_context(cuda_device)
+
+
+def _cuda_context(index: int) -> torch.device:
+    """Make this process's CUDA context on GPU `index` now and make that GPU current; returns the device.
+
+    torch.cuda.set_device alone may leave the context for later (for GPU 0, the current one already, it does not
+    even call cudaSetDevice): the first allocation on the device makes it, here rather than in the first
+    collective, so that a launch's phases say what each costs."""
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)
+    torch.empty(1, device=device)
+    return device
+
+
+def _init_process_group(job: dict, rank: int, phases: dict[str, float]) -> None:
+    """torch.distributed for this rank, noting when each phase ends. Under NCCL: this rank's GPU (its CUDA
+    context made first), and device_id given, so that the communicator is made now, eagerly, rather than inside
+    the first collective (torch >= 2.3: "the communicator is immediately formed")."""
+    kwargs = {}
+    if job["backend"] == "nccl":
+        kwargs["device_id"] = _cuda_context(rank)
+        phases["cuda_context"] = time.perf_counter()
+    dist.init_process_group(
+        job["backend"],
+        init_method=f"file://{job['rendezvous']}",
+        rank=rank,
+        world_size=job["world_size"],
+        **kwargs,
+    )
+    phases["process_group"] = time.perf_counter()
 
 
 def _rank_main(job: dict, rank: int, out: Connection, slot: memoryview, captured) -> None:
     """One rank, in the process the rank server forked for it: run fn, send back what it returned.
 
     (It lives here rather than in rankserver.py so that each rank runs the parlab code on disk.)"""
+    phases = {"rank_start": time.perf_counter()}  # the launch's phases on this rank (perf_counter: one clock for all)
     # comm.progress() in rank code reports through the same pipe
     comm.progress_hook = lambda update: out.send_bytes(pickle.dumps({"progress": update}))
     board = _CallBoard(slot, rank, job["world_size"])
@@ -202,24 +240,18 @@ def _rank_main(job: dict, rank: int, out: Connection, slot: memoryview, captured
     torch.set_default_dtype(job["default_dtype"])
     try:
         fn, args, kwargs = pickle.loads(job["fn"])
-        if job["backend"] == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(
-            job["backend"],
-            init_method=f"file://{job['rendezvous']}",
-            rank=rank,
-            world_size=job["world_size"],
-        )
+        _init_process_group(job, rank, phases)
         out.send_bytes(pickle.dumps({"progress": {"rank": rank, "started": True}}))
         comm.reset_trace()
         value = fn(*args, **kwargs)
+        phases["fn_done"] = time.perf_counter()
         message = {"rank": rank, "ok": True, "payload": _pack_result(rank, value, comm.trace_events())}
     except _Unsendable as exc:  # the pickling error is the whole story: no traceback into parlab's code
         error = "".join(traceback.format_exception_only(exc.__cause__)) if exc.__cause__ else ""
         message = {"rank": rank, "ok": False, "reason": str(exc), "traceback": error}
     except BaseException:
         message = {"rank": rank, "ok": False, "traceback": traceback.format_exc()}
-    message["stdout"] = captured.getvalue()
+    message["stdout"], message["phases"] = captured.getvalue(), phases
     board.publish(done=True)
     out.send_bytes(pickle.dumps(message))
     if message["ok"]:

@@ -172,10 +172,11 @@ def _run_job(job: dict, parent: Connection, spares) -> tuple[dict, dict | None, 
     try:
         use_spares = job.get("spares", 0) > 0 and spares.ready and len(job["fn"]) < workers.PIPE_BYTES
         job_bytes = pickle.dumps(job) if use_spares else b""
-        for rank, spare in enumerate(spares.take(spec, world_size if use_spares else 0, len(job_bytes))):
-            if spare.start(rank, job_bytes):
+        for spare in spares.take(spec, world_size if use_spares else 0, len(job_bytes)):
+            rank = spare.slot  # the rank it was prepared as (under NCCL its GPU's CUDA context is made already)
+            if rank < world_size and rank not in ranks and spare.start(rank, job_bytes):
                 ranks[rank] = spare
-            else:  # it died meanwhile: a fork takes its rank
+            else:  # it died meanwhile (or fits no rank): a fork takes its rank
                 spares.retire(spare)
         for rank in range(world_size):
             if rank not in ranks:
@@ -245,8 +246,8 @@ def _run_job(job: dict, parent: Connection, spares) -> tuple[dict, dict | None, 
 
 
 def _spec(job: dict) -> dict:
-    """What a worker is set up for before it knows its rank."""
-    return {key: job[key] for key in ("env", "sys_path", "cwd", "slot_bytes")}
+    """What a worker is set up for before it knows its rank ("cuda": an NCCL job, one GPU per rank)."""
+    return {**{key: job[key] for key in ("env", "sys_path", "cwd", "slot_bytes")}, "cuda": job["backend"] == "nccl"}
 
 
 def _kill(ranks: dict) -> None:

@@ -61,9 +61,11 @@ def _prctl(option: int, value) -> None:
 
 
 def spec_key(spec: dict) -> tuple:
-    """What a spare must share with a job to serve it: sys.path, folder, environment (less ENV_NOISE), slot size."""
+    """What a spare must share with a job to serve it: sys.path, folder, environment (less ENV_NOISE), slot size,
+    and whether it runs on a GPU ("cuda": an NCCL job's spares make their CUDA context ahead; a gloo job's must not
+    hold one)."""
     env = tuple(sorted((k, v) for k, v in spec["env"].items() if k not in ENV_NOISE))
-    return tuple(spec["sys_path"]), spec["cwd"], env, spec["slot_bytes"]
+    return tuple(spec["sys_path"]), spec["cwd"], env, spec["slot_bytes"], spec.get("cuda", False)
 
 
 def package_fingerprint(sys_path: list, cwd: str):
@@ -101,8 +103,9 @@ class Worker:
     Server side: `out` reads the rank's messages, `board` is its slot of the hang diagnosis (shared memory mapped
     before the fork), `err` the file its stderr goes to (unlinked: nothing is left behind, even after a kill)."""
 
-    def __init__(self, spec: dict, fingerprint, close_in_child: list, job: tuple | None = None):
+    def __init__(self, spec: dict, fingerprint, close_in_child: list, job: tuple | None = None, slot: int = 0):
         self.key, self.fingerprint = spec_key(spec), fingerprint
+        self.slot = slot  # a spare: the rank it is prepared to be (under NCCL, its GPU's context is made ahead)
         self.board = mmap.mmap(-1, spec["slot_bytes"])
         self.err = tempfile.TemporaryFile()
         job_reader, job_writer = os.pipe()
@@ -122,7 +125,7 @@ class Worker:
                         os.close(fd)
                     except OSError:
                         pass
-                _worker_main(spec, job_reader, out_writer, self.board, self.err.fileno(), job)
+                _worker_main(spec, job_reader, out_writer, self.board, self.err.fileno(), job, slot)
             finally:
                 os._exit(1)
         try:
@@ -174,7 +177,7 @@ class Worker:
         return code
 
 
-def _worker_main(spec: dict, job_reader: int, out_writer: int, board: mmap.mmap, err_fd: int, job) -> None:
+def _worker_main(spec: dict, job_reader: int, out_writer: int, board: mmap.mmap, err_fd: int, job, slot: int) -> None:
     """Body of a worker: set the process up, import parlab's rank code (a spare does this before any job), take
     the job, hand over to parlab.runtime.rank._rank_main. Whatever fails ends this process."""
     captured = io.StringIO()  # the rank's prints go back to the parent, which shows them in rank order
@@ -193,7 +196,7 @@ def _worker_main(spec: dict, job_reader: int, out_writer: int, board: mmap.mmap,
         rank_main = rank_module._rank_main
         if job is None and hasattr(rank_module, "_prepare_spare"):
             try:
-                rank_module._prepare_spare()
+                rank_module._prepare_spare(slot if spec.get("cuda") else None)
             except Exception:  # only a head start: the job does all of it again
                 pass
     except BaseException:  # the set-up failed, or parlab itself does not import (a file being edited): say why
@@ -279,8 +282,8 @@ class Spares:
         fingerprint = package_fingerprint(spec["sys_path"], spec["cwd"])  # before the spares import parlab
         if fingerprint is None:
             return
-        while len(self.ready) < count and not busy():
-            self.ready.append(Worker(spec, fingerprint, [*close_in_child(), *self.fds()]))
+        while len(self.ready) < count and not busy():  # spare k is prepared as rank k (see _run_job)
+            self.ready.append(Worker(spec, fingerprint, [*close_in_child(), *self.fds()], slot=len(self.ready)))
 
     def fds(self) -> list[int]:
         """The server's descriptors of every spare (which a newly forked worker closes)."""

@@ -84,7 +84,7 @@ def ring_theory_bytes(numel: int, element_size: int, world_size: int) -> list[in
     """Bytes each rank sends in a ring all-reduce, in rank order: 2(P-1) chunks, i.e. 2(P-1)/P x N bytes
     when P divides N (otherwise chunks differ by one element and so do the ranks' totals)."""
     P = world_size
-    chunk_sizes = [len(c) for c in torch.arange(numel).tensor_split(P)]
+    chunk_sizes = [len(c) for c in torch.arange(numel).tensor_split(P)]  # host: only the sizes are used
     # Over the 2(P-1) steps rank r sends chunks (r - s) for s < P-1, then (r + 1 - s): each chunk but one, twice.
     per_rank = [
         sum(chunk_sizes[(r - s) % P] for s in range(P - 1)) + sum(chunk_sizes[(r + 1 - s) % P] for s in range(P - 1))

@@ -112,7 +112,8 @@ class ExpertParallelMoE(MoE):
         received = AllToAll.apply(x[token], recv_splits, send_splits, group, f"dispatch {tag}")  # [R, H]
 
         # The rows arrived by source rank, then by my expert: put them in expert order so each expert runs once.
-        local_id = torch.arange(E // P).repeat(P).repeat_interleave(recv_counts.flatten())  # [R]
+        # local_id [R]: the local expert of each row that arrived
+        local_id = torch.arange(E // P, device=recv_counts.device).repeat(P).repeat_interleave(recv_counts.flatten())
         by_expert = torch.argsort(local_id, stable=True)
         rows_per_expert = recv_counts.sum(dim=0).tolist()  # [E/P]
         with comm.span(f"experts {tag}", "compute"):  # inside the step's forward span

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from parlab.core import comm
-from parlab.core.check import Verdict, compare
+from parlab.core.check import Verdict, compare, host_values
 from parlab.core.models import build_model, lm_loss, make_batches, make_optimizer
 from parlab.schemes.data_parallel import shard_batch
 from parlab.twins.twin import Twin
@@ -42,6 +42,14 @@ def all_reduce_compare(opts, results, outs) -> list[Verdict]:
     ]
 
 
+def world_mesh():
+    """A one-axis DeviceMesh of every rank on parlab's device (cuda under NCCL, cpu under gloo), for FSDP2: its
+    default mesh takes the accelerator whenever one exists, even in a gloo run whose tensors are on the CPU."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(comm.device().type, (dist.get_world_size(),))
+
+
 # ------------------------------------------------------------------------------------------------------ DDP
 
 
@@ -52,7 +60,7 @@ def train_torch_ddp(opts, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> d
     from torch.nn.parallel import DistributedDataParallel
 
     P, rank, M = comm.group_size(), comm.group_rank(), opts.microbatches
-    model = build_model(opts.gpt_config(), opts.seed)
+    model = build_model(opts.gpt_config(), opts.seed, device=comm.device())  # where the batches are
     ddp = DistributedDataParallel(model, bucket_cap_mb=opts.bucket_bytes / 2**20)
     opt = make_optimizer(ddp.parameters(), opts.optimizer, opts.lr)
     losses = []
@@ -74,14 +82,16 @@ def ddp_rank(opts, value: dict) -> dict:
     """torch DDP on the same data: reused when parlab's dp rank code trained it already (opts.ddp)."""
     if "ddp" in value:
         return {**value["ddp"], "reused": True}
-    return train_torch_ddp(opts, make_batches(opts.gpt_config(), opts.batch, opts.steps, opts.seed))
+    return train_torch_ddp(
+        opts, make_batches(opts.gpt_config(), opts.batch, opts.steps, opts.seed, device=comm.device())
+    )
 
 
 def losses_and_params(opts, results, outs, what: str) -> list[Verdict]:
     """The twin's step losses (mean over ranks) and every rank's final parameters, vs parlab's."""
     P, K, dtype = len(results), opts.steps, opts.gpt_config().torch_dtype
-    ours = torch.tensor([sum(r["losses"][k] for r in results) / P for k in range(K)], dtype=dtype)
-    theirs = torch.tensor([sum(o["losses"][k] for o in outs) / P for k in range(K)], dtype=dtype)
+    ours = host_values((sum(r["losses"][k] for r in results) / P for k in range(K)), dtype)
+    theirs = host_values((sum(o["losses"][k] for o in outs) / P for k in range(K)), dtype)
     return [
         compare(f"parlab's loss of each of {K} steps", ours, theirs, against=what),
         compare(
@@ -116,7 +126,7 @@ def train_torch_reference(opts, batches) -> dict:
     reshard_after_forward=False (parameters stay gathered between forward and backward: ZeRO-2's memory);
     stage 3: fully_shard with reshard_after_forward=True. Mixed precision: FSDP2's MixedPrecisionPolicy."""
     P, rank = comm.group_size(), comm.group_rank()
-    model = build_model(opts.gpt_config(), opts.seed)
+    model = build_model(opts.gpt_config(), opts.seed, device=comm.device())  # where the batches are
     if opts.stage == 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         from torch.nn.parallel import DistributedDataParallel
@@ -128,6 +138,8 @@ def train_torch_reference(opts, batches) -> dict:
 
         mp = MixedPrecisionPolicy(opts.grad_dtype(), opts.grad_dtype()) if opts.mixed_precision else None
         kwargs = {"reshard_after_forward": opts.stage == 3, **({"mp_policy": mp} if mp else {})}
+        # The mesh on parlab's device: left to itself, FSDP2 would pick the GPU even under a gloo (CPU) run.
+        kwargs["mesh"] = world_mesh()
         for block in model.blocks:
             fully_shard(block, **kwargs)
         net = fully_shard(model, **kwargs)
@@ -161,7 +173,9 @@ def zero_rank(opts, value: dict) -> dict:
     """ZeroRedundancyOptimizer (stage 1) or fully_shard (2, 3): reused when parlab's zero rank code ran it."""
     if "reference" in value:
         return {**value["reference"], "reused": True}
-    return train_torch_reference(opts, make_batches(opts.gpt_config(), opts.batch, opts.steps, opts.seed))
+    return train_torch_reference(
+        opts, make_batches(opts.gpt_config(), opts.batch, opts.steps, opts.seed, device=comm.device())
+    )
 
 
 def zero_compare(opts, results, outs) -> list[Verdict]:
@@ -185,9 +199,9 @@ def offload_rank(opts, value: dict) -> dict:
     machine host and device are the same memory, so what is checked is the arithmetic, not the copies."""
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
-    cfg, P, rank = opts.gpt_config(), dist.get_world_size(), dist.get_rank()
-    model = build_model(cfg, opts.seed)
-    policy = {"reshard_after_forward": False, "offload_policy": CPUOffloadPolicy()}
+    cfg, P, rank, dev = opts.gpt_config(), dist.get_world_size(), dist.get_rank(), comm.device()
+    model = build_model(cfg, opts.seed, device=dev)  # FSDP2 moves what it offloads to the host itself
+    policy = {"reshard_after_forward": False, "offload_policy": CPUOffloadPolicy(), "mesh": world_mesh()}
     if opts.target == "none":
         policy.pop("offload_policy")
     for block in model.blocks:
@@ -195,7 +209,7 @@ def offload_rank(opts, value: dict) -> dict:
     fully_shard(model, **policy)
     opt = torch.optim.Adam(model.parameters(), lr=opts.lr)
     losses = []
-    for x, y in make_batches(cfg, opts.batch, opts.steps, opts.seed):
+    for x, y in make_batches(cfg, opts.batch, opts.steps, opts.seed, device=dev):  # the data where the compute is
         x_r, y_r = shard_batch(x, y, rank, P)  # this rank's rows of the global batch, as parlab's ZeRO takes them
         loss = lm_loss(model(x_r), y_r)
         opt.zero_grad()

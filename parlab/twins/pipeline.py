@@ -5,7 +5,7 @@ parlab writes the schedule as data (parlab/schemes/pipeline/schedules.py) and ru
 a `PipelineStage` wraps a module that holds one stage, and a `Schedule*` object runs the micro-batches through the
 stages in its order:
 
-    stage = PipelineStage(parlab_stage, stage_index=s, num_stages=p * v, device=torch.device("cpu"))
+    stage = PipelineStage(parlab_stage, stage_index=s, num_stages=p * v, device=parlab.device())
     schedule = Schedule1F1B(stage, n_microbatches=m, loss_fn=lm_loss)      # the loss on the last stage
     schedule.step(x)                         # rank holding stage 0: the batch, cut into m micro-batches
     schedule.step(target=y, losses=losses)   # rank holding the last stage: the targets; gets the m losses
@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from parlab.core.check import Verdict, compare
+from parlab.core import comm
+from parlab.core.check import Verdict, compare, host_values
 from parlab.core.models import build_model, lm_loss, make_batches, make_optimizer
 from parlab.twins.twin import Twin
 
@@ -55,10 +56,10 @@ def pp_rank(opts, value) -> dict:
 
     from parlab.schemes.pipeline.executor import build_stages
 
-    cfg, schedule, rank = opts.gpt_config(), opts.make_schedule(), dist.get_rank()
-    stages = build_stages(build_model(cfg, opts.seed), schedule, rank, opts.split or None)
+    cfg, schedule, rank, dev = opts.gpt_config(), opts.make_schedule(), dist.get_rank(), comm.device()
+    stages = build_stages(build_model(cfg, opts.seed, device=dev), schedule, rank, opts.split or None)
     n = schedule.num_stages
-    wrapped = [PipelineStage(stages[k], schedule.stage(rank, k), n, torch.device("cpu")) for k in sorted(stages)]
+    wrapped = [PipelineStage(stages[k], schedule.stage(rank, k), n, dev) for k in sorted(stages)]
     cls = getattr(pipelining, TORCH_SCHEDULES[opts.schedule])
     one = cls in (pipelining.ScheduleGPipe, pipelining.Schedule1F1B)  # one stage per rank; the others take a list
     runner = cls(wrapped[0] if one else wrapped, n_microbatches=opts.microbatches, loss_fn=lm_loss)
@@ -66,7 +67,7 @@ def pp_rank(opts, value) -> dict:
     optimizer = make_optimizer(list(named.values()), opts.optimizer, opts.lr)
     holds = {stage.index for stage in stages.values()}
     losses, grads = [], {}
-    for step, (x, y) in enumerate(make_batches(cfg, opts.batch, opts.steps, opts.seed)):
+    for step, (x, y) in enumerate(make_batches(cfg, opts.batch, opts.steps, opts.seed, device=dev)):
         optimizer.zero_grad()
         mb_losses: list[torch.Tensor] = []
         args = (x,) if 0 in holds else ()
@@ -96,8 +97,8 @@ def pp_compare(opts, results, outs) -> list[Verdict]:
     return [
         compare(
             f"parlab's loss of each of {K} steps",
-            torch.tensor(results[last]["losses"], dtype=dtype),
-            torch.tensor(outs[last]["losses"], dtype=dtype),
+            host_values(results[last]["losses"], dtype),
+            host_values(outs[last]["losses"], dtype),
             against=what,
         ),
         compare(

@@ -41,6 +41,24 @@ FAILURE_RUN = (
 )
 
 
+# What torch says when it is handed tensors on the wrong device: parlab's fault (its own CPU tensors under NCCL, a
+# batch on one device and the model on another), never a reason to skip a twin. The first GPU run reported two such
+# errors as "torch refused on this machine".
+DEVICE_ERRORS = (
+    "No backend type associated with device type",  # a CPU tensor handed to an NCCL group
+    "Expected all tensors to be on the same device",
+    "different from other tensors on",  # "target is on cpu, different from other tensors on cuda:0"
+)
+
+
+def device_error(exc: BaseException) -> bool:
+    """Whether an error raised in a twin is a tensor on the wrong device (parlab's bug), rather than torch
+    refusing an operation on this machine."""
+    from parlab.core.comm import DeviceMismatch
+
+    return isinstance(exc, DeviceMismatch) or any(words in str(exc) for words in DEVICE_ERRORS)
+
+
 def skip_reason(twin: Twin, opts) -> str:
     """Why `twin` does not run with these options ("" when it does)."""
     if getattr(opts, "kill_rank", None) is not None:
@@ -74,7 +92,8 @@ def run_twin(scheme: str, opts, value) -> dict | None:
 
     A torch error (e.g. an operator torch has no distributed rule for on CPU) comes back as {"error": text}: the
     report says the twin was skipped and quotes it. Errors torch raises do so on every rank at the same point
-    (before any collective), so the ranks stay in step."""
+    (before any collective), so the ranks stay in step. A tensor on the wrong device is no such refusal: it comes
+    back with "device_error" set, and the twin fails."""
     from parlab.twins.record import recording
 
     twin = registry().get(scheme)
@@ -86,7 +105,8 @@ def run_twin(scheme: str, opts, value) -> dict | None:
             out = twin.rank(opts, value)
     except (NotImplementedError, RuntimeError) as exc:
         last = traceback.extract_tb(exc.__traceback__)[-1]
-        return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}", "where": last.name}
+        text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+        return {"error": text, "where": last.name, "device_error": device_error(exc)}
     out["events"] = events if not out.get("reused") else []
     out["seconds"] = time.perf_counter() - start
     return out
@@ -99,7 +119,7 @@ def split(results: Results) -> tuple[Results, list[dict | None]]:
     """Parlab's results (as the scheme's report expects them) and the twin's outputs, in rank order."""
     values = [r.value if isinstance(r, Twinned) else r for r in results]
     twins = [r.twin if isinstance(r, Twinned) else None for r in results]
-    return Results(values, results.trace, results.stdout, results.seconds, results.seed), twins
+    return results.derived(values), twins
 
 
 def twin_report(scheme: str, opts, results: Results, outs: list[dict | None]) -> dict:
@@ -113,6 +133,9 @@ def twin_report(scheme: str, opts, results: Results, outs: list[dict | None]) ->
     reason = skip_reason(twin, opts)
     if reason:
         return {"name": name, "skipped": reason}
+    wrong_device = [o["error"] for o in outs if o and o.get("device_error")]
+    if wrong_device:  # parlab's bug, not torch's refusal: the twin fails
+        return {"name": name, "passed": False, "error": f"a tensor on the wrong device: {wrong_device[0]}"}
     errors = [o["error"] for o in outs if o and "error" in o]
     if errors:
         return {"name": name, "skipped": f"torch refused on this machine: {errors[0]}"}
@@ -139,6 +162,8 @@ def twin_line(report: dict) -> str:
         return f"{report['scheme']}: twin not run"
     if "skipped" in twin:
         return f"{report['scheme']} vs {twin['name']}: SKIPPED: {twin['skipped']}"
+    if "error" in twin:
+        return f"{report['scheme']} vs {twin['name']}: FAIL: {twin['error']}"
     status = "PASS" if twin["passed"] else "FAIL"
     return (
         f"{report['scheme']} vs {twin['name']}: max |err| {twin['max_abs_err']:.1e} vs tol {twin['tol']:.0e}: {status}"

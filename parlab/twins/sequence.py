@@ -40,11 +40,13 @@ def off_parlab_trace():
 
 
 def qkv(opts) -> list[torch.Tensor]:
-    """The same q, k, v [B, nh, T, hs] on every rank (seeded), in the model's dtype."""
-    cfg = opts.gpt_config()
+    """The same q, k, v [B, nh, T, hs] on every rank (seeded on the host), in the model's dtype, on this rank's
+    device."""
+    cfg, dev = opts.gpt_config(), comm.device()
     gen = torch.Generator().manual_seed(opts.seed + 7)
     shape = (opts.batch, cfg.heads, cfg.seq_len, cfg.head_size)
-    return [torch.randn(shape, generator=gen, dtype=torch.float64).to(cfg.torch_dtype) for _ in range(3)]
+    draws = [torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(3)]  # host: the seeded draw
+    return [t.to(dev, cfg.torch_dtype) for t in draws]
 
 
 def layout_of(opts) -> str:
@@ -86,7 +88,7 @@ def torch_attention(q, k, v, causal: bool) -> torch.Tensor:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("cp",))
+    mesh = init_device_mesh(comm.device().type, (dist.get_world_size(),), mesh_dim_names=("cp",))
     q, k, v = (t.clone() for t in (q, k, v))  # context_parallel shards its buffers in place
     with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)

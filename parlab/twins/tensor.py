@@ -3,7 +3,7 @@
 parlab's TensorParallelGPT replaces each Linear by a column- or row-parallel one and writes the all-reduces (f, g)
 by hand. PyTorch takes the unchanged model and a *plan*, a dict {module name: style}:
 
-    mesh = init_device_mesh("cpu", (P,), mesh_dim_names=("tp",))
+    mesh = init_device_mesh(parlab.device().type, (P,), mesh_dim_names=("tp",))   # "cpu" under gloo
     parallelize_module(model, mesh, {"blocks.0.attn.q": ColwiseParallel(), "blocks.0.attn.proj": RowwiseParallel(),
                                      ..., "wte": RowwiseParallel(input_layouts=Replicate()),   # vocab-parallel
                                      "lm_head": ColwiseParallel(use_local_output=False)})
@@ -28,7 +28,8 @@ import types
 import torch
 import torch.distributed as dist
 
-from parlab.core.check import Verdict, compare
+from parlab.core import comm
+from parlab.core.check import Verdict, compare, host_values
 from parlab.core.models import causal_attention, lm_loss, make_batches, make_optimizer
 from parlab.twins.record import unrecorded
 from parlab.twins.twin import Twin
@@ -118,11 +119,11 @@ def tp_rank(opts, value) -> dict:
 
     from parlab.core.models import build_model
 
-    cfg = opts.gpt_config()
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
-    model = build_model(cfg, opts.seed)  # the same weights as parlab's ranks start from
+    cfg, dev = opts.gpt_config(), comm.device()  # the mesh, the model and the data on this rank's device
+    mesh = init_device_mesh(dev.type, (dist.get_world_size(),), mesh_dim_names=("tp",))
+    model = build_model(cfg, opts.seed, device=dev)  # the same weights as parlab's ranks start from
     parallelize_module_(model, mesh, tp_plan(cfg.layers, getattr(opts, "method", "") == "megatron-sp"))
-    return train_dtensor(model, opts, make_batches(cfg, opts.batch, opts.steps, opts.seed))
+    return train_dtensor(model, opts, make_batches(cfg, opts.batch, opts.steps, opts.seed, device=dev))
 
 
 def parallelize_module_(model, mesh, plan) -> None:
@@ -143,8 +144,8 @@ def tp_compare(opts, results, outs) -> list[Verdict]:
     return [
         compare(
             f"parlab's loss of each of {K} steps",
-            torch.tensor(results[0]["losses"], dtype=dtype),
-            torch.tensor(outs[0]["losses"], dtype=dtype),
+            host_values(results[0]["losses"], dtype),
+            host_values(outs[0]["losses"], dtype),
             against=what,
         ),
         compare("parlab's gradients of step 1, full shape", ours["grads"], outs[0]["grads"], against=what),
@@ -178,9 +179,9 @@ def hybrid_rank(opts, value) -> dict:
 
     # Gathering a 2-D sharded parameter for the comparison takes two all-gathers; torch warns about it, per rank.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    cfg = opts.gpt_config()
-    mesh = init_device_mesh("cpu", (opts.dp, opts.tp), mesh_dim_names=("dp", "tp"))  # rank = dp x tp + tp: parlab's
-    model = build_model(cfg, opts.seed)
+    cfg, dev = opts.gpt_config(), comm.device()  # the mesh, the model and the data on this rank's device
+    mesh = init_device_mesh(dev.type, (opts.dp, opts.tp), mesh_dim_names=("dp", "tp"))  # rank = dp x tp + tp: parlab's
+    model = build_model(cfg, opts.seed, device=dev)
     parallelize_module_(model, mesh["tp"], tp_plan(cfg.layers, opts.sequence_parallel))
     with unrecorded():
         for block in model.blocks:  # each block's parameters gathered (dp) just before it runs
@@ -188,9 +189,8 @@ def hybrid_rank(opts, value) -> dict:
         fully_shard(model, mesh=mesh["dp"])
     rows = opts.batch // opts.dp
     replica = mesh["dp"].get_local_rank()
-    return train_dtensor(
-        model, opts, make_batches(cfg, opts.batch, opts.steps, opts.seed), slice(replica * rows, (replica + 1) * rows)
-    )
+    batches = make_batches(cfg, opts.batch, opts.steps, opts.seed, device=dev)
+    return train_dtensor(model, opts, batches, slice(replica * rows, (replica + 1) * rows))
 
 
 def hybrid_compare(opts, results, outs) -> list[Verdict]:
@@ -201,8 +201,8 @@ def hybrid_compare(opts, results, outs) -> list[Verdict]:
     params = gather_full([results[r]["params"] for r in ranks0], results[0]["split_dims"])
     replicas = [d * opts.tp for d in range(opts.dp)]
     dtype, K = opts.gpt_config().torch_dtype, opts.steps
-    ours = torch.tensor([sum(results[r]["losses"][k] for r in replicas) / opts.dp for k in range(K)], dtype=dtype)
-    theirs = torch.tensor([sum(outs[r]["losses"][k] for r in replicas) / opts.dp for k in range(K)], dtype=dtype)
+    ours = host_values((sum(results[r]["losses"][k] for r in replicas) / opts.dp for k in range(K)), dtype)
+    theirs = host_values((sum(outs[r]["losses"][k] for r in replicas) / opts.dp for k in range(K)), dtype)
     what = "torch fully_shard x parallelize_module"
     return [
         compare(f"parlab's loss of each of {K} steps", ours, theirs, against=what),

@@ -85,7 +85,8 @@ def save(
     Returns the checkpoint folder. Every rank of the group must call it (a rank that holds nothing passes [])."""
     folder, rank = step_folder(root, step), comm.group_rank(group)
     folder.mkdir(parents=True, exist_ok=True)
-    torch.save({p.name: p.data.clone() for p in pieces}, folder / f"rank{rank}.pt")  # clone: only the piece
+    # Host copies (clone: only the piece): a checkpoint saved from GPUs loads on any machine, any device.
+    torch.save({p.name: p.data.detach().to("cpu", copy=True) for p in pieces}, folder / f"rank{rank}.pt")
     index = {
         p.name: {"shape": list(p.shape), "dtype": str(p.data.dtype).removeprefix("torch."), "piece": p.index(rank)}
         for p in pieces
@@ -144,7 +145,8 @@ class Reader:
 
     def _piece(self, rank: int, name: str) -> torch.Tensor:
         if rank not in self.files:  # mmap: opening a file reads nothing until a tensor's bytes are touched
-            self.files[rank] = torch.load(self.folder / f"rank{rank}.pt", mmap=True, weights_only=True)
+            path = self.folder / f"rank{rank}.pt"  # read on the host; the loaders copy into their device's tensors
+            self.files[rank] = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
         return self.files[rank][name]
 
     def _entry(self, name: str) -> dict:
@@ -156,7 +158,7 @@ class Reader:
         """Elements [start, stop) of the flattened tensor `name` [stop - start]: the overlap of that range with
         every piece, copied in. A ZeRO loader asks for exactly its own shard's range."""
         entry = self._entry(name)
-        out = torch.empty(stop - start, dtype=getattr(torch, entry["dtype"]))
+        out = torch.empty(stop - start, dtype=getattr(torch, entry["dtype"]))  # host: read from the files
         filled = 0
         for piece in entry["pieces"]:
             if "flat" not in piece:  # a box (TP): not a range of the flattened tensor; read the whole tensor
@@ -174,7 +176,7 @@ class Reader:
     def full(self, name: str) -> torch.Tensor:
         """The whole tensor `name`, assembled from every piece."""
         entry = self._entry(name)
-        out = torch.empty(entry["shape"], dtype=getattr(torch, entry["dtype"]))
+        out = torch.empty(entry["shape"], dtype=getattr(torch, entry["dtype"]))  # host: read from the files
         if entry["pieces"] and "flat" in entry["pieces"][0]:
             return self.flat(name, 0, out.numel()).view(out.shape)
         for piece in entry["pieces"]:
@@ -238,8 +240,9 @@ def _set_adam_state(reader: Reader, optimizer, p, name: str, read) -> None:
     if f"optim.{name}.exp_avg" not in reader.meta["tensors"]:
         return
     t = reader.extra["optimizer_step"]
-    state = {key: read(f"optim.{name}.{key}").to(p.dtype).view_as(p).clone() for key in ADAM_STATES}
-    optimizer.state[p] = {"step": torch.tensor(float(t), dtype=_adam_step_dtype()), **state}
+    state = {key: read(f"optim.{name}.{key}").to(p.device, p.dtype).view_as(p).clone() for key in ADAM_STATES}
+    step = torch.tensor(float(t), dtype=_adam_step_dtype())  # host: where torch.optim.Adam keeps its step count
+    optimizer.state[p] = {"step": step, **state}
 
 
 def _adam_step_dtype() -> torch.dtype:

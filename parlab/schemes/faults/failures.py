@@ -81,8 +81,9 @@ def resumable_rank(
     rows of each (a smaller global batch after losing a rank), split among this launch's P ranks.
     Returns the losses of the steps it ran, the step it started from, the final parameters (whole), when it was
     ready to train (time.time(), after loading), and what its checkpoints cost (bytes it wrote, seconds)."""
-    P, rank = comm.group_size(), comm.group_rank()
-    model = build_model(cfg, seed)
+    P, rank, dev = comm.group_size(), comm.group_rank(), comm.device()
+    batches = [(x.to(dev), y.to(dev)) for x, y in batches]  # they came from the parent, on the host
+    model = build_model(cfg, seed, device=dev)
     trainer, pieces, layout, t_of = _trainer(scheme, model, stage, optimizer, lr)
     start, read = 0, 0
     folder = ckpt.latest(plan.root) if plan.resume else None
@@ -140,25 +141,26 @@ def _save(root: str, k: int, pieces: list, layout: str, optimizer_step: int) -> 
 # -------------------------------------------------------------------- the asynchronous server, workers may die
 
 
-def async_server_with_failures(model: nn.Module, optimizer, steps: int, *, heartbeat: float = 1.0) -> dict:
+def async_server_with_failures(model: nn.Module, optimizer, steps: int, *, heartbeat: float = 1.0, group=None) -> dict:
     """The asynchronous parameter server (parlab/schemes/parameter_server.py's run_async_server), made to survive a
     worker that falls silent: when no gradient at all arrives for `heartbeat` seconds, the workers that still owe
     gradients are declared dead and the server stops waiting for them. The others never notice: nobody waits for
     anybody, so the dead worker is only missed once it is the last one the server could wait for.
 
+    group: the ranks (default all; under NCCL a gloo group of all ranks: only gloo receives from any source).
     Returns the updates (worker, its step, staleness), the workers declared dead (when, after how long)."""
-    P = comm.group_size()
+    P = comm.group_size(group)
     workers = range(1, P)
     theta = params_to_vector(model)  # theta_0 [Psi]
     read_version, pushes = {w: 0 for w in workers}, {w: 0 for w in workers}
     last_seen = {w: time.time() for w in workers}
     for w in workers:
-        comm.send(theta, w, label=f"params v0 to {w}")
+        comm.send(theta, comm.global_rank(group, w), group=group, label=f"params v0 to {w}")
     g = torch.empty_like(theta)  # [Psi]: the receive buffer
     updates, dead, v = [], {}, 0
     owing = lambda: [w for w in workers if pushes[w] < steps and w not in dead]  # noqa: E731
     while owing():
-        work = comm.irecv(g, None, label="grad from any worker")  # from whichever worker sends first
+        work = comm.irecv(g, None, group=group, label="grad from any worker")  # from whichever worker sends first
         try:  # gloo completes an any-source receive only inside wait(): wait, but no longer than the heartbeat
             work.work.wait(timeout=timedelta(seconds=heartbeat if updates else 600))  # (first: start-up)
         except RuntimeError:  # nobody sent for `heartbeat` seconds: whoever still owes gradients is dead
@@ -167,7 +169,7 @@ def async_server_with_failures(model: nn.Module, optimizer, steps: int, *, heart
                 dead[w] = {"declared": now, "silent_for": now - last_seen[w], "after_pushes": pushes[w]}
             break
         work.event.end = time.perf_counter()  # the traced receive ends here (a second wait() would block in gloo)
-        w = work.work._source_rank()  # the sender: gloo says who it was
+        w = work.work._source_rank()  # the sender (its rank in the group): gloo says who it was
         tau = v - read_version[w]  # updates applied since w read its parameters
         with comm.span(f"update v{v + 1}", kind="optimizer", step=v, worker=w, staleness=tau):
             vector_to_grads(g, model)
@@ -176,7 +178,7 @@ def async_server_with_failures(model: nn.Module, optimizer, steps: int, *, heart
         updates.append({"worker": w, "step": pushes[w], "read_version": read_version[w], "staleness": tau})
         pushes[w] += 1
         last_seen[w] = time.time()
-        comm.send(theta, w, label=f"params v{v + 1} to {w}")
+        comm.send(theta, comm.global_rank(group, w), group=group, label=f"params v{v + 1} to {w}")
         read_version[w], v = v + 1, v + 1
     return {
         "role": "server",

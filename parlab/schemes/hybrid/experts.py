@@ -139,7 +139,8 @@ def reference_seq_groups(seq_len: int, cp: int, layout: str) -> tuple[tuple[int,
     """The positions each cp rank holds (MoEConfig.seq_groups of the single-device reference); () if cp = 1."""
     if cp == 1:
         return ()
-    return tuple(tuple(sequence_split(torch.arange(seq_len), c, cp, 0, layout).tolist()) for c in range(cp))
+    positions = torch.arange(seq_len)  # host: plain numbers for the reference's config
+    return tuple(tuple(sequence_split(positions, c, cp, 0, layout).tolist()) for c in range(cp))
 
 
 def check_experts(cfg, sizes: dict[str, int], *, zero: int, sequence_parallel: bool) -> None:

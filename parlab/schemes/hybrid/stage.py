@@ -76,7 +76,8 @@ class Axes:
 def positions_of(seq_len: int, axes: Axes) -> torch.Tensor:
     """The sequence positions of this rank's tokens: its cp block (contiguous or zigzag), and with SP its tp
     piece of that block (the SP embedding reduce-scatters the block into tp contiguous pieces)."""
-    mine = sequence_split(torch.arange(seq_len), axes.cp_rank, axes.cp, dim=0, layout=axes.layout)  # [T/cp]
+    positions = torch.arange(seq_len)  # host: an index list, moved where it is used
+    mine = sequence_split(positions, axes.cp_rank, axes.cp, dim=0, layout=axes.layout)  # [T/cp]
     return mine.chunk(axes.tp)[axes.tp_rank] if axes.sequence_parallel else mine  # SP: [T/(cp tp)]
 
 

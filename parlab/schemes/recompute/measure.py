@@ -32,24 +32,26 @@ def config_with(cfg: GPTConfig, mode: str) -> GPTConfig:
     return dataclasses.replace(cfg, recompute=mode)
 
 
-def measure_layer(cfg: GPTConfig, batch: int, mode: str, seed: int = 0) -> int:
-    """Bytes autograd keeps for one block's forward (parlab.core.memory.saved_activations), input x [B, T, H]."""
-    model = build_model(config_with(cfg, mode), seed)
+def measure_layer(cfg: GPTConfig, batch: int, mode: str, seed: int = 0, device=None) -> int:
+    """Bytes autograd keeps for one block's forward (parlab.core.memory.saved_activations), input x [B, T, H].
+    device: where it runs (default the host)."""
+    model = build_model(config_with(cfg, mode), seed, device=device)
     block = model.blocks[0]
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, cfg.seq_len, cfg.hidden, generator=gen, dtype=torch.float64).to(cfg.torch_dtype)
+    shape = (batch, cfg.seq_len, cfg.hidden)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64).to(device, cfg.torch_dtype)  # host: seeded, moved
     x.requires_grad_()
     with saved_activations(exclude=block) as saved:
         block(x)
     return saved.bytes
 
 
-def measure_model(cfg: GPTConfig, batch: int, mode: str, seed: int = 0) -> dict:
+def measure_model(cfg: GPTConfig, batch: int, mode: str, seed: int = 0, device=None) -> dict:
     """One training step of the whole GPT in `mode`: saved activation bytes (forward), matmul FLOPs of the
     forward and of the backward (torch.utils.flop_counter: the backward includes what is recomputed), the
-    loss and the gradients (to compare modes)."""
-    model = build_model(config_with(cfg, mode), seed)
-    x, y = make_batches(cfg, batch, 1, seed)[0]
+    loss and the gradients (to compare modes). device: where it runs (default the host)."""
+    model = build_model(config_with(cfg, mode), seed, device=device)
+    x, y = make_batches(cfg, batch, 1, seed, device=device)[0]
     with FlopCounterMode(display=False) as fwd_flops, saved_activations(exclude=model) as saved:
         loss = lm_loss(model(x), y)
     with FlopCounterMode(display=False) as bwd_flops:
@@ -87,13 +89,16 @@ def forward_flops_theory(cfg: GPTConfig, batch: int) -> int:
     return 8 * s * b * h * h + 4 * s * b * h * F + 4 * b * s * s * h
 
 
-def time_step(cfg: GPTConfig, batch: int, mode: str, repeats: int = 5, seed: int = 0) -> float:
-    """Median seconds of one forward + backward of the whole GPT in `mode` (wall clock, this machine)."""
-    model = build_model(config_with(cfg, mode), seed)
-    x, y = make_batches(cfg, batch, 1, seed)[0]
+def time_step(cfg: GPTConfig, batch: int, mode: str, repeats: int = 5, seed: int = 0, device=None) -> float:
+    """Median seconds of one forward + backward of the whole GPT in `mode` (wall clock, this machine; device:
+    where it runs, default the host)."""
+    model = build_model(config_with(cfg, mode), seed, device=device)
+    x, y = make_batches(cfg, batch, 1, seed, device=device)[0]
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         lm_loss(model(x), y).backward()
+        if x.is_cuda:  # GPU work is asynchronous: the step is over when the device is done
+            torch.cuda.synchronize(x.device)
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]

@@ -391,4 +391,4 @@ def grad_sync_theory(cfg: GPTConfig, method: str, world_size: int) -> int:
     H, L = cfg.hidden, cfg.layers
     if method == "megatron-sp":
         return (L * (4 * H + 2 * H) + cfg.seq_len * H + 2 * H) * cfg.dtype_bytes
-    return tensor_bytes(build_model(cfg).parameters())
+    return tensor_bytes(build_model(cfg).parameters())  # host: counted

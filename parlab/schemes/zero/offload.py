@@ -75,8 +75,8 @@ class DiskState:
     read(a, b) copies elements [a, b) of each file into host memory; write(a, b, tensors) copies them back.
     """
 
-    def __init__(self, folder: Path, init: dict[str, torch.Tensor]):
-        self.folder = folder
+    def __init__(self, folder: Path, init: dict[str, torch.Tensor], pin: bool = False):
+        self.folder, self.pin = folder, pin  # pin: read into page-locked memory (a GPU's copy engine reads it)
         self.maps = {}
         for name, tensor in init.items():  # [S] each
             array = tensor.detach().cpu().numpy()
@@ -86,7 +86,11 @@ class DiskState:
             self.maps[name] = mm
 
     def read(self, a: int, b: int) -> dict[str, torch.Tensor]:
-        return {name: torch.from_numpy(np.array(mm[a:b])) for name, mm in self.maps.items()}  # copies to host
+        out = {}
+        for name, mm in self.maps.items():
+            data = torch.from_numpy(np.array(mm[a:b]))  # a copy in host memory
+            out[name] = data.pin_memory() if self.pin else data  # pinned: the upload to the GPU is asynchronous
+        return out
 
     def write(self, a: int, b: int, tensors: dict[str, torch.Tensor]) -> None:
         for name, mm in self.maps.items():
@@ -178,8 +182,11 @@ class OffloadAdam(ReduceScatterGrads):
         self.S = S = sum(u.shard_numel for u in self.units)  # rank r's flat shard: its piece of every unit
         # Where the optimizer lives: the device for "none", the host (CPU memory) otherwise.
         opt_place = self.device if target == "none" else torch.device("cpu")
-        pin = target != "none" and self.device.type == "cuda"  # page-locked host memory: fast, async copies
+        # Page-locked host memory for what the copy engine moves (gradients in, master weights out): a GPU's DMA
+        # engine copies it asynchronously, on the engine's CUDA stream; from pageable memory a copy is synchronous.
+        pin = target != "none" and self.device.type == "cuda"
         master = torch.cat([self._mine(u, flatten(u.params, N * u.shard_numel)) for u in self.units]).to(opt_place)
+        master = master.pin_memory() if pin and target == "cpu" else master  # disk: its read buffers are pinned
         self.host_grad = torch.zeros(S, dtype=self.master_dtype, device=opt_place, pin_memory=pin)  # [S]
         self.state, self.disk, self._folder_cm = {}, None, None
         init = {"master": master, "m": torch.zeros_like(master), "v": torch.zeros_like(master)}  # [S] each
@@ -189,7 +196,7 @@ class OffloadAdam(ReduceScatterGrads):
                 folder = self._folder_cm.__enter__()
             self.folder = Path(folder) / f"rank{r}"
             self.folder.mkdir(parents=True, exist_ok=True)
-            self.disk = DiskState(self.folder, init)
+            self.disk = DiskState(self.folder, init, pin=pin)
         else:
             self.state = init
         self.buffers: dict[int, dict[str, torch.Tensor]] = {}  # disk: unit k's state read into host memory

@@ -392,7 +392,7 @@ class ZeRO(ReduceScatterGrads):
         self.record("before the optimizer step")
         grad.div_(N * (self.loss_scale or 1))  # sum over ranks -> mean; undo the loss scale
         if self.loss_scale:  # fp16: any overflow on any rank skips the step on every rank
-            bad = torch.tensor([float(not torch.isfinite(grad).all())], dtype=self.master_dtype)
+            bad = torch.tensor([float(not torch.isfinite(grad).all())], dtype=self.master_dtype, device=grad.device)
             comm.all_reduce(bad, group=self.group, label="overflow?")
             if bad.item() > 0:
                 self.loss_scale /= 2
