@@ -11,8 +11,7 @@
 The same `run` works as one rank of a torchrun job, on one machine or many:
     torchrun --standalone --nproc-per-node 4 -m parlab run collectives
 
-Bad options are refused with one `parlab: error: ...` line (exit status 2) before any rank starts. (`run` and `tour`
-start the rank server at once, which imports torch while this process checks the options; it runs no rank code.)
+Bad options are refused with one `parlab: error: ...` line (exit status 2) before any process starts.
 """
 
 from __future__ import annotations
@@ -89,24 +88,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         sub.add_argument("--no-twin", dest="twin", action="store_false", help=twin_help)
         scheme.options.add_arguments(sub, skip=dict(scheme.fixed))
     return parser
-
-
-def _start_rank_server() -> None:
-    """Start the rank server now, for a command that launches ranks: it imports torch (and torch._dynamo) in its
-    own process while this one imports torch to check the options, instead of after it (on the first GPU machine a
-    command-line run took 26-28 s where `import torch` took 4.4). It runs no rank code: options are still refused
-    before any rank starts, and the server stops with this process. Not under torchrun (it starts no ranks), nor
-    with PARLAB_WARM=0."""
-    from parlab.runtime import under_torchrun
-
-    if under_torchrun() or os.environ.get("PARLAB_WARM", "").strip() == "0":
-        return
-    from parlab.runtime.server import warm_up
-
-    try:
-        warm_up()
-    except OSError:  # the launch will say what is wrong
-        pass
 
 
 def _error(message: str) -> int:
@@ -243,8 +224,6 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     words = sys.argv[1:] if argv is None else argv
     command = next((word for word in words if not word.startswith("-")), "")  # "": none given (e.g. --help)
-    if command in ("run", "tour") and not {"-h", "--help"} & set(words):
-        _start_rank_server()
     args = build_parser(command).parse_args(argv)
     if args.command == "list":
         for name, help_line in CATALOG:
