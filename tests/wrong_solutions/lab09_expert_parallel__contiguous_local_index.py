@@ -2,7 +2,7 @@
 # A wrong answer to labs/lab09_expert_parallel.ipynb (the other answers are the solution's). The bug: an
 # expert's place among its rank's experts taken as expert % (E/P), as for the lesson's contiguous blocks. Under
 # round-robin rank r holds experts r and r + 4, which both give r % 2: a token that chose both writes both gates into
-# one column, and the destination runs the wrong expert on the other. The rows and their split sizes are right.
+# one column, and the destination runs the wrong expert on the other. The rows and their messages are right.
 # EXPECT FAIL: combine, capacity
 
 # ANSWER: combine
@@ -14,8 +14,7 @@ def combine(x, token, expert, gate, weights, experts, group=None):
     pair_dest, pair_token = pairs // N, pairs % N
     gates = torch.zeros(len(pairs), per, dtype=x.dtype, device=x.device).index_put((slot, local), gate)
     send = torch.bincount(pair_dest, minlength=P)
-    recv = torch.empty_like(send)
-    comm.all_to_all_single(recv, send, group=group)
+    recv = swap_counts(send.view(P, 1), group).view(P)
     received = Shuffle.apply(torch.cat([x[pair_token], gates], dim=1), recv.tolist(), send.tolist(), group)
     h, g = received[:, :H], received[:, H:]
     out = torch.zeros_like(h)

@@ -1,8 +1,8 @@
 # ruff: noqa
 # A wrong answer to labs/lab09_expert_parallel.ipynb (the other answers are the solution's). The lesson's layer:
 # one row per assignment (part 1's dispatch), each expert's output weighted at home. y and every gradient are right,
-# but a token whose two experts live on the same rank travels there twice and two rows come back: the split sizes
-# are not one row per (token, destination).
+# but a token whose two experts live on the same rank travels there twice and two rows come back: the messages
+# carry one row per assignment, not one per (token, destination).
 # EXPECT FAIL: combine, capacity
 
 # ANSWER: combine

@@ -1,7 +1,7 @@
 # ruff: noqa
 # A wrong answer to labs/lab09_expert_parallel.ipynb (the other answers are the solution's). The bug: the
 # (token, destination) rows are numbered token first (token * P + destination), so they come out sorted by token,
-# not grouped by destination, while the split sizes count rows per destination: all_to_all_single cuts the rows
+# not grouped by destination, while the split sizes count rows per destination: the shuffle cuts the rows
 # into consecutive chunks, and a rank gets another rank's tokens. The traffic is right; y and its gradients are not.
 # EXPECT FAIL: combine, capacity
 
@@ -14,8 +14,7 @@ def combine(x, token, expert, gate, weights, experts, group=None):
     pair_dest, pair_token = pairs % P, pairs // P
     gates = torch.zeros(len(pairs), per, dtype=x.dtype, device=x.device).index_put((slot, local), gate)
     send = torch.bincount(pair_dest, minlength=P)
-    recv = torch.empty_like(send)
-    comm.all_to_all_single(recv, send, group=group)
+    recv = swap_counts(send.view(P, 1), group).view(P)
     received = Shuffle.apply(torch.cat([x[pair_token], gates], dim=1), recv.tolist(), send.tolist(), group)
     h, g = received[:, :H], received[:, H:]
     out = torch.zeros_like(h)

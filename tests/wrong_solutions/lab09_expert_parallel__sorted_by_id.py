@@ -1,36 +1,61 @@
 # ruff: noqa
-# A wrong answer to labs/lab09_expert_parallel.ipynb. The bug: the rows are sorted by expert id, as in lesson 09's
-# layer, where the experts sit in contiguous blocks. The counts and the split sizes are right (so every buffer has
-# the right size and nothing crashes), but under round-robin consecutive ids live on different ranks: the first
-# rows rank 0 hands over are for experts 0 and 1, and rank 0 gets rows meant for rank 1. (Part 2's layer builds
-# rows of its own and uses only the shuffle, so only the dispatch fails.)
+# A wrong answer to labs/lab09_expert_parallel.ipynb (the other answers are the solution's). The bug: the rows are
+# sorted by expert id, as in lesson 09's layer, where the experts sit in contiguous blocks. The counts and the split
+# sizes are right (so every buffer has the right size and nothing crashes), but under round-robin consecutive ids
+# live on different ranks: the first rows rank 0 hands over are for experts 0 and 1, and rank 0 gets rows meant for
+# rank 1. (Part 2's layer builds rows of its own and uses only the shuffle, so only the dispatch fails.)
 # EXPECT FAIL: dispatch
 
 # ANSWER: dispatch
+def exchange(outgoing, incoming, group=None):
+    P, r = comm.group_size(group), comm.group_rank(group)
+    for s in range(1, P):
+        to, came = (r + s) % P, (r - s) % P
+        works = []
+        if outgoing[to] is not None:
+            works.append(comm.isend(outgoing[to].contiguous(), to, group=group))
+        if incoming[came] is not None:
+            works.append(comm.irecv(incoming[came], came, group=group))
+        comm.wait_all(works)
+
+
+def swap_counts(counts, group=None):
+    r = comm.group_rank(group)
+    got = torch.empty_like(counts)
+    got[r] = counts[r]
+    exchange(list(counts), list(got), group)
+    return got
+
+
+def shuffle_rows(rows, out_splits, in_splits, group=None):
+    r = comm.group_rank(group)
+    out = rows.new_empty(sum(out_splits), rows.shape[1])
+    sending = list(rows.contiguous().split(in_splits))
+    arriving = list(out.split(out_splits))
+    arriving[r].copy_(sending[r])
+    exchange([t if len(t) else None for t in sending], [t if len(t) else None for t in arriving], group)
+    return out
+
+
 class Shuffle(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows, out_splits, in_splits, group=None):
         ctx.splits, ctx.group = (out_splits, in_splits), group
-        out = rows.new_empty(sum(out_splits), rows.shape[1])
-        comm.all_to_all_single(out, rows.contiguous(), out_splits, in_splits, group=group)
-        return out
+        return shuffle_rows(rows, out_splits, in_splits, group)
 
     @staticmethod
     def backward(ctx, grad):
         out_splits, in_splits = ctx.splits
-        back = grad.new_empty(sum(in_splits), grad.shape[1])
-        comm.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
-        return back, None, None, None
+        return shuffle_rows(grad, in_splits, out_splits, ctx.group), None, None, None
 
 
 def dispatch(x, expert, experts, group=None):
     P = comm.group_size(group)
     per = experts // P
+    dest = expert % P
+    slot = dest * per + expert // P
     order = torch.argsort(expert, stable=True)  # by expert id: right only for contiguous blocks
-    send_counts = torch.bincount((expert % P) * per + expert // P, minlength=experts)
-    recv_counts = torch.empty_like(send_counts)
-    comm.all_to_all_single(recv_counts, send_counts, group=group)
-    recv_counts = recv_counts.view(P, per)
-    send_splits = torch.bincount(expert % P, minlength=P).tolist()
-    received = Shuffle.apply(x[order], recv_counts.sum(dim=1).tolist(), send_splits, group)
+    mine = torch.bincount(slot, minlength=experts).view(P, per)
+    recv_counts = swap_counts(mine, group)
+    received = Shuffle.apply(x[order], recv_counts.sum(dim=1).tolist(), mine.sum(dim=1).tolist(), group)
     return received, recv_counts, order

@@ -22,12 +22,12 @@ K = 2  # experts per token
 TOKENS = 10  # tokens per rank in the combine and capacity checks
 ROWS = (5, 0, 7, 9)  # rows per rank in the dispatch check (rank 1 sends nothing)
 CAPACITY = 8  # slots per expert over the whole group in the capacity check
-# The prediction's routing: TRAFFIC_COUNTS[s][e] = rows (assignments) rank s routes to expert e.
-TRAFFIC_COUNTS = [
-    [6, 1, 0, 3, 5, 2, 0, 4],
-    [2, 7, 1, 0, 4, 0, 3, 1],
-    [0, 2, 9, 1, 3, 1, 2, 0],
-    [5, 0, 2, 6, 1, 3, 0, 2],
+# The prediction's routing: TRAFFIC_PAIRS[s] lists (e1, e2, n): n tokens of rank s chose experts e1 and e2 (top-2).
+TRAFFIC_PAIRS = [
+    [(0, 4, 4), (0, 1, 3), (1, 5, 2), (2, 3, 1), (4, 6, 2), (3, 7, 1)],
+    [(1, 5, 3), (0, 4, 2), (2, 3, 2), (3, 6, 1), (1, 7, 2)],
+    [(2, 6, 4), (4, 5, 2), (0, 2, 1), (3, 7, 3)],
+    [(3, 7, 2), (6, 7, 3), (0, 5, 2), (1, 4, 2), (2, 6, 1)],
 ]
 
 
@@ -151,16 +151,31 @@ def pair_matrix(ref: list[dict]) -> list[list[int]]:
     return [[int((((x["chosen"] % P) == d) & x["keep"]).any(dim=1).sum()) for d in range(P)] for x in ref]
 
 
+def traffic_inputs(rank: int):
+    """Rank r's tokens of the prediction's routing (TRAFFIC_PAIRS[r], in the table's order): x [N, H], their two
+    experts [N, 2] and gates [N, 2] (rows sum to 1)."""
+    chosen = torch.tensor([[a, b] for a, b, n in TRAFFIC_PAIRS[rank] for _ in range(n)])  # host: the table
+    gen = torch.Generator().manual_seed(400 + rank)
+    x = torch.randn(len(chosen), H, generator=gen, dtype=torch.float64)  # host: the seeded draw
+    gates = torch.rand(len(chosen), K, generator=gen, dtype=torch.float64) + 0.1  # host: the seeded draw
+    return x, chosen, gates / gates.sum(dim=1, keepdim=True)
+
+
+def rows_leaving(rank: int, owner_of) -> int:
+    """The float64 rows that leave `rank` in one forward of a layer that sends each token at most once to each rank
+    (one row per (token, destination)), on TRAFFIC_PAIRS, with expert e on rank owner_of(e): its tokens out to the
+    other ranks, and the results it sends back to the other ranks' tokens."""
+    out = sum(n * len({owner_of(a), owner_of(b)} - {rank}) for a, b, n in TRAFFIC_PAIRS[rank])
+    back = sum(n * (rank in {owner_of(a), owner_of(b)}) for s in range(P) if s != rank for a, b, n in TRAFFIC_PAIRS[s])
+    return out + back
+
+
 def traffic_theory() -> dict:
-    """Rank 0's all-to-all payload (forward and backward) and forward wire bytes of lesson 09's layer on the table's
-    routing, round-robin placement."""
-    C, mine = TRAFFIC_COUNTS, experts_of(0)
-    sent = sum(C[0])  # every row rank 0 routes goes out once in the dispatch
-    received = sum(C[s][e] for s in range(P) for e in mine)  # rows for rank 0's experts, from every rank
-    home = sum(C[0][e] for e in mine)  # rows rank 0 sends itself: they never leave it, nor come back over the wire
+    """Rank 0's rows on the wire in one forward of the part-2 layer on the table's routing: round-robin placement
+    (expert e on rank e % P), and contiguous blocks (experts [r E/P, (r+1) E/P) on rank r, lesson 09's)."""
     return {
-        "payload_rank0": E * 8 + 2 * (sent + received) * H * 8,  # counts; dispatch and combine, forward and backward
-        "wire_rank0": (sent - home + received - home) * H * 8,  # forward: dispatch and combine, to other ranks
+        "rows_round_robin": rows_leaving(0, owner),
+        "rows_contiguous": rows_leaving(0, lambda e: e // PER),
     }
 
 
