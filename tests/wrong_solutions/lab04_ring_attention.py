@@ -16,3 +16,14 @@ def merge(a, b):
 def finish(state):
     acc, m, l = state
     return acc / l.masked_fill(l == 0, 1.0).unsqueeze(-1), m + torch.log(l)
+
+
+def merge_across_ranks(state):
+    acc, m, l = state
+    m_all = m.clone()
+    comm.all_reduce(m_all, op=comm.ReduceOp.MAX)
+    m_safe = m_all.masked_fill(torch.isneginf(m_all), 0.0)
+    alpha = torch.exp(m - m_safe)
+    both = torch.cat([alpha.unsqueeze(-1) * acc, (alpha * l).unsqueeze(-1)], dim=-1)
+    comm.all_reduce(both)
+    return both[..., :-1], m_all, both[..., -1]

@@ -1,23 +1,24 @@
 """Lab 04's checks: the online-softmax merge in FlashAttention-2's form (an unnormalised accumulator with a running
-row max and row sum, normalised once at the end; empty partial results included), a bidirectional ring of
-grouped-query attention (each K/V block travels both ways round the ring, the one opposite a rank only once), a
-prediction of the causal work and the traffic of that ring, and the lab model's attention layer (GQA, RoPE with
-global positions) on the bidirectional ring for any token layout: striped (token t on rank t mod P, uneven when P
-does not divide T) and contiguous.
+row max and row sum, normalised once at the end; empty partial results on either side, in a chain or a tree of
+merges) and the same merge across ranks with all-reduces only (decoding: the keys stay where they are, the states
+travel), a bidirectional ring of grouped-query attention (each K/V block travels both ways round the ring, and
+reaches every rank once), a prediction of the causal work and the traffic of that ring, and the lab model's
+attention layer (GQA, RoPE with global positions) on the bidirectional ring for any token layout: striped (token t
+on rank t mod P, uneven when P does not divide T) and contiguous.
 
 Every tile the student computes goes through `attend` (below), which, on a rank the check is recording, notes whose
 queries and whose keys it was given (for each query head, which K/V head of which rank's block), the mask, and when
 it ran. So the checks see, beyond the numbers: which tiles each rank computed and with which mask, whether the K/V
 heads were expanded to the query heads the way grouped-query attention pairs them, whether the transfers were in
 flight while the tiles computed and both ways at once (parlab.core.comm's trace: issued before, waited after), and
-what each rank sent to whom (parlab.core.probe). Calls into the library's own sequence-parallel code (LIBRARY) are
-seen too (a profile hook, parlab/grading/labs/guard.py): the lab asks for the student's own.
+what each rank sent to whom, message by message (parlab.core.probe). Calls into the library's own sequence-parallel
+code (LIBRARY) are seen too (a profile hook, parlab/grading/labs/guard.py): the lab asks for the student's own.
 
-The bidirectional ring on P ranks (the schedule the checks expect, `sends` below): at round s = 0, 1, ... rank r
-passes the block that came from its left (rank r-s's) on to rank r+1 and the block that came from its right (rank
-r+s's) on to rank r-1; at step s it attends to blocks r-s and r+s. A block travels as long as it brings a rank a
-block it has not seen; when P is even the block opposite a rank (r + P/2) reaches it from the left only. Every rank
-sends P-1 blocks, as in the one-way ring, but in about P/2 rounds instead of P-1.
+The bidirectional ring on P ranks (`sends` below): at round s = 0, 1, ... rank r passes the block that came from its
+left (rank r-s's) on to rank r+1 and the block that came from its right (rank r+s's) on to rank r-1; at step s it
+attends to blocks r-s and r+s. Every rank receives every other block once: P-1 blocks sent per rank, as in the
+one-way ring, but in about P/2 rounds instead of P-1. With P even one block reaches a rank from one side only; the
+checks accept either side, the same for every block (the one a rank 0 picked).
 """
 
 from __future__ import annotations
@@ -62,13 +63,26 @@ LAYOUTS = {  # part 4: layout[j] = the global positions of the tokens rank j hol
     "striped, uneven": striped(18),  # ranks 0 and 1 hold 5 tokens, ranks 2 and 3 hold 4
     "contiguous": contiguous(16),
 }
-MERGE_CASES = {  # name: (where the keys are cut into blocks, a factor on q, which keys each query row may see)
-    "two halves": ((8,), 1.0, "all"),
-    "uneven blocks 3 + 13": ((3,), 1.0, "all"),
-    "three blocks merged left to right": ((5, 11), 1.0, "all"),
-    "scores in the thousands (exp(m) overflows)": ((8,), 2000.0, "all"),
-    "causal: rows 0-7 see no key of the second block": ((8,), 1.0, "causal"),
-    "rows 0-2 see no key at all (acc 0, m -inf, l 0)": ((8,), 1.0, "from row 3"),
+MERGE_CASES = {  # name: (where the keys are cut into blocks, a factor on q, which keys each row sees, merge order)
+    "two halves": ((8,), 1.0, "all", "chain"),
+    "uneven blocks 3 + 13": ((3,), 1.0, "all", "chain"),
+    "three blocks merged left to right": ((5, 11), 1.0, "all", "chain"),
+    "scores in the thousands (exp(m) overflows)": ((8,), 2000.0, "all", "chain"),
+    "causal: rows 0-7 see no key of the second block": ((8,), 1.0, "causal", "chain"),
+    "rows 8-15 see no key of the first block, all see some of the second": ((8,), 1.0, "anticausal", "chain"),
+    "rows 0-2 see no key at all (acc 0, m -inf, l 0)": ((8,), 1.0, "from row 3", "chain"),
+    "a window of 3 keys, four blocks merged as a tree (empty halves on either side)": (
+        (4, 8, 12),
+        1.0,
+        "window",
+        "tree",
+    ),
+}
+RANK_CUTS = (2, 7, 11)  # part 1 across ranks: rank j holds the keys [cut_j, cut_j+1) of 16 (2, 5, 4 and 5 of them)
+RANK_CASES = {  # name: (a factor on q, which keys each row sees); the queries are every rank's, the same
+    "scores in the thousands": (2000.0, "all"),
+    "a window of 3 keys: rows 0-1 see no key on any rank, most rows none on some ranks": (1.0, "window"),
+    "rank 0's keys hidden from every row, rows 0-1 see none on any rank": (1.0, "not rank 0"),
 }
 LIBRARY = ("schemes/sequence/", "lessons/sequence_parallel.py")  # parlab/grading/labs/guard.py
 
@@ -76,17 +90,21 @@ STRUCTURAL = {
     "merge": "the merged state (the unnormalised accumulator acc, the running row max m, the row sum l) equals the "
     "state over all the keys (m the exact row max) and finish gives the output and log-sum-exp of attention over "
     "all the keys, for two, uneven and three blocks, for scores in the thousands (exp(m) overflows float64), for "
-    "rows one block does not see (m -inf) and for rows no block sees (state acc 0, m -inf, l 0; out 0, lse -inf "
-    "exactly); the library's merge is not called",
+    "rows the second block does not see, rows the first does not see (the second does), rows no block sees (state "
+    "acc 0, m -inf, l 0; out 0, lse -inf exactly), and four blocks of a sliding window merged as a tree (halves "
+    "empty on either side); across 4 ranks (2, 5, 4, 5 keys), each rank's state of the same queries merged by "
+    "merge_across_ranks: every rank's result equals the state over all the keys (scores in the thousands, a "
+    "window with rows no rank sees, a rank whose keys no row sees), with all-reduces only and at most the state's "
+    "bytes (m, l, acc once each) per rank; the library's merge is not called; a FAIL names the first wrong case, "
+    "rank, tensor and element with expected and received",
     "ring": "grouped-query attention (nq = 6 query heads on nkv = 2 K/V heads) on a bidirectional ring of 4 ranks "
     "and of 5: outputs and log-sum-exps equal attention over the whole sequence; per rank: K/V sent only to ranks "
-    "r+1 and r-1 and received only from them, no collective; to r+1 the blocks of ranks r, r-1, ... and to r-1 "
-    "those of r, r+1, ..., in round order, each as long as it brings a rank a block it has not seen, K then V with "
-    "its nkv heads only (never expanded to nq): P-1 blocks, the one opposite a rank once (from the left); one tile "
-    "per block (the opposite one not twice), "
-    "query head h paired with K/V head h // 3; every transfer issued before a tile and waited for after it, and in "
-    "each round the transfers both ways in flight together (parlab.core.comm's trace); the FAIL lines name the "
-    "first wrong rank, round or tile with what was expected and what came",
+    "r+1 and r-1 and received only from them, no collective; every message against the ring's own schedule, in "
+    "round order (each block passed on in the direction it travels, every rank receiving every other block "
+    "once), K then V with its nkv heads only (never expanded to nq); one tile per block, query head h paired with "
+    "K/V head h // 3; every transfer issued before a tile and waited for after it, and in each round the transfers "
+    "both ways in flight together (parlab.core.comm's trace); the FAIL lines name the first wrong rank, message, "
+    "tile or transfer with what was expected and what came",
     "work": "exact (integer counts): the predicted (query, key) pairs the causal mask leaves the busiest rank of the "
     "striped layout of 42 tokens on 8 ranks (8 does not divide 42), against the theory and the "
     "count on the causal mask; the bytes the busiest rank hands to isend in one forward of the bidirectional ring "
@@ -96,11 +114,11 @@ STRUCTURAL = {
     "bidirectional ring of 4 ranks for the striped, an uneven striped (18 tokens: 5, 5, 4, 4) and the contiguous "
     "layout: outputs equal the layer on one device (float64); each rank computed one tile per block holding a key "
     "its queries may see, none for the others, each once, its queries rotated by its tokens' global positions, the "
-    "keys of the right rank expanded h // 3, with the mask of the global positions (not the diagonal); K/V passed "
-    "to r+1 (blocks r, r-1) and to r-1 (block r) only, K then V (nkv heads, rotated or not), blocks of different "
-    "sizes; every transfer of a round in which the rank holds a block with a visible key in flight while a tile "
-    "computed (on the contiguous layout a round whose blocks are all in the rank's future is exempt), and both "
-    "ways at once; no library code",
+    "keys of the right rank expanded h // 3, with the mask of the global positions (not the diagonal); every "
+    "message the ring's (as in part 2), K rotated by its tokens' global positions (once, where they are), then V, "
+    "nkv heads, blocks of different sizes; every transfer of a round in which the rank holds a block with a "
+    "visible key in flight while a tile computed (on the contiguous layout a round whose blocks are all in the "
+    "rank's future is exempt), and both ways at once; no library code",
 }
 
 
@@ -112,14 +130,28 @@ def run(check: str, *answers) -> None:
 # ------------------------------------------------------------------------------------ the bidirectional ring
 
 
-def sends(r: int, world: int) -> dict[int, list[int]]:
+SIDES = ("right", "left")  # the way the one block that could reach a rank from both sides (P even) goes its last hop
+
+
+def sends(r: int, world: int, side: str = "right") -> dict[int, list[int]]:
     """The blocks rank r hands to isend in one pass of the bidirectional ring, by neighbour, in round order:
-    {r+1: [r, r-1, ...] (world // 2 blocks), r-1: [r, r+1, ...] ((world-1) // 2 blocks)}."""
+    {r+1: [r, r-1, ...], r-1: [r, r+1, ...]}, as long as a block brings its receiver a block it has not had:
+    (world-1) // 2 blocks each way, and with world even one more on the `side` way (the block opposite the
+    receiver, which must not come from both sides)."""
     right, left = (r + 1) % world, (r - 1) % world
+    rightward = world // 2 if side == "right" else (world - 1) // 2
     return {
-        right: [(r - s) % world for s in range(world // 2)],
-        left: [(r + s) % world for s in range((world - 1) // 2)],
+        right: [(r - s) % world for s in range(rightward)],
+        left: [(r + s) % world for s in range(world - 1 - rightward)],
     }
+
+
+def ring_side(calls, world: int, sizes: list[int]) -> str:
+    """Which way a student's even ring sends the opposite block its last hop, read from rank 0's sends to rank 1
+    (the numbers it handed to isend): "left" when they are exactly that schedule's, else "right"."""
+    sent = sum(c["data"].numel() for c in calls if c["op"] == "send" and c["peer"] == 1 % world and "data" in c)
+    left = sum(sizes[j] for j in sends(0, world, "left")[1 % world])
+    return "left" if world % 2 == 0 and sent == left else "right"
 
 
 def held(r: int, world: int) -> list[list[int]]:
@@ -150,10 +182,18 @@ def merge_problem(seed: int, scale: float):
 
 
 def merge_mask(kind: str) -> torch.Tensor | None:
-    """Which keys each query row may see: all, causal (key j <= row i), or only rows 3 on (keys j < i - 2)."""
-    rows = torch.arange(T_MERGE)[:, None]  # host: the reference on one device
-    cols = torch.arange(T_MERGE)[None, :]  # host: the reference on one device
-    return {"all": None, "causal": cols <= rows, "from row 3": cols <= rows - 3}[kind]
+    """Which keys j each query row i may see: all; causal (j <= i); anticausal (j >= i); only rows 3 on (j < i - 2);
+    a window of 3 keys (i - 4 <= j <= i - 2: rows 0-1 see none); none of rank 0's keys (j >= 2) and rows 2 on."""
+    i = torch.arange(T_MERGE)[:, None]  # host: the reference on one device
+    j = torch.arange(T_MERGE)[None, :]  # host: the reference on one device
+    masks = {
+        "causal": j <= i,
+        "anticausal": j >= i,
+        "from row 3": j <= i - 3,
+        "window": (j >= i - 4) & (j <= i - 2),
+        "not rank 0": (j >= RANK_CUTS[0]) & (i >= 2),
+    }
+    return masks.get(kind)
 
 
 def layer_model() -> GQAttention:
@@ -224,8 +264,8 @@ def _state(q, k, v, mask):
     if mask is not None:
         scores = scores.masked_fill(~mask.to(torch.bool), -math.inf)
     m = scores.amax(dim=-1)  # [B, nh, Tq]: the row max; -inf on a row with no visible key
-    m_safe = m.masked_fill(torch.isneginf(m), 0.0)  # such a row: exp(-inf - 0) = 0, not exp(-inf + inf) = NaN
-    weights = torch.exp(scores - m_safe.unsqueeze(-1))  # [B, nh, Tq, Tk], each <= 1
+    seen = ~torch.isneginf(m).unsqueeze(-1)  # [B, nh, Tq, 1]: rows with a visible key
+    weights = torch.where(seen, torch.exp(scores - m.unsqueeze(-1)), 0.0)  # [B, nh, Tq, Tk], each <= 1; 0 unseen
     return weights @ v, m, weights.sum(dim=-1)
 
 
@@ -304,6 +344,7 @@ def _comm_events(since: float) -> list[dict]:
         {
             "kind": e.kind,
             "peer": -1 if e.peer is None else int(e.peer),
+            "bytes": int(e.bytes),
             "start": e.start,
             "end": -1.0 if e.end is None else e.end,
         }
@@ -326,50 +367,79 @@ def _neighbours_wrong(calls, r: int, world: int) -> str:
     return ""
 
 
-def _traffic_wrong(calls, r: int, world: int, sizes: list[int], matches) -> str:
-    """'' when rank r sent each neighbour the blocks `sends` lists, in round order: block j is sizes[j] numbers (K
-    then V, flattened) for which matches(piece, j) holds; else the first wrong neighbour and round, expected and
-    received."""
-    for peer, owners in sends(r, world).items():
+def _flat_blocks(ks: list[torch.Tensor], vs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per rank j: its block as it travels, ks[j] then vs[j], flattened."""
+    return [torch.cat([k.flatten(), v.flatten()]) for k, v in zip(ks, vs, strict=True)]
+
+
+def _what(rest: torch.Tensor, forms: list[tuple[str, list[torch.Tensor]]], size: int) -> str:
+    """What the numbers `rest` (what a rank sent on, flattened) start with: the first of `forms` (label with {j},
+    [per rank j: that form of its block, flattened]) they begin with, else that their first `size` numbers (the
+    block expected) are none of them."""
+    if rest.numel() == 0:
+        return "nothing"
+    for label, blocks in forms:
+        for j, block in enumerate(blocks):
+            if rest.numel() >= block.numel() and _close(rest[: block.numel()], block):
+                return label.format(j=j)
+    return f"{min(rest.numel(), size) * 8:,} bytes that are no rank's block"
+
+
+def _traffic_wrong(calls, r: int, world: int, side: str, forms: list[tuple[str, list[torch.Tensor]]]) -> str:
+    """'' when rank r sent each neighbour exactly the blocks of the ring's schedule, in round order (forms[0]: the
+    right form of each rank's block, flattened; messages may split a block, e.g. K then V); else the first wrong
+    message, with the block expected and what came (named by the other forms when it is one of them)."""
+    blocks = forms[0][1]
+    for peer, owners in sends(r, world, side).items():
         sent = [c["data"].to(torch.float64) for c in calls if c["op"] == "send" and c["peer"] == peer and "data" in c]
         got = torch.cat(sent) if sent else torch.zeros(0, dtype=torch.float64)  # host: the grader's data
-        expected = [sizes[j] for j in owners]  # blocks may differ in size (uneven layouts)
-        if got.numel() != sum(expected):
-            blocks = ", ".join(f"rank {j}'s" for j in owners)
-            return (
-                f"to rank {peer}: expected {len(owners)} block(s) ({blocks}; K then V, nkv = {NKV} heads), "
-                f"{sum(expected) * 8:,} bytes; received {len(sent)} message(s), {got.numel() * 8:,} bytes"
-            )
         offset = 0
-        for s, (j, size) in enumerate(zip(owners, expected, strict=True)):
-            piece, offset = got[offset : offset + size], offset + size
-            if matches(piece, j):
+        for s, j in enumerate(owners):
+            block = blocks[j]
+            piece = got[offset : offset + block.numel()]
+            if piece.numel() == block.numel() and _close(piece, block):
+                offset += block.numel()
                 continue
-            whose = [i for i in range(world) if sizes[i] == size and matches(piece, i)]
-            what = f"rank {whose[0]}'s block" if whose else "none of the ranks' K/V blocks (K then V)"
-            return f"to rank {peer}, round {s}: expected rank {j}'s K then V, received {what}"
+            return (
+                f"to rank {peer}, round {s}: expected {forms[0][0].format(j=j)} ({block.numel() * 8:,} bytes), "
+                f"received {_what(got[offset:], forms, block.numel())}"
+            )
+        if offset < got.numel():
+            extra = _what(got[offset:], forms, got.numel() - offset)
+            twice = [
+                f" (rank {peer} gets that block from rank {other} too)"
+                for j in range(world)
+                if extra == forms[0][0].format(j=j)
+                for other in ((peer + 1) % world, (peer - 1) % world)
+                if other != r and j in sends(other, world, side).get(peer, [])
+            ]
+            return f"to rank {peer}, after round {len(owners) - 1}: expected nothing more, received {extra}" + (
+                twice[0] if twice else ""
+            )
     return ""
 
 
-def _rounds(events: list[dict], r: int, world: int) -> dict[tuple[str, int], list[list[dict]]]:
+def _rounds(events: list[dict], r: int, world: int, sizes: list[int]) -> dict:
     """Rank r's transfers by (kind, peer), cut into the ring's rounds: {("send", r+1): [[round 0's], [round 1's],
-    ...], ...}. A block may travel as one message or two (K, then V): as many per round as the count divides."""
+    ...], ...}. A block may travel as one message or two (K, then V): round 0's block (rank r's own to send, the
+    sender's own to receive; sizes[j] numbers) says which."""
     rounds = {}
     for key in sorted({(e["kind"], e["peer"]) for e in events}):
         kind, peer = key
         transfers = [e for e in events if (e["kind"], e["peer"]) == key]
-        expected = len(sends(r, world).get(peer, [])) if kind == "send" else len(sends(peer, world).get(r, []))
-        per = len(transfers) // expected if expected and len(transfers) % expected == 0 else 1
+        first_block = 8 * sizes[r if kind == "send" else peer] if 0 <= peer < world else 0
+        per = 2 if transfers[0]["bytes"] * 2 == first_block else 1
         rounds[key] = [transfers[i : i + per] for i in range(0, len(transfers), per)]
     return rounds
 
 
-def _overlap_wrong(events: list[dict], tiles: list[dict], r: int, world: int, busy: list[bool]) -> str:
+def _overlap_wrong(events: list[dict], tiles: list[dict], r: int, world: int, busy: list[bool], sizes) -> str:
     """'' when every transfer of a round in which rank r computes (busy[s]) was in flight while a tile computed
     (issued before it began, waited for after it ended), and in every round of both directions the transfers to
-    and from r+1 and r-1 were in flight together; else the first round and transfer that was not."""
+    and from r+1 and r-1 were in flight together; else the first round and transfer that was not (sizes[j]: the
+    numbers in rank j's block, to tell one message per block from two)."""
     right, left = (r + 1) % world, (r - 1) % world
-    by = _rounds(events, r, world)
+    by = _rounds(events, r, world, sizes)
     end = lambda e: math.inf if e["end"] < 0 else e["end"]  # noqa: E731 (never waited for: still in flight)
     way = lambda e: f"{e['kind']} {'to' if e['kind'] == 'send' else 'from'} rank {e['peer']}"  # noqa: E731
     for rounds in by.values():
@@ -441,28 +511,91 @@ def _compare(what: str, parts: list[tuple[str, torch.Tensor | None, torch.Tensor
 # ------------------------------------------------------------------------------------------- 1 · the merge
 
 
-def collect_merge(merge, finish) -> dict:
+def _merged(merge, tiles: list, order: str):
+    """The tiles' states merged with the student's merge: left to right ("chain"), or pairwise as a tree
+    (((t0, t1), (t2, t3)))."""
+    if order == "chain":
+        state = tiles[0]
+        for tile in tiles[1:]:
+            state = merge(state, tile)
+        return state
+    while len(tiles) > 1:
+        tiles = [merge(a, b) for a, b in zip(tiles[::2], tiles[1::2], strict=True)]
+    return tiles[0]
+
+
+def _state_data(state) -> dict:
+    """A state as the student returned it: {"acc", "m", "l"} (None where it is not a tensor)."""
+    parts = tuple(state) if isinstance(state, (tuple, list)) and len(state) == 3 else (None, None, None)
+    return {
+        key: t.detach().cpu().clone() if isinstance(t, torch.Tensor) else None
+        for key, t in zip(("acc", "m", "l"), parts, strict=True)
+    }
+
+
+def merge_rank(merge_across_ranks) -> dict:
+    """Rank code: this rank's state of the shared queries over its own keys (RANK_CUTS) for each case, merged
+    across the ranks by the student's merge_across_ranks; every call it makes into torch.distributed, per case."""
+    r = dist.get_rank()
+    bounds = [0, *RANK_CUTS, T_MERGE]
+    lo, hi = bounds[r], bounds[r + 1]
     results = {}
     with library_calls(LIBRARY) as called:
-        for name, (cuts, scale, kind) in MERGE_CASES.items():
+        for name, (scale, kind) in RANK_CASES.items():
+            q, k, v = (t.to(parlab.device()) for t in merge_problem(3, scale))
+            mask = merge_mask(kind)
+            own = None if mask is None else mask[:, lo:hi].to(parlab.device())
+            state = attend(q, k[..., lo:hi, :], v[..., lo:hi, :], own)  # [B, 2, 16, HD] and [B, 2, 16] x 2
+            with probe.recording(keep_sent_data=False) as calls:
+                merged = merge_across_ranks(state)
+            results[name] = {
+                "state": _state_data(merged),
+                "calls": [{"op": c["op"], "bytes": c["bytes"]} for c in calls],
+            }
+    return {"cases": results, "library": list(called)}
+
+
+def collect_merge(merge, finish, merge_across_ranks) -> dict:
+    results = {}
+    with library_calls(LIBRARY) as called:
+        for name, (cuts, scale, kind, order) in MERGE_CASES.items():
             q, k, v = merge_problem(1, scale)
             mask = merge_mask(kind)
             bounds = [0, *cuts, T_MERGE]
-            state = None
-            for lo, hi in zip(bounds, bounds[1:], strict=False):
-                block_mask = None if mask is None else mask[:, lo:hi]
-                tile = attend(q, k[..., lo:hi, :], v[..., lo:hi, :], block_mask)
-                state = tile if state is None else merge(state, tile)
+            tiles = [
+                attend(q, k[..., lo:hi, :], v[..., lo:hi, :], None if mask is None else mask[:, lo:hi])
+                for lo, hi in zip(bounds, bounds[1:], strict=False)
+            ]
+            state = _merged(merge, tiles, order)
             out, lse = finish(state)
             parts = dict(zip(("acc", "m", "l"), state, strict=True))  # the merged state, as the student returns it
             parts.update(out=out, lse=lse)
             results[name] = {key: torch.as_tensor(t).detach() for key, t in parts.items()}
-    return {"cases": results, "library": list(called)}
+    ranks = list(parlab.launch(merge_rank, P, merge_across_ranks, **LAUNCH))
+    return {"cases": results, "ranks": ranks, "library": list(called) + [f for res in ranks for f in res["library"]]}
+
+
+def _ranks_traffic_wrong(ranks: list[dict]) -> str:
+    """'' when every rank, in every case, called only all-reduces, with at most the state's bytes in all (m, l and
+    acc once each); else the first rank and case that did not, expected and received."""
+    state_bytes = B * 2 * T_MERGE * (HD + 2) * 8  # acc [B, 2, 16, HD], m and l [B, 2, 16], float64
+    for r, res in enumerate(ranks):
+        for name, case in res["cases"].items():
+            others = sorted({c["op"] for c in case["calls"]} - {"allreduce"})
+            if others:
+                return f"rank {r}, {name}: expected all-reduces only, received {others}"
+            sent = sum(c["bytes"] for c in case["calls"])
+            if sent > state_bytes:
+                return (
+                    f"rank {r}, {name}: expected at most {state_bytes:,} bytes all-reduced (m, l and acc once each), "
+                    f"received {sent:,} in {len(case['calls'])} all-reduce(s)"
+                )
+    return ""
 
 
 def judge_merge(data) -> list[str]:
     lines = []
-    for name, (_, scale, kind) in MERGE_CASES.items():
+    for name, (_, scale, kind, _) in MERGE_CASES.items():
         q, k, v = merge_problem(1, scale)
         acc, row_max, row_sum = masked_state(q, k, v, merge_mask(kind))
         out, lse = masked_attention(q, k, v, merge_mask(kind))
@@ -482,6 +615,22 @@ def judge_merge(data) -> list[str]:
                 "attention over all the keys",
             )
         )
+    ranks = data["ranks"]
+    for name, (scale, kind) in RANK_CASES.items():
+        q, k, v = merge_problem(3, scale)
+        acc, row_max, row_sum = masked_state(q, k, v, merge_mask(kind))
+        parts = [
+            (f"rank {r}'s {key}", _tensor(res["cases"][name]["state"][key], ref.shape), ref)
+            for r, res in enumerate(ranks)
+            for key, ref in (("m", row_max), ("l", row_sum), ("acc", acc))
+        ]
+        lines.append(_compare(f"across {P} ranks, {name}: every rank's state", parts, "the state over all the keys"))
+    lines.append(
+        _verdict(
+            f"across {P} ranks: all-reduces only, at most the state's bytes per rank",
+            [w for w in [_ranks_traffic_wrong(ranks)] if w],
+        )
+    )
     lines.append(_library_line("merge", data["library"]))
     return lines
 
@@ -563,20 +712,25 @@ def judge_ring(data) -> list[str]:
                 f"P = {world}: log-sum-exp, the ranks' blocks in order", [("lse", torch.cat(lses, 2), lse)], against
             ),
         ]
-        blocks = [torch.cat([chunk(k, j, n).flatten(), chunk(v, j, n).flatten()]) for j in range(world)]
-        sizes = [block.numel() for block in blocks]
+        ks, vs = [chunk(k, j, n) for j in range(world)], [chunk(v, j, n) for j in range(world)]
+        expanded = [[t.repeat_interleave(GROUP, 1) for t in ts] for ts in (ks, vs)]
+        forms = [  # what may travel: the right form first (K then V, nkv heads), then the ones a FAIL line names
+            ("rank {j}'s K then V", _flat_blocks(ks, vs)),
+            (f"rank {{j}}'s K then V with their heads expanded to nq = {NQ}", _flat_blocks(*expanded)),
+            ("rank {j}'s V then K", _flat_blocks(vs, ks)),
+        ]
+        sizes = [block.numel() for block in forms[0][1]]
+        side = ring_side(ranks[0]["calls"], world, sizes)
         talk, traffic, tiles, overlap = [], [], [], []
         for r in range(world):
             res = ranks[r]
             if wrong := _neighbours_wrong(res["calls"], r, world):
                 talk.append(f"rank {r}: {wrong}")
-            if wrong := _traffic_wrong(
-                res["calls"], r, world, sizes, lambda piece, j, blocks=blocks: _close(piece, blocks[j])
-            ):
+            if wrong := _traffic_wrong(res["calls"], r, world, side, forms):
                 traffic.append(f"rank {r}: {wrong}")
             if wrong := _ring_tiles_wrong(res["tiles"], r, world):
                 tiles.append(wrong)
-            if wrong := _overlap_wrong(res["comm"], res["tiles"], r, world, [True] * world):
+            if wrong := _overlap_wrong(res["comm"], res["tiles"], r, world, [True] * world, sizes):
                 overlap.append(wrong)
         lines += [
             _verdict(
@@ -585,8 +739,8 @@ def judge_ring(data) -> list[str]:
                 talk,
             ),
             _verdict(
-                f"P = {world}: what each rank sent: to r+1 the blocks of ranks r, r-1, ... ({world // 2}), "
-                f"to r-1 those of r, r+1, ... ({(world - 1) // 2}), K then V, nkv = {NKV} heads only",
+                f"P = {world}: every message each rank sent, in order: the ring's block, K then V, nkv = {NKV} "
+                "heads only",
                 traffic,
             ),
             _verdict(f"P = {world}: one tile per block, query head h on K/V head h // {GROUP}", tiles),
@@ -700,20 +854,22 @@ def _heads(t: torch.Tensor, T: int) -> torch.Tensor:
 
 def _layer_blocks(attn: GQAttention, layout: list[list[int]]) -> dict:
     """Per rank j, from one device's computation on the whole sequence: its queries and keys (rotated; nq and nkv
-    heads) and its values (flattened), the blocks the checks recognise."""
+    heads), its keys unrotated and its values ([B, nkv, n_j, HD]), the blocks the checks recognise."""
     T = sum(len(tokens) for tokens in layout)
     x = layer_input(T).to(parlab.device())
     positions = torch.arange(T, device=parlab.device())
     with torch.no_grad():
         q = apply_rope(_heads(attn.q(x), T), positions, CFG.rope_base)  # [B, NQ, T, HD]
-        k = apply_rope(_heads(attn.k(x), T), positions, CFG.rope_base)  # [B, NKV, T, HD]
+        raw = _heads(attn.k(x), T)  # [B, NKV, T, HD], before RoPE
+        k = apply_rope(raw, positions, CFG.rope_base)  # [B, NKV, T, HD]
         v = _heads(attn.v(x), T)
     pick = lambda t, j: t[:, :, layout[j]]  # noqa: E731
     return {
         "x": x,
         "q": [pick(q, j) for j in range(P)],
         "k": [pick(k, j) for j in range(P)],
-        "v": [pick(v, j).flatten() for j in range(P)],
+        "k_raw": [pick(raw, j) for j in range(P)],
+        "v": [pick(v, j) for j in range(P)],
     }
 
 
@@ -806,20 +962,29 @@ def judge_layer(data) -> list[str]:
         lines.append(
             _verdict(f"{name}: one tile per block with a visible key, its rotated queries, the causal mask", tiles)
         )
-        # What travels: K then V of the block, nkv heads. Its K is judged by the tiles (rotated where it is used:
-        # before the ring or on arrival, both right); its V names whose block it is.
-        values = blocks["v"]
-        sizes = [2 * v.numel() for v in values]
-        holds = lambda piece, j, values=values: _close(piece[piece.numel() // 2 :], values[j])  # noqa: E731
+        # What travels: K then V of each block, nkv heads, its K rotated once by the rank that holds its tokens.
+        expanded = [[t.repeat_interleave(GROUP, 1) for t in blocks[key]] for key in ("k", "v")]
+        forms = [  # the right form first, then the ones a FAIL line names
+            ("rank {j}'s K, rotated by its tokens' positions, then V", _flat_blocks(blocks["k"], blocks["v"])),
+            ("rank {j}'s K not rotated, then V", _flat_blocks(blocks["k_raw"], blocks["v"])),
+            (f"rank {{j}}'s K then V with their heads expanded to nq = {NQ}", _flat_blocks(*expanded)),
+            ("rank {j}'s V then K", _flat_blocks(blocks["v"], blocks["k"])),
+        ]
+        sizes = [block.numel() for block in forms[0][1]]
+        side = ring_side(ranks[0][name]["calls"], P, sizes)
         traffic, overlap = [], []
         for r in range(P):
             res = ranks[r][name]
-            wrong = _neighbours_wrong(res["calls"], r, P) or _traffic_wrong(res["calls"], r, P, sizes, holds)
+            wrong = _neighbours_wrong(res["calls"], r, P) or _traffic_wrong(res["calls"], r, P, side, forms)
             traffic += [f"rank {r}: {wrong}"] if wrong else []
-            if wrong := _overlap_wrong(res["comm"], res["tiles"], r, P, _busy_rounds(layout, r)):
+            if wrong := _overlap_wrong(res["comm"], res["tiles"], r, P, _busy_rounds(layout, r), sizes):
                 overlap.append(wrong)
         lines.append(
-            _verdict(f"{name}: K/V to r+1 (blocks r, r-1) and to r-1 (block r), K then V, any block size", traffic)
+            _verdict(
+                f"{name}: every message each rank sent, in order: the ring's block, its K rotated, then V, nkv = "
+                f"{NKV} heads, any block size",
+                traffic,
+            )
         )
         lines.append(_verdict(f"{name}: every transfer in flight while a tile computed, both ways at once", overlap))
     called = [f for res in ranks for layout in res.values() for f in layout["library"]]
