@@ -80,8 +80,8 @@ lab_checks.run = lambda check, *answers: print(f"{check}: PASS")
 grading.run_check = lambda *args, **kwargs: None
 
 
-def one_f_one_b_actions(rank, p, m):
-    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]  # GPipe
+def capped_orders(p, m, k):
+    return [[("F", i) for i in range(m)] + [("B", i) for i in range(m)] for _ in range(p)]  # GPipe, no cap
 """
 
 TAMPER = """
@@ -183,7 +183,7 @@ def write_submissions(folder: Path) -> dict[str, dict]:
     handout = {s.stem: _notebook(LABS / s.name) for s in SOLUTIONS}
     solution_nb = {s.stem: _notebook(s) for s in SOLUTIONS}
     # First, so that its time is measured while the run is young: a cell that ignores the interrupt.
-    ignores = _with_answers(handout["lab03_pipeline_1f1b"], {"one_f_one_b": IGNORE_INTERRUPT})
+    ignores = _with_answers(handout["lab03_pipeline_1f1b"], {"capped_bubble": IGNORE_INTERRUPT})  # its first cell
     add("lab03_ignores_interrupt", ignores, kind="cheat")
     for solution in SOLUTIONS:
         if solution.stem in GRADED_SOLUTIONS:
@@ -195,7 +195,7 @@ def write_submissions(folder: Path) -> dict[str, dict]:
     # Lab 03's handout for the cheats that answer nothing: its checks need no ranks, so they cost little.
     add(
         "redefined_checks",
-        _with_answers(handout["lab03_pipeline_1f1b"], {"one_f_one_b": REDEFINED_CHECKS}),
+        _with_answers(handout["lab03_pipeline_1f1b"], {"capped": REDEFINED_CHECKS}),
         kind="cheat",
     )
     for stem, where in [("own_key_absolute", "absolute"), ("own_key_relative", "relative")]:

@@ -151,9 +151,9 @@ def test_judges_fail_what_is_not_the_answer():
         grading.judge(lab00, "reduce_scatter", {"ranks": "all PASS"})
     lab03 = grading.checks_module("lab03_pipeline_1f1b")
     gpipe = [[["F", i] for i in range(8)] + [["B", i] for i in range(8)] for _ in range(4)]
-    lines = grading.judge(lab03, "order", {"orders": {"4,8": gpipe, "2,5": "nonsense"}})
-    assert any("[8, 8, 8, 8] vs p - r: FAIL" in line for line in lines), lines
-    assert lines[-1].startswith("p=2, m=5") and lines[-1].endswith(": FAIL")
+    lines = grading.judge(lab03, "capped", {"orders": {"4,8,2": gpipe, "4,4,1": "nonsense"}})
+    assert any("rank 0 holds 8 at once: FAIL" in line for line in lines), lines
+    assert lines[-1].startswith("p=4, m=4, k=1") and lines[-1].endswith(": FAIL")
 
 
 def test_the_probe_sees_library_collectives_and_every_message():

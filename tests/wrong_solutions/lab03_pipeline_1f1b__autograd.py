@@ -2,8 +2,8 @@
 # A wrong answer to labs/lab03_pipeline_1f1b.ipynb (the other answers are the solution's). The bug: the lesson's
 # executor's way transcribed: the forward records a graph, BI asks autograd for dL/dx and the gradients of the three
 # products' outputs (retaining the graph), BW asks autograd for the weights' gradients from those. The numbers and
-# even the budget are right (autograd computes only what is asked), but nothing was derived: the check sees the
-# operators that ran on tensors requiring grad.
+# even the FLOP budgets are right (autograd computes only what is asked), but nothing was derived: the check sees
+# the operators that ran on tensors requiring grad (and the retained graph's tensors over the memory budget).
 # EXPECT FAIL: zero_bubble
 
 # ANSWER: zero_bubble

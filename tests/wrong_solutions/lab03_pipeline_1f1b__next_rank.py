@@ -1,8 +1,8 @@
 # ruff: noqa
 # A wrong answer to labs/lab03_pipeline_1f1b.ipynb (the other answers are the solution's). The bug: the executor
 # sends to rank + 1 and rank - 1 instead of the rank that holds stage s + 1 or s - 1. With one stage per rank that
-# is the same thing; in the interleaved schedule, rank p - 1's chunk 0 must send to rank 0 (stage p lives there), and
-# rank 0's chunk 1 must send its gradient back to rank p - 1: there is no rank p, nor rank -1.
+# is the same thing; in the interleaved schedule, rank p - 1's chunk 0 must send to rank 0 (stage p lives there),
+# and in a V the stages after p - 1 go back up the ranks: there is no rank p, and rank p - 1 sends to no one beyond.
 # EXPECT FAIL: executor
 
 # ANSWER: executor
@@ -20,6 +20,8 @@ def execute(schedule, work):
             y = work.forward(a, x)
             if s < last:
                 in_flight.append(comm.isend(y, rank + 1))
+        elif a.op == "BW":
+            work.weight(a)
         else:
             grad = None
             if s < last:

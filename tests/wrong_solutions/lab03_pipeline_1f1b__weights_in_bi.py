@@ -1,7 +1,8 @@
 # ruff: noqa
 # A wrong answer to labs/lab03_pipeline_1f1b.ipynb (the other answers are the solution's). The bug: BI computes the
 # whole backward, weight gradients included, and BW only adds the stored results. The numbers are right, but BI now
-# costs what B costs and BW nothing: there is no work left to fill the bubble with. The FLOP count of BI catches it.
+# costs what B costs and BW nothing: there is no work left to fill the bubble with. The FLOP count of BI catches it,
+# and so do the bytes held (three weight-sized gradients per micro-batch between its BI and its BW).
 # EXPECT FAIL: zero_bubble
 
 # ANSWER: zero_bubble

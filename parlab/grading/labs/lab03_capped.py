@@ -1,5 +1,6 @@
 """Lab 03's memory-capped pipeline: a 1F1B-like order in which no rank ever holds more than k micro-batches'
-activations, k < p allowed (1F1B's rank 0 holds p), and the prediction of its bubble.
+activations, k < p allowed (1F1B's rank 0 holds p), and the prediction of its bubble (made before the orders are
+built: nothing here prints the least bubble of an order the student gives).
 
 The judge scores the student's orders against the least bubble any order under the cap reaches (unit costs F = 1,
 B = 2, communication free, k <= p and k dividing m), a formula checked by search over every order for small p and m
@@ -12,7 +13,7 @@ from fractions import Fraction
 
 from parlab.grading.labs.guard import library_calls, library_line
 from parlab.schemes.pipeline.actions import Action, Schedule
-from parlab.schemes.pipeline.schedules import ScheduleError, bubble, peak_inflight, simulate, validate
+from parlab.schemes.pipeline.schedules import ScheduleError, bubble, peak_inflight, validate
 
 # (p, m, k): k < p except (3, 6, 3), where the cap is 1F1B's own; k = 1 runs one micro-batch at a time.
 CAPPED_CASES = [(4, 8, 2), (4, 6, 3), (5, 10, 2), (6, 12, 4), (3, 6, 3), (4, 4, 1)]
@@ -77,21 +78,6 @@ def judge_capped(data) -> list[str]:
             verdict = f"{ideal} (makespan {makespan}), more than the least possible under the cap: FAIL"
         lines.append(f"{case}: bubble of the ideal timeline {verdict}")
     return lines
-
-
-def timeline_text(orders, p: int, m: int) -> str:
-    """Your orders for one (p, m) simulated (unit costs F = 1, B = 2): each rank's actions with their start times,
-    the makespan and the bubble. For exploring in a scratch cell, not for calling inside an answer."""
-    schedule = _schedule(_plain_orders(orders, p), p, m)
-    timeline = simulate(schedule)
-    lines = []
-    for r in range(p):
-        mine = [t for t in timeline if t.rank == r]
-        lines.append(f"rank {r}: " + " ".join(f"{t.action.label()}@{t.start}" for t in mine))
-    makespan = max(t.end for t in timeline)
-    held = peak_inflight(schedule)
-    lines.append(f"makespan {makespan}, bubble {bubble(timeline, p)}, most held per rank {held}")
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------ the prediction

@@ -1,6 +1,7 @@
-"""Lab 03's checks: the 1F1B order, the same under a memory cap (in lab03_capped.py, with the prediction of its
-bubble), an executor whose messages all share one process group, and the zero-bubble split of the lab model's
-SwiGLU MLP (in lab03_zero_bubble.py); see parlab/grading for collect_/judge_.
+"""Lab 03's checks: 1F1B under a memory cap and the prediction of its least bubble (in lab03_capped.py), an
+executor for any schedule (F, B, BI, BW; one chunk per rank, interleaved chunks, the two chunks of a V) whose
+messages all share one process group, and the zero-bubble split of the lab model's SwiGLU MLP within a memory
+budget (in lab03_zero_bubble.py); see parlab/grading for collect_/judge_.
 
 The executor runs on a toy pipeline: S = p v stages, stage s computes y = tanh(x W_s^T) on micro-batches of
 [b, H] rows (float64), the last stage's loss is 0.5 |y - target|^2 / BATCH summed over its rows. `StageWork` is
@@ -10,7 +11,6 @@ what one rank computes; the executor you write only decides when to receive and 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from fractions import Fraction
 
 import torch
 import torch.distributed as dist
@@ -21,13 +21,14 @@ from parlab.core.check import compare
 from parlab.grading.labs import error_summary, lab03_capped, lab03_zero_bubble, run_check
 from parlab.grading.labs.guard import library_calls, library_line
 from parlab.schemes.pipeline.actions import Action, Schedule
-from parlab.schemes.pipeline.schedules import ScheduleError, bubble, make_schedule, messages, peak_inflight, validate
+from parlab.schemes.pipeline.schedules import make_schedule, messages
 
 # This lab's checks written in other files: the grader looks each one up here, then in these.
 PARTS = (lab03_capped, lab03_zero_bubble)
 
-# What no answer may call (parlab/grading/labs/guard.py): the schedules, the executor and the lesson's helpers.
-# parlab/schemes/pipeline/actions.py (Action, Schedule: the notation, with stage() and rank_of()) is handed out.
+# What no answer may call (parlab/grading/labs/guard.py): the schedules (their simulator and message lists too), the
+# executor and the lesson's helpers. parlab/schemes/pipeline/actions.py (Action, Schedule: the notation, with
+# stage() and rank_of()) is handed out.
 LIBRARY = (
     "schemes/pipeline/schedules.py",
     "schemes/pipeline/schedules_v.py",
@@ -38,93 +39,50 @@ LIBRARY = (
 # The predictions' theory, one function per PREDICT cell: what its judge scores against.
 THEORY = {"capped_bubble": lab03_capped.capped_theory}
 
-ORDER_CASES = [(4, 8), (3, 7), (4, 2), (2, 5)]  # (p, m); (4, 2) has fewer micro-batches than stages
 EXECUTOR_LAUNCH = {"timeout": 10, "echo": False}  # a deadlock is diagnosed in ~2 s; 10 s stops anything else
-# (schedule, p, m, v). Interleaved on 2 ranks: each pair of ranks exchanges activations and gradients both ways,
-# on the one group the executor may use.
+# (schedule, p, m, v), one launch each. On 2 ranks (interleaved, and both V schedules) each direction between the
+# two ranks carries activations and gradients, on the one group the executor may use; zb splits every backward
+# into BI and BW; the V schedules hand stage p - 1's output to stage p (and the gradient back) on rank p - 1
+# itself, and on 4 ranks send both kinds each way between neighbours; dualpipev mixes whole backwards (B) with
+# split ones (BI, BW).
 EXECUTOR_CASES = [
-    ("gpipe", 4, 4, 1),
     ("1f1b", 4, 8, 1),
-    ("interleaved", 4, 8, 2),
     ("interleaved", 2, 4, 2),
-    ("interleaved", 2, 8, 3),
+    ("zb", 4, 8, 1),
+    ("zbv", 2, 4, 2),
+    ("zbv", 4, 8, 2),
+    ("dualpipev", 2, 4, 2),
 ]
 H, BATCH = 8, 16  # the toy pipeline: hidden size; the global batch is [BATCH, H], a micro-batch [BATCH / m, H]
 
 STRUCTURAL = {
-    "order": "the order itself, simulated by the grader for several (p, m), m < p included: every micro-batch "
-    "forward and backward once, no deadlock, messages in order, the bubble of (p-1)/(m+p-1), and the most "
-    "micro-batches in flight on each rank against 1F1B's bound; no call into parlab's schedules",
+    "capped_bubble": "the predicted least bubble under a cap at a size no check prints (p = 8, m = 24, k = 3), "
+    "against the grader's formula (within 1%); the prediction cell may compute but imports nothing but math",
     "capped": "your orders under a memory cap k (k < p, k = p, k = 1), simulated by the grader: complete, no "
     "deadlock, messages in order, at most k micro-batches in flight on every rank, and the bubble of the ideal "
     "timeline no more than the least possible under the cap (the grader's formula, not an order of its own); no "
-    "call into parlab's schedules",
-    "capped_bubble": "the predicted least bubble under a cap at a size no check prints (p = 8, m = 24, k = 3), "
-    "against the grader's formula (within 1%)",
-    "executor": "your executor on live ranks for GPipe, 1F1B and interleaved 1F1B (on 4 ranks, and on 2 where "
-    "both kinds of message share each direction), each launched separately with a short timeout (a deadlock FAILs "
-    "with the launcher's diagnosis): each rank ran its actions in the schedule's order, every action received the "
-    "very message meant for it (compared with one device's activations and gradients), the gradients of every "
-    "stage match one device, each rank sent and received exactly the messages the schedule implies (peer, count, "
-    "bytes, seen at the process group), no collective, every message on the default process group without a tag; "
-    "no call into parlab's executor",
+    "call into parlab's schedules (their simulator included)",
+    "executor": "your executor on live ranks for 1F1B, interleaved 1F1B, ZB-H1 (BI and BW), ZB-V and DualPipeV "
+    "(two chunks per rank in a V, the tip's hand-over on one rank), on 4 ranks and on 2 (where both kinds of "
+    "message share each direction), each launched separately with a short timeout (a deadlock FAILs with the "
+    "launcher's diagnosis): each rank ran its actions in the schedule's order, every action received the very "
+    "message meant for it (compared with one device's activations and gradients), the gradients of every stage "
+    "match one device, each rank sent and received exactly the messages the schedule implies (peer, count, bytes, "
+    "seen at the process group; nothing to itself), no collective, every message on the default process group "
+    "without a tag; no call into parlab's executor or schedules (their message lists included)",
     "zero_bubble": "your split backward of the lab model's SwiGLU MLP in two action orders (the last rank's in "
     "ZB-H1, and every BW postponed to the end in reverse): each BI's input gradient and the summed weight gradients "
-    "match autograd, the FLOPs of the matrix products in each call (counted at the aten level) show that BI does "
-    "no weight-gradient product and BW does not redo BI's, and no operator ever ran on a tensor that requires "
-    "grad (no autograd); no call into parlab's executor",
+    "match autograd; the FLOPs of the matrix products in each call (counted at the aten level): at most three per "
+    "BI (no weight-gradient product), at most five per BW; the bytes of the tensors the stage holds after every "
+    "call (its weights and gradients aside, each storage counted whole, once) within the budget of the micro-batches "
+    "between their F and their BI and between their BI and their BW, nothing left at the end; no operator ever ran "
+    "on a tensor that requires grad (no autograd); no call into parlab's pipeline code",
 }
 
 
 def run(check: str, *answers) -> None:
     """A check cell: see parlab.grading."""
     run_check(__name__, check, *answers)
-
-
-# ----------------------------------------------------------------------------------------------- 1F1B order
-
-
-def as_schedule(actions_of, p: int, m: int) -> Schedule:
-    """Your function's actions for every rank, as the Schedule that parlab.schemes.pipeline.executor checks and runs."""
-    return Schedule("yours", p, m, 1, [[Action(op, mb) for op, mb in actions_of(r, p, m)] for r in range(p)])
-
-
-def _orders(actions_of, p: int, m: int) -> list[list[list]]:
-    """Every rank's actions as plain data: [[op, micro-batch], ...] per rank."""
-    return [[[str(op), int(mb)] for op, mb in actions_of(r, p, m)] for r in range(p)]
-
-
-def _from_orders(orders, p: int, m: int) -> Schedule:
-    if len(orders) != p:
-        raise ScheduleError(f"{len(orders)} ranks' orders for p={p}")
-    actions = [[Action(str(op), int(mb)) for op, mb in rank_orders] for rank_orders in orders]
-    return Schedule("yours", p, m, 1, actions)
-
-
-def collect_order(one_f_one_b_actions) -> dict:
-    with library_calls(LIBRARY) as called:
-        orders = {f"{p},{m}": _orders(one_f_one_b_actions, p, m) for p, m in ORDER_CASES}
-    return {"orders": orders, "library": called}
-
-
-def judge_order(data) -> list[str]:
-    lines = [library_line("your 1F1B order", data.get("library", ["(calls not recorded)"]))]
-    for p, m in ORDER_CASES:
-        try:
-            schedule = _from_orders(data["orders"][f"{p},{m}"], p, m)
-            timeline = validate(schedule)  # the ideal timeline, unit costs F = 1, B = 2
-        except (ScheduleError, ValueError, TypeError, KeyError, IndexError) as error:
-            lines.append(f"p={p}, m={m}: {error}: FAIL")
-            continue
-        lines.append(f"p={p}, m={m}: every micro-batch forward and backward once, no deadlock, messages in order: PASS")
-        ideal, formula = bubble(timeline, p), Fraction(p - 1, m + p - 1)
-        verdict = "PASS" if ideal == formula else "FAIL"
-        lines.append(f"p={p}, m={m}: bubble of the ideal timeline {ideal} vs (p-1)/(m+p-1) = {formula}: {verdict}")
-        peaks = peak_inflight(schedule)  # counted from the order: F adds a micro-batch's activations, B frees them
-        verdict = "PASS" if peaks == [min(p - r, m) for r in range(p)] else "FAIL"
-        bound = "p - r" if m >= p else "min(p - r, m)"
-        lines.append(f"p={p}, m={m}: most micro-batches in flight on ranks 0..{p - 1}: {peaks} vs {bound}: {verdict}")
-    return lines
 
 
 # ------------------------------------------------------------------------------------------------ executor
@@ -144,24 +102,30 @@ class StageWork:
 
         empty()              a new [b, H] tensor to receive one message (an activation or a gradient) into
         first_input(mb)      micro-batch mb's input [b, H]: what stage 0's forward starts from
-        forward(a, x)        the output [b, H] of action a's stage on input x (it keeps what its backward needs)
-        backward(a, grad)    d loss / d (input of a's stage), [b, H], from grad = d loss / d (its output); on the
-                             last stage grad is None (the loss starts the backward); on stage 0 it returns None
+        forward(a, x)        F: the output [b, H] of action a's stage on input x (it keeps what its backward needs)
+        backward(a, grad)    B or BI: d loss / d (input of a's stage), [b, H], from grad = d loss / d (its output);
+                             on the last stage grad is None (the loss starts the backward); on stage 0 it returns
+                             None. B also adds the weight's gradient; BI leaves that to the BW of the same
+                             micro-batch and chunk
+        weight(a)            BW: adds the weight's gradient of a's micro-batch and chunk (after its BI); None
 
-    The stage of action a on rank r is schedule.stage(r, a.chunk). Gradients add up in the stages' weights.
+    The stage of action a on rank r is schedule.stage(r, a.chunk). Gradients add up over the micro-batches.
     """
 
     def __init__(self, schedule: Schedule, rank: int):
         weights, x, target = chain_problem(schedule.num_stages)
         device = parlab.device()
         self.schedule, self.rank, self.last = schedule, rank, schedule.num_stages - 1
-        self.weights = {
-            k: weights[schedule.stage(rank, k)].clone().to(device).requires_grad_() for k in range(schedule.v)
-        }
+        self.weights = {k: weights[schedule.stage(rank, k)].to(device) for k in range(schedule.v)}  # chunk -> [H, H]
+        self.grads = {k: torch.zeros_like(w) for k, w in self.weights.items()}
         self.xs, self.targets = x.to(device).chunk(schedule.m), target.to(device).chunk(schedule.m)  # m of [b, H]
-        self.held: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.held: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # F -> B/BI: (x, y)
+        self.pending: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # BI -> BW: (x, dL/dz)
         self.ran: list[list] = []  # the actions run, in order: [op, mb, chunk]
         self.received: list[list] = []  # what each action was handed: [op, mb, chunk, tensor]
+
+    def _stage(self, a: Action) -> int:
+        return self.schedule.stage(self.rank, a.chunk)
 
     def empty(self) -> torch.Tensor:
         return torch.empty_like(self.xs[0])
@@ -171,23 +135,35 @@ class StageWork:
 
     def forward(self, a: Action, x: torch.Tensor) -> torch.Tensor:
         self.ran.append(["F", a.mb, a.chunk])
-        if self.schedule.stage(self.rank, a.chunk) > 0:
+        if self._stage(a) > 0:
             self.received.append(["F", a.mb, a.chunk, x.detach().clone()])
-        x = x.detach().clone().requires_grad_()
+        x = x.detach().clone()
         y = torch.tanh(x @ self.weights[a.chunk].T)  # [b, H]
-        out = y
-        if self.schedule.stage(self.rank, a.chunk) == self.last:
-            out = 0.5 * ((y - self.targets[a.mb]) ** 2).sum() / BATCH  # this micro-batch's share of the loss
-        self.held[(a.mb, a.chunk)] = (x, out)
-        return y.detach()
+        self.held[(a.mb, a.chunk)] = (x, y)
+        return y.clone()
 
     def backward(self, a: Action, grad: torch.Tensor | None) -> torch.Tensor | None:
         self.ran.append([a.op, a.mb, a.chunk])
         if grad is not None:
             self.received.append([a.op, a.mb, a.chunk, grad.detach().clone()])
-        x, out = self.held.pop((a.mb, a.chunk))
-        (out if grad is None else (out * grad).sum()).backward()  # the same gradients as backward(out, grad)
-        return x.grad if self.schedule.stage(self.rank, a.chunk) > 0 else None
+        if a.op not in ("B", "BI"):
+            raise ValueError(f"backward() runs a B or a BI, not {a.op}")
+        x, y = self.held.pop((a.mb, a.chunk))
+        if self._stage(a) == self.last:  # the loss 0.5 |y - target|^2 / BATCH starts the backward
+            grad = (y - self.targets[a.mb]) / BATCH
+        grad_z = grad * (1 - y * y)  # through tanh: [b, H]
+        if a.op == "B":
+            self.grads[a.chunk] += grad_z.T @ x
+        else:  # BI: the weight's gradient waits for BW
+            self.pending[(a.mb, a.chunk)] = (x, grad_z)
+        return grad_z @ self.weights[a.chunk] if self._stage(a) > 0 else None
+
+    def weight(self, a: Action) -> None:
+        self.ran.append([a.op, a.mb, a.chunk])
+        if a.op != "BW":
+            raise ValueError(f"weight() runs a BW, not {a.op}")
+        x, grad_z = self.pending.pop((a.mb, a.chunk))
+        self.grads[a.chunk] += grad_z.T @ x
 
 
 @contextmanager
@@ -221,7 +197,7 @@ def run_executor(execute, name: str, p: int, m: int, v: int) -> dict:
     work = StageWork(schedule, r)
     with probe.recording(keep_sent_data=False) as calls, channels() as p2p, library_calls(LIBRARY) as called:
         execute(schedule, work)
-    grads = {f"W{schedule.stage(r, k)}": w.grad for k, w in work.weights.items()}
+    grads = {f"W{schedule.stage(r, k)}": g for k, g in work.grads.items()}
     return {"grads": grads, "ran": work.ran, "received": work.received, "calls": calls, "p2p": p2p, "library": called}
 
 

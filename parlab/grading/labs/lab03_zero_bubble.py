@@ -1,8 +1,13 @@
 """Lab 03's zero-bubble check: the lab model's SwiGLU MLP (parlab.core.lab_model, no biases) as a pipeline stage
-whose backward is split by hand into input (BI) and weight (BW) gradients, run in two action orders against
-autograd, with the matrix products of each call counted at the aten level and autograd itself refused."""
+whose backward is split by hand into input (BI) and weight (BW) gradients, within a memory budget for what a
+micro-batch may keep between its BI and its BW (less than every product's input and output gradient: something
+must be recomputed), run in two action orders against autograd. The check counts the FLOPs of the matrix products
+of each call at the aten level, the bytes of the tensors the stage holds after each call, and refuses autograd."""
 
 from __future__ import annotations
+
+import types
+from collections import deque
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -15,6 +20,14 @@ from parlab.schemes.pipeline.schedules import zero_bubble_h1
 ZB_CFG = LabConfig()  # the lab model: H = 32, F = 64 (SwiGLU width), float64
 ZB_B, ZB_T, ZB_M = 2, 4, 8  # micro-batch [b, T, H]; m micro-batches
 ZB_LAYER = 1  # the stage is the MLP of this block of the lab model
+
+# The budgets, per micro-batch. FLOPs: matrix products of [b T, H] x [H, F] (or its transposes), 2 b T H F each.
+PRODUCTS = {"BI": 3, "BW": 5}
+# Bytes held between calls, in numbers per token of the micro-batch (float64): from its F to its BI, what a
+# forward naturally keeps (x, and the gate's and the up projection's outputs); from its BI to its BW, x, dL/dy and
+# one [b, T, F] tensor: less than the 2H + 3F of every product's input and output gradient.
+HELD_PER_TOKEN = {"F": ZB_CFG.hidden + 2 * ZB_CFG.ffn, "BI": 2 * ZB_CFG.hidden + ZB_CFG.ffn}
+BUDGET_TEXT = "H + 2F numbers per token from F to BI, 2H + F from BI to BW, nothing after BW"
 
 # ------------------------------------------------------------------------------------------- zero bubble
 
@@ -70,14 +83,61 @@ class Counter(TorchDispatchMode):
         return out
 
 
+_OPAQUE = (type, types.ModuleType, types.BuiltinFunctionType, types.MethodType, str, bytes, int, float, bool)
+
+
+def held_tensors(stage) -> dict[int, tuple[str, list[int], int]]:
+    """Every tensor storage reachable from the stage object (its attributes, the containers and objects in them, the
+    closures of functions it keeps, its class's attributes): {storage address: (where, shape, bytes)}. A view keeps
+    its whole storage alive, so a storage counts whole, and once however many tensors share it."""
+    found: dict[int, tuple[str, list[int], int]] = {}
+    seen: set[int] = set()
+    todo = deque([("self", stage)])
+    todo += [(f"{type(stage).__name__}.{k}", v) for k, v in vars(type(stage)).items() if not k.startswith("__")]
+    while todo and len(seen) < 100_000:
+        where, obj = todo.popleft()
+        if id(obj) in seen or isinstance(obj, _OPAQUE) or obj is None:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            found.setdefault(storage.data_ptr(), (where, list(obj.shape), storage.nbytes()))
+        elif isinstance(obj, dict):
+            todo += [(f"{where}[{k!r}]", v) for k, v in obj.items()] + [(f"{where} key", k) for k in obj]
+        elif isinstance(obj, (list, tuple, deque, set, frozenset)):
+            todo += [(f"{where}[{i}]", v) for i, v in enumerate(obj)]
+        elif isinstance(obj, types.FunctionType):  # a lambda or closure kept on the stage: what it captured
+            todo += [(f"{where} closure", c.cell_contents) for c in obj.__closure__ or () if _filled(c)]
+        elif hasattr(obj, "__dict__"):
+            todo += [(f"{where}.{k}", v) for k, v in vars(obj).items()]
+    return found
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 (an empty cell raises)
+    except ValueError:
+        return False
+    return True
+
+
+def _storages(*tensors) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor)}
+
+
 def collect_zero_bubble(stage_class) -> dict:
     from parlab.grading.labs.lab03_pipeline_1f1b import LIBRARY  # the lab's one list (its main module)
 
     problem, out, orders = zero_bubble_problem(), {}, zero_bubble_orders()
     with library_calls(LIBRARY) as called:
         for name, actions in orders.items():
-            stage = stage_class(problem["w_gate"].clone(), problem["w_up"].clone(), problem["w_down"].clone())
-            dx, flops, autograd = [None] * ZB_M, {"BI": [], "BW": []}, ""
+            weights = [problem["w_gate"].clone(), problem["w_up"].clone(), problem["w_down"].clone()]
+            stage = stage_class(*weights)
+            # Not counted: what the stage held once built (its weights, its gradient accumulators, anything made
+            # there), kept alive here so that no later tensor can take one of those addresses.
+            built = list(held_tensors(stage))
+            keep = [stage.__dict__.copy(), weights]
+            dx, flops, autograd, held = [None] * ZB_M, {"BI": [], "BW": []}, "", []
             for op, mb in actions:
                 with Counter() as counter:
                     if op == "F":
@@ -90,8 +150,12 @@ def collect_zero_bubble(stage_class) -> dict:
                     flops[op].append([mb, counter.flops])
                 if counter.autograd and not autograd:
                     autograd = f"{op}{mb} ran aten.{counter.autograd} on a tensor that requires grad"
+                skip = set(built) | _storages(*(getattr(stage, g, None) for g in ("grad_gate", "grad_up", "grad_down")))
+                tensors = {ptr: t for ptr, t in held_tensors(stage).items() if ptr not in skip}
+                held.append([op, mb, sorted(tensors.values(), key=lambda t: -t[2])])
+            del keep
             grads = {"gate": stage.grad_gate, "up": stage.grad_up, "down": stage.grad_down}
-            out[name] = {"dx": dx, "grads": grads, "flops": flops, "autograd": autograd}
+            out[name] = {"dx": dx, "grads": grads, "flops": flops, "autograd": autograd, "held": held}
     return {"orders": out, "library": called}
 
 
@@ -108,6 +172,34 @@ def zero_bubble_reference() -> dict:
     return {"dx": dx, "grads": {name: w.grad for name, w in weights.items()}}
 
 
+def budget_bytes(states: dict[int, str]) -> int:
+    """What the micro-batches in `states` (mb -> "F" between F and BI, "BI" between BI and BW) may hold."""
+    per_token = sum(HELD_PER_TOKEN[state] for state in states.values())
+    return per_token * ZB_B * ZB_T * ZB_CFG.torch_dtype.itemsize
+
+
+def _over_budget(held: list) -> tuple[str, int]:
+    """(the first call after which the stage held more than its budget, in words; the most bytes held)."""
+    states: dict[int, str] = {}
+    most = 0
+    for op, mb, tensors in held:
+        if op == "BW":
+            states.pop(mb, None)
+        else:
+            states[mb] = op
+        total = sum(t[2] for t in tensors)
+        most = max(most, total)
+        allowed = budget_bytes(states)
+        if total > allowed:
+            between = [sum(1 for s in states.values() if s == kind) for kind in ("F", "BI")]
+            largest = ", ".join(f"{where} {shape} {n:,} B" for where, shape, n in tensors[:3])
+            return (
+                f"after {op}{mb} the stage held {total:,} bytes, its budget {allowed:,} (micro-batches between F and "
+                f"BI: {between[0]}, between BI and BW: {between[1]}); the largest: {largest}"
+            ), most
+    return "", most
+
+
 def judge_zero_bubble(data) -> list[str]:
     reference = zero_bubble_reference()
     lines = [library_line("your split stage", data.get("library", ["(calls not recorded)"]))]
@@ -120,15 +212,20 @@ def judge_zero_bubble(data) -> list[str]:
             compare(f"{name}: dL/dW of gate, up, down after the last BW", got["grads"], reference["grads"]).line
         )
         for op in ("BI", "BW"):
-            ran = got["flops"][op]
-            over = next(((mb, f) for mb, f in ran if f > 3 * gemm), None)
+            ran, limit = got["flops"][op], PRODUCTS[op] * gemm
+            over = next(((mb, f) for mb, f in ran if f > limit), None)
             if len(ran) != ZB_M:
                 verdict = f"{len(ran)} of {ZB_M} ran: FAIL"
             elif over is not None:
-                verdict = f"{op}{over[0]} used {over[1]}: FAIL"
+                verdict = f"{op}{over[0]} used {over[1]:,} ({over[1] / gemm:g} products): FAIL"
             else:
                 verdict = "PASS"
-            lines.append(f"{name}: every {op} within three products, {3 * gemm} FLOPs: {verdict}")
+            words = {3: "three", 5: "five"}[PRODUCTS[op]]
+            lines.append(f"{name}: every {op} within {words} products, {limit:,} FLOPs: {verdict}")
+        over, most = _over_budget(got["held"])
+        lines.append(f"{name}: the most bytes the stage held after a call: {most:,}")  # shown, not scored
+        verdict = "PASS" if not over else f"{over}: FAIL"
+        lines.append(f"{name}: tensors held after every call within {BUDGET_TEXT}: {verdict}")
         verdict = "PASS" if not got["autograd"] else f"{got['autograd']}: FAIL"
         lines.append(f"{name}: no autograd, every gradient by hand: {verdict}")
     return lines

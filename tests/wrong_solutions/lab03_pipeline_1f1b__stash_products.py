@@ -1,8 +1,9 @@
 # ruff: noqa
-# A wrong answer to labs/lab03_pipeline_1f1b.ipynb (the other answers are the solution's). The bug: BI keeps only the
-# output gradient, and BW goes through the product again to find the gate's and the up projection's output
-# gradients: dL/dh = dL/dy W_d is computed twice, once in BI and once in BW. The numbers are right; BW's four
-# products exceed the budget of three.
+# A wrong answer to labs/lab03_pipeline_1f1b.ipynb (the other answers are the solution's). The bug: the lesson's
+# split, by hand: BI keeps, for each of the three products, its input and its output's gradient (x, h, dL/dy, and
+# the gate's and the up projection's output gradients), and BW needs no product but its three. Every number and
+# FLOP count is right, but a micro-batch then holds 2H + 3F numbers per token between its BI and its BW, against a
+# budget of 2H + F: the check sees the bytes held after the first BI.
 # EXPECT FAIL: zero_bubble
 
 # ANSWER: zero_bubble
@@ -23,15 +24,11 @@ class SplitMLP:
         grad_h = grad_y @ self.w_down
         grad_u = grad_h * a * sig
         grad_a = grad_h * u * sig * (1 + a * (1 - sig))
-        self.saved[mb] = (x, a, u, grad_y)
+        self.saved[mb] = (x, a * sig * u, grad_y, grad_a, grad_u)
         return grad_a @ self.w_gate + grad_u @ self.w_up
 
     def backward_weight(self, mb):
-        x, a, u, grad_y = (t.flatten(0, 1) for t in self.saved.pop(mb))
-        sig = torch.sigmoid(a)
-        grad_h = grad_y @ self.w_down
-        grad_u = grad_h * a * sig
-        grad_a = grad_h * u * sig * (1 + a * (1 - sig))
-        self.grad_down += grad_y.T @ (a * sig * u)
+        x, h, grad_y, grad_a, grad_u = (t.flatten(0, 1) for t in self.saved.pop(mb))
+        self.grad_down += grad_y.T @ h
         self.grad_gate += grad_a.T @ x
         self.grad_up += grad_u.T @ x
