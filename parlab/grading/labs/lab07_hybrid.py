@@ -1,13 +1,14 @@
-"""Lab 07's checks: the groups of a device mesh (and of the ranks that share a K/V head), what each rank of a
-dp x pp x tp mesh holds of the lab model with ZeRO-1, and one hybrid training step of the lab model's blocks with
-each collective on its axis (see parlab/grading for collect_/judge_).
+"""Lab 07's checks: a mesh placed on nodes (and the ranks that share each K/V head), one hybrid training step of the
+lab model's blocks with each collective on its group, the bytes that cross between nodes, and the plan (layout and
+ZeRO stage) that fits a memory budget with the fewest bytes sent (see parlab/grading for collect_/judge_).
 
-The model is the labs' own (parlab/core/lab_model.py): RMSNorm, grouped-query attention with fewer K/V heads than
-query heads, RoPE, a SwiGLU MLP without biases, an untied head. Its layout on the mesh (which rank holds which
-piece), and every count made from it, are in parlab/grading/labs/lab07_layout.py, the reference: the answer of
-parts 1 and 2, on the lab's LIBRARY. Every call the step makes into torch.distributed is recorded at the process
-group, with the global ranks of that group (`recording`), so the checks see which group each call used; calls into
-the library's own hybrid code (and into the reference) are seen too (`LIBRARY`, parlab/grading/labs/guard.py).
+The model is the labs' own (parlab/core/lab_model.py) with 12 query heads on 3 K/V heads, so that a tp of 2 or 4
+cuts a K/V head's query heads between two tp places: both hold a copy, its gradient a partial sum on each. Its
+layout on the mesh (which rank holds which piece), and every count made from it, are in
+parlab/grading/labs/lab07_layout.py, the reference: on the lab's LIBRARY. Every call the step makes into
+torch.distributed is recorded at the process group, with the global ranks of that group (`recording`), so the
+checks see which group each call used; calls into the library's own hybrid code (and into the reference) are seen
+too (`LIBRARY`, parlab/grading/labs/guard.py).
 """
 
 from __future__ import annotations
@@ -23,24 +24,32 @@ from parlab.core import probe
 from parlab.core.check import compare
 from parlab.core.lab_model import LabConfig, build_lab_model
 from parlab.core.mesh import DeviceMesh, mesh_coords
-from parlab.grading.labs import lab07_layout, prediction_lines, run_check
+from parlab.grading.labs import error_summary, lab07_layout, prediction_lines, run_check
 from parlab.grading.labs.guard import library_calls, library_line
 from parlab.grading.labs.lab07_layout import (
     CFG,
     KINDS,
     STEP_MESHES,
+    TRAFFIC_MESH,
+    ZERO_STAGES,
     B,
-    _rank0,
+    best_plan,
+    crossing_bytes,
     held_shapes,
     held_states,
-    kv_ranks,
+    kv_holders,
     layout,
     layouts_of,
     memory_at_scale_theory,
-    own_groups,
+    mesh_groups,
+    node_of,
+    placement,
     row_major_group,
+    spans,
     step_theory,
+    traffic_nodes,
     traffic_theory,
+    wire_bytes,
 )
 from parlab.schemes.tensor_parallel import copy_to_tensor_parallel, reduce_from_tensor_parallel
 from parlab.schemes.zero.stages import ZeRO
@@ -48,9 +57,9 @@ from parlab.schemes.zero.stages import ZeRO
 LAUNCH = {"timeout": 30, "echo": False}  # a hang (a call some rank never matches) is diagnosed after 30 s
 WORLD = 8
 
-# What the parts must not call: the library's mesh arithmetic (part 1 only: later parts may use parlab's mesh, it is
-# what part 1 built), its hybrid scheme and the pieces it composes, the lesson helpers around them, and this lab's
-# own reference (the answers of parts 1 and 2).
+# What the parts must not call: the library's mesh arithmetic (part 1 only: later parts may use parlab's mesh, the
+# step receives one), its hybrid scheme, planner and the pieces they compose, the lesson helpers around them, and
+# this lab's own reference (the answers of parts 1 and 3 and of the predictions).
 LIBRARY = (
     "core/mesh.py",
     "grading/labs/lab07_layout.py",
@@ -66,54 +75,59 @@ WHAT = "the library's hybrid code or the checks' reference"
 MESH_CODE = "core/mesh.py"
 LATER = tuple(entry for entry in LIBRARY if entry != MESH_CODE)  # parts 2 and 3
 
+# Part 1: placements of 8 live ranks (torch's DeviceMesh builds their groups from your mesh), then larger ones
+# checked in the grader. Each: (axes, GPUs per node, the launcher's numbering, payload per rank and step by axis).
+LIVE_PLACEMENTS = [
+    ({"dp": 2, "pp": 2, "tp": 2}, 4, "cyclic", {"tp": 300, "dp": 200, "pp": 10}),
+    ({"pp": 2, "dp": 2, "tp": 2}, 2, "block", {"dp": 300, "tp": 200, "pp": 10}),  # dp heaviest: dp on the pairs
+    ({"tp": 2, "dp": 4}, 4, "cyclic", {"tp": 50, "dp": 90}),
+]
+MORE_PLACEMENTS = [
+    ({"dp": 2, "pp": 3, "tp": 2}, 4, "block", {"tp": 300, "dp": 200, "pp": 10}),
+    ({"pp": 2, "tp": 4, "dp": 2}, 8, "cyclic", {"tp": 300, "dp": 200, "pp": 10}),
+    ({"dp": 4, "pp": 2, "tp": 3}, 6, "cyclic", {"tp": 300, "pp": 200, "dp": 10}),
+    ({"tp": 2, "dp": 2, "pp": 4}, 4, "block", {"pp": 300, "tp": 200, "dp": 10}),
+    ({"dp": 4, "tp": 4}, 8, "block", {"dp": 300, "tp": 200}),
+]
+KV_CASES = [  # (a tp group's global ranks in tp order, query heads, K/V heads)
+    ([0, 1], 12, 3),  # the lab model on tp 2: K/V head 1 on both
+    ([0, 2, 4, 6], 12, 3),  # tp 4, tp slowest: a chain, K/V head j on places j and j+1
+    ([3, 7, 11], 12, 3),  # tp 3: a K/V head each, nobody shares
+    ([0, 1, 2, 3, 4, 5], 12, 3),  # tp 6: pairs
+    (list(range(12)), 12, 3),  # tp 12: fours
+    ([5, 1], 8, 2),  # tp order is not rank order
+    ([0, 1, 2], 24, 8),  # Llama 3.2 3B (24 query heads, 8 K/V) on 3 GPUs
+    ([8, 9, 10, 11, 12], 10, 2),  # 5 places: K/V head 0 on places 0-2, head 1 on 2-4
+    (list(range(8)), 8, 1),  # multi-query: one head on all
+]
 
-# Part 1: meshes of 8 live ranks (torch's DeviceMesh builds their groups), then larger ones checked in the grader.
-LIVE_MESHES = [
-    {"dp": 2, "pp": 2, "tp": 2},
-    {"pp": 2, "dp": 2, "tp": 2},  # Megatron-LM's order: pp slowest
-    {"tp": 2, "dp": 4},  # tp slowest: tp partners far apart
-]
-LARGE_MESHES = [
-    {"dp": 3, "pp": 2, "tp": 4},
-    {"pp": 3, "tp": 2, "dp": 2},
-    {"tp": 3, "pp": 2, "dp": 2},
-    {"dp": 2, "pp": 1, "tp": 3},
-]
-KV_CASES = [  # (mesh, query heads, K/V heads): who shares this rank's K/V heads
-    ({"dp": 2, "pp": 2, "tp": 2}, 8, 2),  # one K/V head per rank: nobody
-    ({"tp": 4, "dp": 2, "pp": 1}, 8, 2),  # two ranks per K/V head, tp slowest: partners 2 apart
-    ({"pp": 2, "dp": 1, "tp": 4}, 8, 1),  # one K/V head (multi-query): the whole tp group
-    ({"dp": 2, "tp": 8}, 16, 4),
-    ({"tp": 2, "pp": 3, "dp": 2}, 4, 4),  # two K/V heads per rank: nobody
-    ({"pp": 2, "tp": 8, "dp": 1}, 8, 2),
-]
-
-
-MORE_MESHES = [  # part 2 in the grader, beside every other layout of 8 ranks
-    {"pp": 2, "dp": 2, "tp": 4},
-    {"dp": 2, "pp": 1, "tp": 8},
-    {"tp": 2, "pp": 4, "dp": 2},
-]
+# Part 3: the plans. (world, budget in bytes); the ones of 8 ranks also run on live ranks.
+PLAN_CASES = [(8, 480_000), (8, 490_000), (8, 600_000), (8, 2_000_000), (8, 400_000), (12, 300_000), (6, 600_000)]
+PLAN_WORLDS = (6, 8, 12)  # every layout of these sizes, every ZeRO stage: your counts against the theory
 
 
 STRUCTURAL = {
-    "groups": "on 8 live ranks, torch's DeviceMesh (init_device_mesh) builds the groups of three layouts (axis "
-    "orders dp-pp-tp, pp-dp-tp and tp-dp); your mesh_group, called on each rank, must name the same ranks, in axis "
-    "order, for every rank and axis; four larger layouts (12 to 24 ranks, an axis of size 1) against torch's "
-    "row-major layout; kv_group for six (mesh, heads, K/V heads): fewer, as many and more tp ranks than K/V heads, "
-    "tp slowest; a FAIL names the first rank, axis, expected and received group; no call into parlab.core.mesh",
-    "memory": "two ZeRO-1 runs on 8 live ranks (the library's ZeRO over dp on the pieces the layout deals out): "
-    "every rank's tensors and their shapes, and its params, grads and optimizer bytes counted from its tensors, "
-    "against yours; then every other layout of 8 ranks and three of 16 against the theory; a FAIL names the first "
-    "rank and tensor (or kind) with expected and received bytes",
-    "step": "your step on 8 live ranks for dp-pp-tp (2 stages) and tp-dp-pp (tp = 4 > 2 K/V heads): the loss and "
+    "groups": "your placement of three meshes on 8 live ranks (2 nodes of 4 numbered cyclically, 4 pairs numbered "
+    "node by node, dp heavier than tp) handed to torch's DeviceMesh as its mesh, and five larger ones (12 to 24 "
+    "ranks, nodes of 4, 6 and 8): the nodes each axis' groups span, heaviest axis first, against the least "
+    "(a FAIL names the axis, the expected and received count and a group that spans too many); kv_groups for nine "
+    "tp groups (a K/V head on two places, a chain, pairs, fours, none shared, tp order not rank order, Llama 3.2 "
+    "3B on 3 GPUs, 5 places); no call into parlab.core.mesh",
+    "step": "your step on 8 live ranks for dp-pp-tp (2 stages, tp 2) and tp-dp-pp (tp 4, slowest): the loss and "
     "every rank's gradient slices against one device (float64); every call it makes into torch.distributed, "
-    "recorded at the process group with that group's ranks, on one of the rank's own groups (tp, pp, dp, or the "
-    "ranks sharing its K/V head), with exactly the theory's bytes on each; no call into the library's hybrid code",
-    "traffic": "the predicted payload bytes of rank 0 on tp, pp and dp (dp-pp-tp) and on its K/V group (tp-dp-pp), "
-    "against the grader's theory and against the bytes your step handed to each group on rank 0",
-    "memory_at_scale": "the predicted model-state GB of the busiest GPU of a Llama-like GQA model against the "
-    "grader's count of what each rank holds (the same layout as part 2), 5%",
+    "recorded at the process group with that group's ranks: each rank's all-reduce bytes on each group of ranks "
+    "(tp, dp, each K/V head's holders) and its sends and receives on pp equal the theory's (a FAIL names the first "
+    "rank and group with expected and received), nothing else; no call into the library's hybrid code",
+    "traffic": "the predicted bytes that leave node 0 in one step of dp-pp-tp on 2 nodes of 4 GPUs numbered "
+    "cyclically, with torch's row-major mesh and with your placement, against the grader's theory (1%) and against "
+    "the bytes your step handed to its groups (each all-reduce a ring in its group's order)",
+    "plan": "local_shapes, state_bytes and wire_bytes for every rank of every layout of 6, 8 and 12 ranks and every "
+    "ZeRO stage against the theory; choose for seven (ranks, budget), one with no plan that fits, against the "
+    "grader's enumeration; the plans you chose for 8 ranks run on live ranks (the library's ZeRO over dp on the "
+    "pieces dealt out): every rank's tensors and bytes equal yours, the busiest within the budget",
+    "memory_at_scale": "the predicted model-state GB of the busiest GPU and of a GPU of the last stage of Llama 3 "
+    "405B's sizes on TP 8 x PP 16 x DP 128 (first and last stage one block short) with ZeRO-1, against the "
+    "grader's count of what each rank holds (the same layout as part 3), 1%",
 }
 
 
@@ -144,13 +158,21 @@ def _shown(value) -> str:
         return "none" if value is None else str(value)
     if isinstance(value, (int, float)) and float(value).is_integer():
         return f"{int(value):,}"
+    if isinstance(value, float):
+        return f"{value:,.3f}"
     return str(value)
+
+
+def _same(expected, received) -> bool:
+    if isinstance(expected, (int, float)) and isinstance(received, (int, float)) and not isinstance(received, bool):
+        return math.isclose(expected, received, rel_tol=1e-9, abs_tol=1e-6)
+    return expected == received
 
 
 def first_difference(what: str, items: list[tuple[str, object, object]]) -> str:
     """One verdict over many (label, expected, received): PASS when every one is as expected, else FAIL with the
     first that is not, what was expected and what came."""
-    wrong = [(label, e, r) for label, e, r in items if e != r]
+    wrong = [(label, e, r) for label, e, r in items if not _same(e, r)]
     if not wrong:
         return f"{what}: all {len(items)} as expected: PASS"
     label, e, r = wrong[0]
@@ -186,192 +208,120 @@ def lab_weights() -> dict[str, torch.Tensor]:
 # ----------------------------------------------------------------------------------------- part 1: groups
 
 
-def _ranks(value) -> list[int] | str:
+def _describe(case) -> str:
+    axes, gpus, numbering, payload = case
+    world = math.prod(axes.values())
+    order = " > ".join(sorted(payload, key=lambda a: -payload[a]))
+    return f"{_shape(axes)} on {world // gpus} nodes of {gpus}, {numbering} numbering, payload {order}"
+
+
+def _as_mesh(value) -> list | str:
+    """Your mesh as nested lists of ints, or a short text saying what came instead."""
     try:
-        return [int(r) for r in value]
-    except (TypeError, ValueError):
-        return f"{type(value).__name__}: {value!r}"[:60]
+        return torch.as_tensor(value, dtype=torch.long).tolist()  # host: rank numbers, no data
+    except (TypeError, ValueError, RuntimeError) as exc:
+        return f"{type(value).__name__}: {exc}"[:80]
 
 
-def torch_groups(mesh_group, layouts: list[dict[str, int]]) -> dict:
-    """Rank code: for each layout, torch's DeviceMesh groups of this rank and what mesh_group says."""
-    rank, out = dist.get_rank(), []
-    called: list[str] = []
-    for axes in layouts:
-        mesh = DeviceMesh(axes)  # torch's init_device_mesh: one process group per axis
-        torch_says = {axis: sorted(dist.get_process_group_ranks(mesh.group(axis))) for axis in axes}
-        with library_calls(LIBRARY) as seen:
-            yours = {axis: _ranks(mesh_group(rank, dict(axes), axis)) for axis in axes}
-        called += seen
-        out.append({"torch": torch_says, "yours": yours})
-    return {"layouts": out, "library": called}
+def _mesh_problem(mesh, axes: dict[str, int]) -> str:
+    """'' when `mesh` holds every rank of the world once in the shape of `axes`, else what is wrong."""
+    if isinstance(mesh, str):
+        return f"not a nested list of ranks ({mesh})"
+    grid = torch.tensor(mesh)  # host: rank numbers, no data
+    if list(grid.shape) != list(axes.values()):
+        return f"shape {list(grid.shape)}, not {list(axes.values())}"
+    world = math.prod(axes.values())
+    if sorted(grid.flatten().tolist()) != list(range(world)):
+        return f"ranks {sorted(grid.flatten().tolist())[:10]}..., not each of 0..{world - 1} once"
+    return ""
 
 
-def collect_groups(mesh_group, kv_group) -> dict:
-    live = list(parlab.launch(torch_groups, WORLD, mesh_group, LIVE_MESHES, **LAUNCH))
+def torch_mesh_groups(cases: list) -> list:
+    """Rank code: for each (axes, mesh), torch's DeviceMesh built on that mesh and this rank's group on each axis
+    (None where the mesh is not one: every rank skips it alike)."""
+    from torch.distributed.device_mesh import DeviceMesh as TorchMesh
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    out = []
+    for axes, mesh in cases:
+        if mesh is None:
+            out.append(None)
+            continue
+        built = TorchMesh(device, torch.tensor(mesh), mesh_dim_names=tuple(axes))  # host: rank numbers
+        out.append({axis: list(dist.get_process_group_ranks(built.get_group(axis))) for axis in axes})
+    return out
+
+
+def _holders(value) -> dict | str:
+    try:
+        return {int(j): [int(r) for r in ranks] for j, ranks in dict(value).items()}
+    except (TypeError, ValueError, AttributeError) as exc:
+        return f"{type(value).__name__}: {exc}"[:80]
+
+
+def collect_groups(place, kv_groups) -> dict:
     with library_calls(LIBRARY) as called:
-        large = [
-            [
-                {axis: _ranks(mesh_group(rank, dict(axes), axis)) for axis in axes}
-                for rank in range(math.prod(axes.values()))
-            ]
-            for axes in LARGE_MESHES
+        meshes = [
+            _as_mesh(place(dict(axes), gpus, numbering, dict(payload)))
+            for axes, gpus, numbering, payload in LIVE_PLACEMENTS + MORE_PLACEMENTS
         ]
-        kv = [
-            [_ranks(kv_group(rank, dict(axes), heads, kv_heads)) for rank in range(math.prod(axes.values()))]
-            for axes, heads, kv_heads in KV_CASES
-        ]
-    return {
-        "live": [rank["layouts"] for rank in live],
-        "large": large,
-        "kv": kv,
-        "library": [name for rank in live for name in rank["library"]] + list(called),
-    }
+        kv = [_holders(kv_groups(list(ranks), heads, kv_heads)) for ranks, heads, kv_heads in KV_CASES]
+    live = [
+        (case[0], None if _mesh_problem(mesh, case[0]) else mesh)
+        for case, mesh in zip(LIVE_PLACEMENTS, meshes, strict=False)
+    ]
+    torch_says = list(parlab.launch(torch_mesh_groups, WORLD, live, **LAUNCH))
+    return {"meshes": meshes, "torch": torch_says, "kv": kv, "library": list(called)}
+
+
+def placement_line(case, groups: dict[str, list[list[int]]]) -> str:
+    """The verdict on one placement from its groups per axis: the nodes they span, heaviest axis first, against
+    the least (lexicographically: the heaviest axis' first)."""
+    axes, gpus, numbering, payload = case
+    world = math.prod(axes.values())
+    what = f"{_describe(case)}: nodes spanned by each axis' groups, heaviest axis first"
+    best = placement(axes, gpus, numbering, payload)
+    for axis in sorted(axes, key=lambda a: -payload[a]):
+        least = spans(mesh_groups(best, axes, axis), gpus, numbering)
+        got = spans(groups[axis], gpus, numbering)
+        if got < least:
+            break  # fewer than the grader's placement: at least as good
+        if got > least:
+            wide = max(groups[axis], key=lambda g: len({node_of(r, world, gpus, numbering) for r in g}))
+            nodes = sorted({node_of(r, world, gpus, numbering) for r in wide})
+            return (
+                f"{what}: the {axis} groups span {got} nodes in all, the least is {least}; e.g. ranks {wide} on "
+                f"nodes {nodes}: FAIL"
+            )
+    return f"{what}: the least: PASS"
 
 
 def judge_groups(data) -> list[str]:
     lines = []
-    for i, axes in enumerate(LIVE_MESHES):
-        items = [
-            (f"rank {r}, axis {axis}", data["live"][r][i]["torch"][axis], data["live"][r][i]["yours"][axis])
-            for r in range(WORLD)
-            for axis in axes
-        ]
-        lines.append(
-            first_difference(f"{_shape(axes)} on 8 ranks: every rank's group on each axis against torch's", items)
-        )
-    for i, axes in enumerate(LARGE_MESHES):
-        items = [
-            (f"rank {r}, axis {axis}", row_major_group(r, axes, axis), data["large"][i][r][axis])
-            for r in range(math.prod(axes.values()))
-            for axis in axes
-        ]
-        lines.append(first_difference(f"{_shape(axes)}: every rank's group on each axis, row-major", items))
-    for i, (axes, heads, kv_heads) in enumerate(KV_CASES):
-        items = [
-            (f"rank {r}", kv_ranks(r, axes, heads, kv_heads), data["kv"][i][r]) for r in range(math.prod(axes.values()))
-        ]
-        what = f"kv_group, {_shape(axes)}, {heads} query heads, {kv_heads} K/V: every rank's K/V group"
-        lines.append(first_difference(what, items))
+    cases = LIVE_PLACEMENTS + MORE_PLACEMENTS
+    for i, case in enumerate(cases):
+        axes, mesh = case[0], data["meshes"][i]
+        problem = _mesh_problem(mesh, axes)
+        if problem:
+            lines.append(f"{_describe(case)}: your mesh: {problem}: FAIL")
+            continue
+        if i < len(LIVE_PLACEMENTS):  # the groups torch built on 8 live ranks from your mesh
+            built = [rank[i] for rank in data["torch"]]
+            groups = {axis: sorted({tuple(rank[axis]) for rank in built}) for axis in axes}
+            groups = {axis: [list(g) for g in found] for axis, found in groups.items()}
+        else:
+            groups = {axis: mesh_groups(mesh, axes, axis) for axis in axes}
+        lines.append(placement_line(case, groups))
+    items = []
+    for (ranks, heads, kv_heads), got in zip(KV_CASES, data["kv"], strict=True):
+        label = f"tp group {ranks}, {heads} query heads on {kv_heads} K/V heads"
+        items.append((label, kv_holders(ranks, heads, kv_heads), got))
+    lines.append(first_difference("kv_groups: each K/V head's holders in nine tp groups", items))
     lines.append(library_line("groups", data["library"], "parlab's mesh, " + WHAT))
     return lines
 
 
-# ------------------------------------------------------------------------------------------ part 2: memory
-
-
-def held_module(pieces: dict[str, torch.Tensor]) -> nn.Module:
-    """The pieces as parameters of modules named as in the lab model (embed, blocks.2, ..., norm, head): ZeRO's
-    units are the top-level children."""
-    root = nn.Module()
-    for name, tensor in pieces.items():
-        *path, leaf = name.split(".")
-        module = root
-        for part in path:
-            if not hasattr(module, part):
-                module.add_module(part, nn.Module())
-            module = getattr(module, part)
-        module.register_parameter(leaf, nn.Parameter(tensor))
-    return root
-
-
-def measure_states(layouts: list[dict[str, int]]) -> list[dict]:
-    """Rank code: for each layout, the pieces this rank holds, and one ZeRO-1 step (the library's, Adam, over the
-    dp group) on them: the shapes, and the bytes of parameters, gradients and optimizer states counted from the
-    tensors it holds afterwards."""
-    full, out = lab_weights(), []
-    for axes in layouts:
-        mesh = DeviceMesh(axes)
-        pieces = deal(CFG, axes, mesh.rank, full)
-        zero = ZeRO(held_module(pieces), 1, lr=0.01, group=mesh.group("dp"))
-        for unit in zero.units:
-            unit.grad_flat.fill_(1.0)  # a gradient: the step reduce-scatters it, steps Adam and gathers
-        zero.step()
-        held = zero.held()
-        zero.remove()
-        out.append({"shapes": {n: list(t.shape) for n, t in pieces.items()}, "states": {k: held[k] for k in KINDS}})
-    return out
-
-
-def _as_shapes(value) -> dict | str:
-    try:
-        return {str(name): [int(n) for n in shape] for name, shape in dict(value).items()}
-    except (TypeError, ValueError, AttributeError) as exc:
-        return f"{type(exc).__name__}: {exc}"[:80]
-
-
-def _as_states(value) -> dict | str:
-    try:
-        return {kind: float(value[kind]) for kind in KINDS}
-    except (TypeError, KeyError, ValueError, IndexError) as exc:
-        return f"{type(exc).__name__}: {exc}"[:80]
-
-
-def collect_memory(local_shapes, state_bytes) -> dict:
-    measured = [list(rank) for rank in parlab.launch(measure_states, WORLD, STEP_MESHES, **LAUNCH)]
-    yours, layouts = {}, STEP_MESHES + other_layouts()
-    with library_calls(LATER) as called:
-        for axes in layouts:
-            world = math.prod(axes.values())
-            yours[_shape(axes)] = [
-                {
-                    "shapes": _as_shapes(local_shapes(CFG, dict(axes), r)),
-                    "states": _as_states(state_bytes(CFG, dict(axes), r)),
-                }
-                for r in range(world)
-            ]
-    return {"measured": measured, "yours": yours, "library": list(called)}
-
-
-def other_layouts() -> list[dict[str, int]]:
-    """The layouts part 2 checks against the theory only: every other one of 8 ranks, and three of 16."""
-    return [axes for axes in layouts_of(WORLD) if axes not in STEP_MESHES] + MORE_MESHES
-
-
-def _shape_items(rank_label: str, expected: dict, received) -> list[tuple[str, object, object]]:
-    """(label, expected, received) per tensor: its shape and bytes, 'none' when not held."""
-    if isinstance(received, str):
-        return [(rank_label, "a dict {name: shape}", received)]
-
-    def shown(shape):
-        return None if shape is None else f"{shape} ({math.prod(shape) * CFG.dtype_bytes:,} bytes)"
-
-    names = list(expected) + sorted(set(received) - set(expected))
-    return [(f"{rank_label}, {name}", shown(expected.get(name)), shown(received.get(name))) for name in names]
-
-
-def _state_items(rank_label: str, expected: dict, received) -> list[tuple[str, object, object]]:
-    if isinstance(received, str):
-        return [(rank_label, "a dict with params, grads, optimizer", received)]
-    return [(f"{rank_label}, {kind} bytes", expected[kind], received[kind]) for kind in KINDS]
-
-
-def judge_memory(data) -> list[str]:
-    lines = []
-    for i, axes in enumerate(STEP_MESHES):
-        yours = data["yours"][_shape(axes)]
-        shapes, states = [], []
-        for r, y in enumerate(yours):
-            held = data["measured"][r][i]
-            shapes += _shape_items(_where(r, axes), held["shapes"], y["shapes"])
-            states += _state_items(_where(r, axes), held["states"], y["states"])
-        what = f"{_shape(axes)}: every rank's tensors and their shapes against what the ranks held"
-        lines.append(first_difference(what, shapes))
-        what = f"{_shape(axes)}: every rank's params, grads and optimizer bytes against ZeRO-1's (measured)"
-        lines.append(first_difference(what, states))
-    items = []
-    for axes in other_layouts():
-        for r, y in enumerate(data["yours"][_shape(axes)]):
-            label = f"{_shape(axes)} {_where(r, axes)}"
-            items += _shape_items(label, held_shapes(CFG, axes, r), y["shapes"])
-            items += _state_items(label, held_states(CFG, axes, r), y["states"])
-    what = "every other layout of 8 ranks and three of 16: every rank's shapes and bytes against the theory"
-    lines.append(first_difference(what, items))
-    lines.append(library_line("memory", data["library"], WHAT))
-    return lines
-
-
-# ---------------------------------------------------------------------------------------- part 3: the step
+# ---------------------------------------------------------------------------------------- part 2: the step
 
 BLOCK_KEYS = {  # a block's weights as the step receives them: short name -> the lab model's name in a block
     "attn_norm": "attn_norm.weight",
@@ -455,22 +405,21 @@ def single_device() -> dict:
 
 
 def per_group(result: dict, axes: dict[str, int], rank: int) -> dict:
-    """A rank's calls by group: all-reduce bytes on tp, dp and its K/V group, (op, stage step, bytes) of its pp
-    messages, and the calls on no group of its own (or of a kind its group does not carry). A call on a group of
-    one rank moves nothing and is left out."""
-    groups = own_groups(axes, rank)
-    got = {"tp": 0, "dp": 0, "kv": 0, "pp": [], "stray": []}
+    """A rank's calls: the all-reduce payload on each group of ranks ({sorted ranks: bytes}), (op, stage step,
+    bytes) of its sends and receives on its pp group, and the other calls. A call on a group of one rank moves
+    nothing and is left out."""
+    got = {"allreduce": {}, "pp": [], "stray": []}
     pp_ranks = row_major_group(rank, axes, "pp")
     for call in result["calls"]:
-        if len(call["group"]) == 1:
+        group = tuple(call["group"])
+        if len(group) == 1:
             continue
-        axis = next((axis for axis, ranks in groups.items() if call["group"] == ranks and len(ranks) > 1), None)
-        if axis in ("tp", "dp", "kv") and call["op"] == "allreduce":
-            got[axis] += int(call["bytes"])
-        elif axis == "pp" and call["op"] in probe.P2P and call["peer"] in pp_ranks:
+        if call["op"] == "allreduce":
+            got["allreduce"][group] = got["allreduce"].get(group, 0) + int(call["bytes"])
+        elif call["op"] in probe.P2P and list(group) == sorted(pp_ranks) and call["peer"] in pp_ranks:
             got["pp"].append((call["op"], pp_ranks.index(call["peer"]) - pp_ranks.index(rank), int(call["bytes"])))
         else:
-            got["stray"].append(f"{call['op']} of {int(call['bytes']):,} bytes on ranks {call['group']}")
+            got["stray"].append(f"{call['op']} of {int(call['bytes']):,} bytes on ranks {list(group)}")
     got["pp"] = sorted(got["pp"])
     return got
 
@@ -506,15 +455,38 @@ def gradient_line(what: str, items: list[tuple[str, object, torch.Tensor]], tol:
     return f"{what}: DIFFERS from single device: {len(wrong)} of {len(items)} tensors; first {wrong[0]}: FAIL"
 
 
+def _group_name(axes: dict[str, int], rank: int, ranks: tuple[int, ...]) -> str:
+    """'ranks [0, 2] (tp)', '(dp)', '(K/V head 1)' or '(not one of its groups)'."""
+    names = [axis for axis in ("tp", "pp", "dp") if tuple(sorted(row_major_group(rank, axes, axis))) == ranks]
+    tp = row_major_group(rank, axes, "tp")
+    names += [
+        f"K/V head {j}" for j, held in kv_holders(tp, CFG.heads, CFG.kv_heads).items() if tuple(sorted(held)) == ranks
+    ]
+    return f"ranks {list(ranks)} ({', '.join(names) or 'not one of its groups'})"
+
+
 def collect_step(hybrid_step) -> dict:
-    return {"ranks": list(parlab.launch(run_step, WORLD, hybrid_step, STEP_MESHES, **LAUNCH))}
+    """One launch per mesh, so that a rank failing on one (a collective of mismatched sizes, a hang) still leaves
+    the other's verdicts."""
+    meshes = []
+    for axes in STEP_MESHES:
+        try:
+            meshes.append(
+                {"ranks": [rank[0] for rank in parlab.launch(run_step, WORLD, hybrid_step, [axes], **LAUNCH)]}
+            )
+        except Exception as exc:  # a rank's own error line (or the hang diagnosis), for this mesh's verdict
+            meshes.append({"error": error_summary(exc)})
+    return {"meshes": meshes}
 
 
 def judge_step(data) -> list[str]:
     reference, lines, called = single_device(), [], []
-    for i, axes in enumerate(STEP_MESHES):
-        results = [rank[i] for rank in data["ranks"]]
+    for axes, ran in zip(STEP_MESHES, data["meshes"], strict=True):
         shape = _shape(axes)
+        if "error" in ran:
+            lines.append(f"{shape}: your step did not complete: {ran['error']}: FAIL")
+            continue
+        results = ran["ranks"]
         last = [
             r for r, res in enumerate(results) if res["coords"]["pp"] == axes["pp"] - 1 and res["coords"]["tp"] == 0
         ]
@@ -535,22 +507,21 @@ def judge_step(data) -> list[str]:
         got = [per_group(res, axes, r) for r, res in enumerate(results)]
         theory = [step_theory(axes, r) for r in range(WORLD)]
         stray = [(f"{_where(r, axes)}", "none", ", ".join(g["stray"][:2])) for r, g in enumerate(got) if g["stray"]]
-        what = f"{shape}: calls on a group that is not one of the rank's own (tp, pp, dp, its K/V group)"
+        what = f"{shape}: calls other than all-reduces and the pipeline's sends and receives on pp"
         lines.append(first_difference(what, stray) if stray else f"{what}: none: PASS")
-        checked = [("tp", "tp all-reduce bytes"), ("pp", "sends and receives on pp"), ("dp", "dp all-reduce bytes")]
-        checked = [(axis, label) for axis, label in checked if axes[axis] > 1]  # a group of one rank moves nothing
-        if any(th["kv"] for th in theory):
-            checked.append(("kv", "all-reduce bytes on the ranks sharing its K/V head"))
-        for axis, label in checked:
+        items = []
+        for r, (mine, th) in enumerate(zip(got, theory, strict=True)):
+            for ranks in sorted(set(th["allreduce"]) | set(mine["allreduce"])):
+                label = f"{_where(r, axes)} on {_group_name(axes, r, ranks)}"
+                items.append((label, th["allreduce"].get(ranks, 0), mine["allreduce"].get(ranks, 0)))
+        what = f"{shape}: every rank's all-reduce bytes on each group of ranks against the theory"
+        lines.append(first_difference(what, items))
+        if axes["pp"] > 1:
             items = [
-                (
-                    _where(r, axes),
-                    _messages(th["pp"]) if axis == "pp" else th[axis],
-                    _messages(g["pp"]) if axis == "pp" else g[axis],
-                )
+                (_where(r, axes), _messages(th["pp"]), _messages(g["pp"]))
                 for r, (g, th) in enumerate(zip(got, theory, strict=True))
             ]
-            lines.append(first_difference(f"{shape}: every rank's {label} against the theory", items))
+            lines.append(first_difference(f"{shape}: every rank's sends and receives on pp against the theory", items))
         called += [name for res in results for name in res["library"]]
     lines.append(library_line("step", called, WHAT))
     return lines
@@ -558,35 +529,233 @@ def judge_step(data) -> list[str]:
 
 # ------------------------------------------------------------------------------------ traffic prediction
 
-PREDICTED = ("tp_bytes", "pp_bytes", "dp_bytes", "kv_bytes")
+PREDICTED = ("naive_bytes", "placed_bytes")
 LABELS = {
-    "tp_bytes": "rank 0 of dp=2 x pp=2 x tp=2: bytes all-reduced on tp in one step",
-    "pp_bytes": "rank 0 of dp=2 x pp=2 x tp=2: bytes sent on pp in one step",
-    "dp_bytes": "rank 0 of dp=2 x pp=2 x tp=2: bytes all-reduced on dp in one step",
-    "kv_bytes": "rank 0 of tp=4 x dp=2 x pp=1: bytes all-reduced on its K/V group in one step",
+    "naive_bytes": "dp=2 x pp=2 x tp=2 on 2 nodes of 4, cyclic numbering, torch's row-major mesh: bytes leaving "
+    "node 0 in one step",
+    "placed_bytes": "dp=2 x pp=2 x tp=2 on 2 nodes of 4, cyclic numbering, your placement: bytes leaving node 0 in "
+    "one step",
 }
 
 
+def measured_calls(result: dict, axes: dict[str, int], rank: int) -> dict:
+    """What a rank's recorded step handed over, in crossing_bytes' form: all-reduce payload per group of ranks,
+    and each send with its global peer."""
+    got = per_group(result, axes, rank)
+    sends = [[int(c["peer"]), int(c["bytes"])] for c in result["calls"] if c["op"] == "send" and len(c["group"]) > 1]
+    return {"allreduce": [[list(ranks), n] for ranks, n in got["allreduce"].items()], "sends": sends}
+
+
 def collect_traffic(predicted: dict, hybrid_step) -> dict:
-    rank0 = parlab.launch(run_step, WORLD, hybrid_step, STEP_MESHES, **LAUNCH)[0]
-    measured = _rank0([per_group(result, axes, 0) for result, axes in zip(rank0, STEP_MESHES, strict=True)])
-    return {"predicted": {k: plain(predicted.get(k)) for k in PREDICTED}, "measured": measured}
+    ranks = parlab.launch(run_step, WORLD, hybrid_step, [TRAFFIC_MESH], **LAUNCH)
+    calls = [measured_calls(rank[0], TRAFFIC_MESH, r) for r, rank in enumerate(ranks)]
+    return {"predicted": {k: plain(predicted.get(k)) for k in PREDICTED}, "calls": calls}
 
 
 def judge_traffic(data) -> list[str]:
-    theory, lines = traffic_theory(), []
+    theory, nodes, lines = traffic_theory(), traffic_nodes(), []
+    calls = [
+        {"allreduce": {tuple(ranks): n for ranks, n in mine["allreduce"]}, "sends": mine["sends"]}
+        for mine in data["calls"]
+    ]
+    measured = {key: crossing_bytes(calls, nodes[key.split("_")[0]]) for key in PREDICTED}
     for key in PREDICTED:
-        lines += prediction_lines(LABELS[key], data["predicted"][key], theory[key], data["measured"][key])
+        lines += prediction_lines(LABELS[key], data["predicted"][key], theory[key], measured[key], rtol=0.01)
+    return lines
+
+
+# ------------------------------------------------------------------------------------------- part 3: plan
+
+
+def held_module(pieces: dict[str, torch.Tensor]) -> nn.Module:
+    """The pieces as parameters of modules named as in the lab model (embed, blocks.2, ..., norm, head): ZeRO's
+    units are the top-level children."""
+    root = nn.Module()
+    for name, tensor in pieces.items():
+        *path, leaf = name.split(".")
+        module = root
+        for part in path:
+            if not hasattr(module, part):
+                module.add_module(part, nn.Module())
+            module = getattr(module, part)
+        module.register_parameter(leaf, nn.Parameter(tensor))
+    return root
+
+
+def measure_states(plans: list) -> list:
+    """Rank code: for each (layout, ZeRO stage) (None: skipped alike on every rank), the pieces this rank holds and
+    the bytes of its parameters, gradients and optimizer states (Adam: master, m, v) counted from the tensors it
+    holds: the library's ZeRO over the dp group on the pieces, or, with no ZeRO, the pieces, their gradients and
+    three optimizer tensors each."""
+    full, out = lab_weights(), []
+    for plan in plans:
+        if plan is None:
+            out.append(None)
+            continue
+        axes, zero = plan
+        mesh = DeviceMesh(axes)
+        pieces = deal(CFG, axes, mesh.rank, full)
+        if zero and axes["dp"] > 1:
+            sharded = ZeRO(held_module(pieces), zero, lr=0.01, group=mesh.group("dp"))
+            held = sharded.held()
+            sharded.remove()
+            states = {kind: held[kind] for kind in KINDS}
+        else:
+            numbers = sum(t.numel() * t.element_size() for t in pieces.values())
+            states = {"params": numbers, "grads": numbers, "optimizer": 3 * numbers}
+        out.append({"shapes": {n: list(t.shape) for n, t in pieces.items()}, "states": states})
+    return out
+
+
+def _as_shapes(value) -> dict | str:
+    try:
+        return {str(name): [int(n) for n in shape] for name, shape in dict(value).items()}
+    except (TypeError, ValueError, AttributeError) as exc:
+        return f"{type(exc).__name__}: {exc}"[:80]
+
+
+def _as_states(value) -> dict | str:
+    try:
+        return {kind: float(value[kind]) for kind in KINDS}
+    except (TypeError, KeyError, ValueError, IndexError) as exc:
+        return f"{type(exc).__name__}: {exc}"[:80]
+
+
+def _as_plan(value, world: int):
+    """Your choice as ({"dp": D, "pp": S, "tp": T}, zero), None, or a short text saying what came instead."""
+    if value is None:
+        return None
+    try:
+        axes, zero = value
+        sizes = {axis: int(dict(axes).get(axis, 1)) for axis in ("dp", "pp", "tp")}
+        if math.prod(sizes.values()) != world or set(dict(axes)) - {"dp", "pp", "tp"}:
+            return f"{sizes} is not a mesh of {world} ranks"
+        return sizes, int(zero)
+    except (TypeError, ValueError, AttributeError) as exc:
+        return f"{type(value).__name__}: {exc}"[:80]
+
+
+def _plan_text(plan) -> str:
+    if plan is None:
+        return "none fits"
+    if isinstance(plan, str):
+        return plan
+    axes, zero = plan
+    return f"{_shape(axes)}, ZeRO {zero}"
+
+
+def collect_plan(local_shapes, state_bytes, wire_bytes, choose) -> dict:
+    yours = {}
+    layouts = [(world, axes) for world in PLAN_WORLDS for axes in layouts_of(world)]  # outside the guard: ours
+    with library_calls(LATER) as called:
+        for world, axes in layouts:
+            for r in range(world):
+                stages = [z for z in ZERO_STAGES if z == 0 or axes["dp"] > 1]
+                yours[f"{_shape(axes)} {r}"] = {
+                    "shapes": _as_shapes(local_shapes(CFG, dict(axes), r)),
+                    "states": {z: _as_states(state_bytes(CFG, dict(axes), r, z)) for z in stages},
+                    "wire": {z: plain(wire_bytes(CFG, dict(axes), r, z)) for z in stages},
+                }
+        choices = [_as_plan(choose(CFG, world, budget), world) for world, budget in PLAN_CASES]
+        runs = [
+            plan if world == WORLD and isinstance(plan, tuple) else None
+            for (world, _), plan in zip(PLAN_CASES, choices, strict=True)
+        ]
+        counted = {
+            i: [
+                {
+                    "shapes": _as_shapes(local_shapes(CFG, dict(plan[0]), r)),
+                    "states": _as_states(state_bytes(CFG, dict(plan[0]), r, plan[1])),
+                }
+                for r in range(WORLD)
+            ]
+            for i, plan in enumerate(runs)
+            if plan is not None
+        }
+    measured = list(parlab.launch(measure_states, WORLD, runs, **LAUNCH))
+    return {"yours": yours, "choices": choices, "counted": counted, "measured": measured, "library": list(called)}
+
+
+def _shape_items(rank_label: str, expected: dict, received) -> list[tuple[str, object, object]]:
+    """(label, expected, received) per tensor: its shape and bytes, 'none' when not held."""
+    if isinstance(received, str):
+        return [(rank_label, "a dict {name: shape}", received)]
+
+    def shown(shape):
+        return None if shape is None else f"{list(shape)} ({math.prod(shape) * CFG.dtype_bytes:,} bytes)"
+
+    names = list(expected) + sorted(set(received) - set(expected))
+    return [(f"{rank_label}, {name}", shown(expected.get(name)), shown(received.get(name))) for name in names]
+
+
+def _state_items(rank_label: str, expected: dict, received) -> list[tuple[str, object, object]]:
+    if isinstance(received, str):
+        return [(rank_label, "a dict with params, grads, optimizer", received)]
+    return [(f"{rank_label}, {kind} bytes", expected[kind], received[kind]) for kind in KINDS]
+
+
+def judge_plan(data) -> list[str]:
+    lines, shapes, states, wires = [], [], [], []
+    for world in PLAN_WORLDS:
+        for axes in layouts_of(world):
+            for r in range(world):
+                mine = data["yours"][f"{_shape(axes)} {r}"]
+                label = f"{_shape(axes)} {_where(r, axes)}"
+                shapes += _shape_items(label, held_shapes(CFG, axes, r), mine["shapes"])
+                for z, got in mine["states"].items():
+                    states += _state_items(f"{label}, ZeRO {z}", held_states(CFG, axes, r, z), got)
+                    wires.append((f"{label}, ZeRO {z}", wire_bytes(CFG, axes, r, z), mine["wire"][z]))
+    what = "every layout of 6, 8 and 12 ranks"
+    lines.append(first_difference(f"local_shapes, {what}: every rank's tensors and shapes", shapes))
+    lines.append(first_difference(f"state_bytes, {what}, ZeRO 0 to 3: every rank's bytes", states))
+    lines.append(first_difference(f"wire_bytes, {what}, ZeRO 0 to 3: every rank's bytes sent in a step", wires))
+    for (world, budget), got in zip(PLAN_CASES, data["choices"], strict=True):
+        best = best_plan(world, budget)
+        what = f"choose, {world} ranks, {budget:,} bytes a rank: the plan that fits with the fewest bytes sent"
+        ok = got == best if best is None or isinstance(got, str) or got is None else (got[0], got[1]) == best
+        if ok:
+            lines.append(f"{what}: PASS")
+        else:
+            lines.append(f"{what}: expected {_plan_text(best)}, received {_plan_text(got)}: FAIL")
+    for i, ((world, budget), got) in enumerate(zip(PLAN_CASES, data["choices"], strict=True)):
+        if world != WORLD:
+            continue
+        what = f"your plan for {budget:,} bytes a rank, on 8 live ranks (the library's ZeRO over dp)"
+        if got is None or isinstance(got, str):
+            fits = best_plan(world, budget) is None and got is None
+            lines.append(
+                f"{what}: {'no plan, nothing to run' if fits else 'no plan to run'}: {'PASS' if fits else 'FAIL'}"
+            )
+            continue
+        axes, zero = got
+        items = []
+        for r in range(WORLD):
+            held, yours = data["measured"][r][i], data["counted"][i][r]
+            items += _shape_items(_where(r, axes), held["shapes"], yours["shapes"])
+            items += _state_items(_where(r, axes), held["states"], yours["states"])
+        line = first_difference(f"{what}: every rank's tensors and bytes against yours", items)
+        heaviest = max(sum(data["measured"][r][i]["states"].values()) for r in range(WORLD))
+        if line.endswith(": PASS") and heaviest > budget:
+            line = f"{what}: the busiest rank holds {heaviest:,} bytes, over the budget: FAIL"
+        lines.append(line)
+    lines.append(library_line("plan", data["library"], WHAT))
     return lines
 
 
 # ---------------------------------------------------------------------------------- the prediction at scale
 
 
-def collect_memory_at_scale(predicted) -> dict:
-    return {"predicted": plain(predicted)}
+def collect_memory_at_scale(gb_busiest, gb_last) -> dict:
+    return {"predicted": {"gb_busiest": plain(gb_busiest), "gb_last": plain(gb_last)}}
 
 
 def judge_memory_at_scale(data) -> list[str]:
-    label = "Llama-like 70B (GQA), TP 8 x PP 8 x DP 16 + ZeRO-1: GB of model states on the busiest GPU"
-    return prediction_lines(label, data["predicted"], memory_at_scale_theory()["gb"])
+    theory = memory_at_scale_theory()
+    what = "Llama 3 405B's sizes, TP 8 x PP 16 x DP 128 + ZeRO-1: GB of model states"
+    lines = prediction_lines(
+        f"{what} on the busiest GPU", data["predicted"]["gb_busiest"], theory["gb_busiest"], rtol=0.01
+    )
+    lines += prediction_lines(
+        f"{what} on a GPU of the last stage", data["predicted"]["gb_last"], theory["gb_last"], rtol=0.01
+    )
+    return lines

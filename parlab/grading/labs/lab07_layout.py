@@ -1,15 +1,18 @@
-"""Lab 07's reference: the lab model's layout on a dp x pp x tp mesh, and every count the checks make from it.
+"""Lab 07's reference: where the mesh's ranks sit on the nodes, which ranks share each K/V head, what each rank of
+a dp x pp x tp mesh holds of the lab model, what it sends in a step, the plan that fits a memory budget, and every
+count the predictions make.
 
-The checks of parlab/grading/labs/lab07_hybrid.py deal the weights, count the bytes and predict with the functions
-here, at the lab's sizes and at a Llama-like model's. They are the answers of parts 1 and 2 and of the predictions,
-so this file is on the lab's `LIBRARY`: an answer that calls into it is a FAIL line naming the call.
+The checks of parlab/grading/labs/lab07_hybrid.py place, deal, count and choose with the functions here. They are
+the answers of parts 1 and 3 and of the predictions, so this file is on the lab's `LIBRARY`: an answer that calls
+into it is a FAIL line naming the call.
 
-The lab model's tensor-parallel layout (Megatron's, for grouped-query attention), rank t of T on the tp axis:
+The lab model here has nq = 12 query heads and nkv = 3 K/V heads: query head h reads K/V head h // 4. Its
+tensor-parallel layout (Megatron's, for grouped-query attention), rank t of T on the tp axis:
 
     q, o           query heads [t nq/T, (t+1) nq/T): rows of q, the same columns of o
-    k, v           the K/V heads those query heads read: nkv/T of them when T <= nkv; when T > nkv one head,
-                   the same on the T/nkv ranks whose query heads share it (replicated: their gradients are partial
-                   sums, summed over those ranks: the "K/V group")
+    k, v           every K/V head those query heads read, and only those: with T = 2 or 4 a K/V head's query heads
+                   fall on two tp places, and both hold a copy of it (its gradient is a partial sum on each: the
+                   copies' gradients are summed over the ranks that hold it, that head's "K/V group")
     gate, up, down rows [t F/T, (t+1) F/T) of gate and up, the same columns of down
     embed, head    rows [t V/T, (t+1) V/T) (vocabulary-parallel); the RMSNorm gains whole on every rank
 """
@@ -17,30 +20,102 @@ The lab model's tensor-parallel layout (Megatron's, for grouped-query attention)
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import torch
 
 from parlab.core.lab_model import LabConfig, LabModel
-from parlab.core.mesh import mesh_coords, mesh_rank
+from parlab.core.mesh import mesh_coords
 
-# The lab model at the lab's size: 8 query heads of 6 numbers, 2 K/V heads, 4 blocks; float64.
-CFG = LabConfig(vocab_size=64, seq_len=8, hidden=48, heads=8, kv_heads=2, ffn=64, layers=4)
-B = 4  # the step's global batch: x, target [B, T, H] (T = CFG.seq_len)
+# The lab model at the lab's size: 12 query heads of 4 numbers on 3 K/V heads, 4 blocks; float64.
+CFG = LabConfig(vocab_size=96, seq_len=8, hidden=48, heads=12, kv_heads=3, ffn=96, layers=4)
+B = 8  # the step's global batch: x, target [B, T, H] (T = CFG.seq_len); a replica trains on B / D rows
 
-# Parts 2 and 3: two layouts of 8 live ranks. The second has more tp ranks than K/V heads (each K/V head on two
-# ranks), and tp slowest, so that a K/V group is not a block of consecutive ranks.
+# Part 2 (the step): two layouts of 8 live ranks. In the first a K/V head straddles the two tp places; in the
+# second (tp slowest, tp = 4) the three K/V heads overlap in a chain: K/V head 1 on tp places 1 and 2, and so on.
 STEP_MESHES = [
     {"dp": 2, "pp": 2, "tp": 2},
     {"tp": 4, "dp": 2, "pp": 1},
 ]
 KINDS = ("params", "grads", "optimizer")
+ZERO_STAGES = (0, 1, 2, 3)
 
-# The prediction at scale: a Llama-like GQA model (Llama 3 70B's sizes) on 1024 GPUs, TP 8 x PP 8 x DP 16 (pp
-# slowest, as Megatron-LM orders it), ZeRO-1 over dp, mixed precision: 2 + 2 + 12 bytes per parameter.
-LLAMA = LabConfig(vocab_size=128256, seq_len=8192, hidden=8192, heads=64, kv_heads=8, ffn=28672, layers=80)
-LLAMA_AXES = {"pp": 8, "dp": 16, "tp": 8}
-MIXED = (2, 2, 12)
+# The traffic prediction: part 2's first mesh on 2 nodes of 4 GPUs whose launcher numbers the ranks cyclically.
+TRAFFIC_MESH = STEP_MESHES[0]
+TRAFFIC_GPUS, TRAFFIC_NUMBERING = 4, "cyclic"
+
+# The prediction at scale: Llama 3 405B's sizes, on 16,384 GPUs as TP 8 x PP 16 x DP 128 (pp slowest), 126 blocks
+# with the first and the last stage one block short (7; the others 8), ZeRO-1 over dp, mixed precision.
+LLAMA = LabConfig(vocab_size=128256, seq_len=8192, hidden=16384, heads=128, kv_heads=8, ffn=53248, layers=126)
+LLAMA_AXES = {"pp": 16, "dp": 128, "tp": 8}
+MIXED = (2, 2, 12)  # bytes per parameter: bf16 weights, bf16 gradients, fp32 master, m and v
+
+# ------------------------------------------------------------------------------------------------ the heads
+
+
+def query_heads(t: int, T: int, heads: int) -> range:
+    """The query heads of tp place t of T: [t nq/T, (t+1) nq/T)."""
+    return range(t * heads // T, (t + 1) * heads // T)
+
+
+def kv_span(t: int, T: int, heads: int, kv_heads: int) -> range:
+    """The K/V heads tp place t holds: every one its query heads read (query head h reads h // (nq/nkv))."""
+    q = query_heads(t, T, heads)
+    return range(q[0] * kv_heads // heads, q[-1] * kv_heads // heads + 1)
+
+
+def kv_holders(tp_ranks: list[int], heads: int, kv_heads: int) -> dict[int, list[int]]:
+    """For each K/V head, the ranks of the tp group `tp_ranks` (global ranks, in tp order) that hold a copy of it,
+    in tp order."""
+    T = len(tp_ranks)
+    return {j: [r for t, r in enumerate(tp_ranks) if j in kv_span(t, T, heads, kv_heads)] for j in range(kv_heads)}
+
+
+# --------------------------------------------------------------------------------------------- the placement
+
+
+def node_of(rank: int, world: int, gpus: int, numbering: str) -> int:
+    """The node of global rank `rank` when the launcher numbers `world` ranks on nodes of `gpus` GPUs node by node
+    ("block": torchrun's) or round-robin over the nodes ("cyclic": SLURM's --distribution=cyclic)."""
+    return rank // gpus if numbering == "block" else rank % (world // gpus)
+
+
+def placement(axes: dict[str, int], gpus: int, numbering: str, payload: dict[str, float]) -> list:
+    """The mesh (nested lists in the order of `axes`: mesh[i][j][k] the global rank at those coordinates) that
+    keeps the groups of the axis with the largest payload on as few nodes as possible, then the next axis', ...:
+    count the GPUs node by node with the heaviest axis fastest, then translate each GPU into the launcher's rank."""
+    inner_first = sorted(axes, key=lambda axis: -payload[axis])
+    world = math.prod(axes.values())
+    nodes = world // gpus
+    grid = torch.empty(tuple(axes.values()), dtype=torch.long)  # host: rank numbers, no data
+    for coords in itertools.product(*(range(n) for n in axes.values())):
+        at = dict(zip(axes, coords, strict=True))
+        position = 0  # the GPU's place counted node by node, the heaviest axis fastest
+        for axis in reversed(inner_first):
+            position = position * axes[axis] + at[axis]
+        node, gpu = divmod(position, gpus)
+        grid[coords] = node * gpus + gpu if numbering == "block" else gpu * nodes + node
+    return grid.tolist()
+
+
+def mesh_groups(mesh, axes: dict[str, int], axis: str) -> list[list[int]]:
+    """Every group of the mesh (nested lists of global ranks) along `axis`, each in axis order."""
+    grid = torch.tensor(mesh)  # host: rank numbers, no data
+    return grid.movedim(list(axes).index(axis), -1).reshape(-1, axes[axis]).tolist()
+
+
+def spans(groups: list[list[int]], gpus: int, numbering: str) -> int:
+    """The nodes the groups span, added up over the groups (a group on one node counts 1)."""
+    world = sum(len(g) for g in groups)
+    return sum(len({node_of(r, world, gpus, numbering) for r in group}) for group in groups)
+
+
+def row_major_group(rank: int, axes: dict[str, int], axis: str) -> list[int]:
+    """The ranks of `rank`'s group along `axis` in torch's layout: torch.arange(world).view(sizes), row-major."""
+    grid = torch.arange(math.prod(axes.values())).view(*axes.values())  # host: rank numbers, no data
+    return next(g for g in mesh_groups(grid.tolist(), axes, axis) if rank in g)
+
 
 # ------------------------------------------------------------------------------------------------ the layout
 
@@ -53,31 +128,41 @@ def full_shapes(cfg: LabConfig) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
+def stage_blocks(layers: int, S: int, s: int) -> range:
+    """The blocks of pipeline stage s of S: L/S each, or, when S does not divide L but divides L + 2, one fewer on
+    the first and on the last stage (Llama 3's balance: those stages also hold the embedding and the head)."""
+    if layers % S == 0:
+        per = layers // S
+        return range(s * per, (s + 1) * per)
+    if S > 2 and (layers + 2) % S == 0:
+        per = (layers + 2) // S
+        start = 0 if s == 0 else s * per - 1
+        stop = (s + 1) * per - 1 - (s == S - 1)
+        return range(start, stop)
+    raise ValueError(f"{layers} blocks do not split over {S} stages")
+
+
 def layout(cfg: LabConfig, axes: dict[str, int], rank: int) -> dict[str, tuple[int, int, int] | None]:
-    """What `rank` holds of the lab model on the mesh `axes` (with dp, pp and tp): {name: (dim, start, stop)}, its
-    piece of the tensor (indices [start, stop) along dim), or None for a tensor it holds whole."""
+    """What `rank` holds of the lab model on the mesh `axes` (row-major, with dp, pp and tp): {name: (dim, start,
+    stop)}, its piece of the tensor (indices [start, stop) along dim), or None for a tensor it holds whole."""
     c = mesh_coords(rank, axes)
     s, S, t, T = c.get("pp", 0), axes.get("pp", 1), c.get("tp", 0), axes.get("tp", 1)
-    hd, nq, nkv, F, V = cfg.head_size, cfg.heads, cfg.kv_heads, cfg.ffn, cfg.vocab_size
-    q = (0, t * nq // T * hd, (t + 1) * nq // T * hd)  # its query heads' rows
-    if T <= nkv:  # nkv / T K/V heads of its own
-        kv = (0, t * nkv // T * hd, (t + 1) * nkv // T * hd)
-    else:  # the one K/V head its query heads read, the same on the T / nkv ranks that share it
-        j = t * nkv // T
-        kv = (0, j * hd, (j + 1) * hd)
+    hd, F, V = cfg.head_size, cfg.ffn, cfg.vocab_size
+    q = query_heads(t, T, cfg.heads)
+    kv = kv_span(t, T, cfg.heads, cfg.kv_heads)
+    q_rows, kv_rows = (0, q.start * hd, q.stop * hd), (0, kv.start * hd, kv.stop * hd)
     ffn, vocab = (0, t * F // T, (t + 1) * F // T), (0, t * V // T, (t + 1) * V // T)
     held: dict[str, tuple[int, int, int] | None] = {}
     if s == 0:
         held["embed.weight"] = vocab
-    per = cfg.layers // S
-    for i in range(s * per, (s + 1) * per):
+    for i in stage_blocks(cfg.layers, S, s):
         p = f"blocks.{i}."
         held |= {
             p + "attn_norm.weight": None,
-            p + "attn.q.weight": q,
-            p + "attn.k.weight": kv,
-            p + "attn.v.weight": kv,
-            p + "attn.o.weight": (1, q[1], q[2]),
+            p + "attn.q.weight": q_rows,
+            p + "attn.k.weight": kv_rows,
+            p + "attn.v.weight": kv_rows,
+            p + "attn.o.weight": (1, q_rows[1], q_rows[2]),
             p + "mlp_norm.weight": None,
             p + "mlp.gate.weight": ffn,
             p + "mlp.up.weight": ffn,
@@ -101,99 +186,219 @@ def held_shapes(cfg: LabConfig, axes: dict[str, int], rank: int) -> dict[str, li
     return out
 
 
-def held_states(cfg: LabConfig, axes: dict[str, int], rank: int, bytes_per=None) -> dict[str, int]:
-    """Bytes of parameters, gradients and optimizer states `rank` holds with ZeRO-1 over dp: its pieces whole,
-    their gradients whole, 1/D of the optimizer states. bytes_per: (param, grad, optimizer) bytes per number;
-    default the model's dtype with Adam's master, m and v in it."""
-    psi = sum(math.prod(shape) for shape in held_shapes(cfg, axes, rank).values())
+def held_numel(cfg: LabConfig, axes: dict[str, int], rank: int) -> int:
+    """Psi_r: the numbers `rank` holds (parameters)."""
+    return sum(math.prod(shape) for shape in held_shapes(cfg, axes, rank).values())
+
+
+def _exact(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else x
+
+
+def held_states(cfg: LabConfig, axes: dict[str, int], rank: int, zero: int, bytes_per=None) -> dict[str, int | float]:
+    """Bytes of parameters, gradients and optimizer states `rank` holds with ZeRO stage `zero` (0 = none) over its
+    dp group: stage 1 shares out the optimizer states, 2 the gradients too, 3 the parameters too. bytes_per:
+    (param, grad, optimizer) bytes per number; default the model's dtype with Adam's master, m and v in it."""
+    psi, D = held_numel(cfg, axes, rank), axes.get("dp", 1)
     p, g, k = bytes_per or (cfg.dtype_bytes, cfg.dtype_bytes, 3 * cfg.dtype_bytes)
-    return {"params": psi * p, "grads": psi * g, "optimizer": psi * k // axes.get("dp", 1)}
+    return {
+        "params": _exact(psi * p / (D if zero >= 3 else 1)),
+        "grads": _exact(psi * g / (D if zero >= 2 else 1)),
+        "optimizer": _exact(psi * k / (D if zero >= 1 else 1)),
+    }
 
 
-def layouts_of(world: int, cfg: LabConfig = CFG) -> list[dict[str, int]]:
-    """Every dp x pp x tp layout of `world` ranks the lab model splits into: whole heads, FFN rows, vocabulary rows
-    and blocks per rank, and tp a divisor or a multiple of the K/V heads."""
+def layouts_of(world: int, cfg: LabConfig = CFG, batch: int = B) -> list[dict[str, int]]:
+    """Every dp x pp x tp layout of `world` ranks the lab model and the batch split into: whole query heads, FFN
+    rows and vocabulary rows per tp rank, whole blocks per stage, whole rows per replica."""
     found = []
     for tp in range(1, world + 1):
-        whole = all(n % tp == 0 for n in (cfg.heads, cfg.ffn, cfg.vocab_size))
-        if not whole or (cfg.kv_heads % tp and tp % cfg.kv_heads):
+        if world % tp or any(n % tp for n in (cfg.heads, cfg.ffn, cfg.vocab_size)):
             continue
         for pp in range(1, world // tp + 1):
-            if world % (tp * pp) == 0 and cfg.layers % pp == 0:
-                found.append({"dp": world // (tp * pp), "pp": pp, "tp": tp})
+            dp = world // (tp * pp)
+            if world % (tp * pp) == 0 and cfg.layers % pp == 0 and batch % dp == 0:
+                found.append({"dp": dp, "pp": pp, "tp": tp})
     return found
 
 
-# ------------------------------------------------------------------------------------------------ the groups
+# ---------------------------------------------------------------------------------------- a step's traffic
 
 
-def row_major_group(rank: int, axes: dict[str, int], axis: str) -> list[int]:
-    """The ranks of `rank`'s group along `axis` in torch's layout: torch.arange(world).view(sizes), row-major."""
-    grid = torch.arange(math.prod(axes.values())).view(*axes.values())  # host: rank numbers, no data
-    rows = grid.movedim(list(axes).index(axis), -1).reshape(-1, axes[axis])  # every group along `axis`, one a row
-    return next(row.tolist() for row in rows if rank in row.tolist())
+def message_bytes(cfg: LabConfig, axes: dict[str, int], batch: int = B) -> int:
+    """One activation [b, T, H] of a replica (b = B / D rows), or its gradient."""
+    return batch // axes.get("dp", 1) * cfg.seq_len * cfg.hidden * cfg.dtype_bytes
 
 
-def kv_ranks(rank: int, axes: dict[str, int], heads: int, kv_heads: int) -> list[int]:
-    """The ranks that hold the same K/V heads as `rank` (itself included), in tp order: its tp partners whose
-    query heads read the same K/V head when tp > kv_heads; itself alone otherwise."""
+def step_theory(axes: dict[str, int], rank: int, cfg: LabConfig = CFG, batch: int = B) -> dict:
+    """What `rank` hands to torch.distributed in one step of part 2 (payload bytes): {"allreduce": {the sorted
+    ranks of a group: bytes}, "pp": sorted (op, stage step, bytes) of its sends and receives}. A group of one rank
+    moves nothing and is left out; a K/V group with the same ranks as the tp group adds to it."""
+    c, e = mesh_coords(rank, axes), cfg.dtype_bytes
+    S, T = axes.get("pp", 1), axes.get("tp", 1)
+    s, t = c.get("pp", 0), c.get("tp", 0)
+    blocks = len(stage_blocks(cfg.layers, S, s))
+    message = message_bytes(cfg, axes, batch)
     tp = row_major_group(rank, axes, "tp")
-    T, t = len(tp), tp.index(rank)
-    if T <= kv_heads:
-        return [rank]
-    return [r for u, r in enumerate(tp) if u * kv_heads // T == t * kv_heads // T]
+    out: dict[tuple[int, ...], int] = {}
 
+    def add(ranks: list[int], n: int) -> None:
+        if len(ranks) > 1 and n:
+            key = tuple(sorted(ranks))
+            out[key] = out.get(key, 0) + n
 
-def own_groups(axes: dict[str, int], rank: int) -> dict[str, list[int]]:
-    """The rank's groups: one per axis of the mesh, and the ranks sharing its K/V head."""
-    groups = {axis: sorted(row_major_group(rank, axes, axis)) for axis in ("tp", "pp", "dp")}
-    return groups | {"kv": sorted(kv_ranks(rank, axes, CFG.heads, CFG.kv_heads))}
-
-
-def step_theory(axes: dict[str, int], rank: int) -> dict:
-    """What `rank` hands to each of its groups in one step (payload bytes): all-reduces on tp, dp and its K/V
-    group, and (op, stage step, bytes) of each send and receive on pp."""
-    c, e = mesh_coords(rank, axes), CFG.dtype_bytes
-    S, D, T = axes["pp"], axes["dp"], axes["tp"]
-    s, blocks = c["pp"], CFG.layers // S
-    message = B // D * CFG.seq_len * CFG.hidden * e  # one [b, T, H] activation or its gradient
+    add(tp, 4 * blocks * message)  # per block: g forward and f backward, of attention and of the MLP
+    holders = kv_holders(tp, cfg.heads, cfg.kv_heads)
+    for j in kv_span(t, T, cfg.heads, cfg.kv_heads):  # the K and V gradients of each shared head, on its holders
+        add(holders[j], blocks * 2 * cfg.head_size * cfg.hidden * e)
+    shapes = {name: shape for name, shape in held_shapes(cfg, axes, rank).items() if name.startswith("blocks.")}
+    add(row_major_group(rank, axes, "dp"), sum(math.prod(shape) for shape in shapes.values()) * e)
     sends = ([("send", +1)] if s < S - 1 else []) + ([("send", -1)] if s > 0 else [])
     recvs = ([("recv", -1)] if s > 0 else []) + ([("recv", +1)] if s < S - 1 else [])
-    shapes = {name: shape for name, shape in held_shapes(CFG, axes, rank).items() if name.startswith("blocks.")}
-    k_numel = math.prod(next(shape for name, shape in shapes.items() if name.endswith("attn.k.weight")))
-    shared = len(kv_ranks(rank, axes, CFG.heads, CFG.kv_heads)) > 1
-    return {
-        "tp": 4 * blocks * message if T > 1 else 0,  # per block: g forward and f backward, attention and MLP
-        "pp": sorted((op, step, message) for op, step in sends + recvs),
-        "dp": sum(math.prod(shape) for shape in shapes.values()) * e if D > 1 else 0,  # every gradient of its blocks
-        "kv": 2 * blocks * k_numel * e if shared else 0,  # the K and V gradients of each block
-    }
+    return {"allreduce": out, "pp": sorted((op, step, message) for op, step in sends + recvs)}
+
+
+def ring(n: int) -> float:
+    """What each rank of n sends on the wire in a ring all-reduce, per byte of payload: 2 (n-1)/n."""
+    return 2 * (n - 1) / n
+
+
+def wire_bytes(cfg: LabConfig, axes: dict[str, int], rank: int, zero: int, batch: int = B) -> int | float:
+    """The bytes `rank` sends on the wire in one step of the plan: part 2's step (the blocks' f and g, the K/V
+    sums, the pipeline's sends) and the synchronisation over dp of the gradients of everything it holds (ZeRO 0:
+    an all-reduce; 1 and 2: a reduce-scatter and an all-gather of the updated parameters; 3: an all-gather before
+    the forward, another before the backward, a reduce-scatter), ring algorithms."""
+    c, e = mesh_coords(rank, axes), cfg.dtype_bytes
+    S, D, T = axes.get("pp", 1), axes.get("dp", 1), axes.get("tp", 1)
+    s, t = c.get("pp", 0), c.get("tp", 0)
+    blocks = len(stage_blocks(cfg.layers, S, s))
+    message = message_bytes(cfg, axes, batch)
+    sent = 4 * blocks * ring(T) * message + ((s < S - 1) + (s > 0)) * message
+    holders = kv_holders(list(range(T)), cfg.heads, cfg.kv_heads)
+    for j in kv_span(t, T, cfg.heads, cfg.kv_heads):
+        sent += blocks * 2 * ring(len(holders[j])) * cfg.head_size * cfg.hidden * e
+    gathers_and_scatters = {0: 2, 1: 2, 2: 2, 3: 3}[zero]  # in units of (D-1)/D of the rank's gradient bytes
+    sent += gathers_and_scatters * (D - 1) / D * held_numel(cfg, axes, rank) * e
+    return _exact(sent)
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+
+
+MAX_BUBBLE = 0.25  # a plan's pipeline may idle at most this fraction of the step
+
+
+def bubble(axes: dict[str, int], batch: int = B) -> float:
+    """The pipeline's idle fraction (S-1)/(m+S-1) (1F1B, lesson 03) when a replica's b = B/D rows go through it
+    as m = b micro-batches of one row (the bytes are those of one micro-batch of b rows: the same rows pass)."""
+    S, m = axes.get("pp", 1), batch // axes.get("dp", 1)
+    return (S - 1) / (m + S - 1)
+
+
+def plans_of(world: int, cfg: LabConfig = CFG, batch: int = B) -> list[tuple[dict[str, int], int]]:
+    """Every (layout, ZeRO stage) of `world` ranks whose bubble is at most MAX_BUBBLE; ZeRO only where there is a
+    dp axis to share over."""
+    return [
+        (axes, z)
+        for axes in layouts_of(world, cfg, batch)
+        if bubble(axes, batch) <= MAX_BUBBLE
+        for z in ZERO_STAGES
+        if z == 0 or axes["dp"] > 1
+    ]
+
+
+def busiest(cfg: LabConfig, axes: dict[str, int], zero: int, batch: int = B) -> tuple[float, float]:
+    """(the most bytes any rank sends in a step, the most bytes of model states any rank holds)."""
+    world = math.prod(axes.values())
+    sent = max(wire_bytes(cfg, axes, r, zero, batch) for r in range(world))
+    held = max(sum(held_states(cfg, axes, r, zero).values()) for r in range(world))
+    return sent, held
+
+
+def best_plan(world: int, budget: float, cfg: LabConfig = CFG, batch: int = B):
+    """The plan whose every rank's model states fit in `budget` bytes and whose busiest rank sends the fewest
+    bytes in a step; among equals the one whose busiest rank holds the least. None when no plan fits."""
+    scored = []
+    for axes, zero in plans_of(world, cfg, batch):
+        sent, held = busiest(cfg, axes, zero, batch)
+        if held <= budget:
+            scored.append(((sent, held), axes, zero))
+    if not scored:
+        return None
+    scored.sort(key=lambda item: item[0])
+    return scored[0][1], scored[0][2]
 
 
 # ------------------------------------------------------------------------------------------- the predictions
 
 
-def _rank0(per_mesh: list[dict]) -> dict:
-    """The four quantities of the prediction, from rank 0's per-group bytes on the two meshes."""
-    a, b = per_mesh
-    return {
-        "tp_bytes": a["tp"],
-        "pp_bytes": sum(n for op, _, n in a["pp"] if op == "send"),
-        "dp_bytes": a["dp"],
-        "kv_bytes": b["kv"],
-    }
+def step_payload(axes: dict[str, int], rank: int) -> dict[str, int]:
+    """`rank`'s payload per axis in part 2's step (the K/V sums on the tp ranks counted with tp; a pp rank's
+    sends): the table part 1 places by."""
+    theory = step_theory(axes, rank)
+    out = {}
+    for axis in axes:
+        if axis == "pp":
+            out[axis] = sum(n for op, _, n in theory["pp"] if op == "send")
+        else:
+            out[axis] = theory["allreduce"].get(tuple(sorted(row_major_group(rank, axes, axis))), 0)
+    return out
+
+
+def crossing_bytes(calls: list[dict], node: list[int]) -> float:
+    """The bytes that leave node 0 in one step. calls[r]: rank r's {"allreduce": {sorted ranks of a group:
+    payload}, "sends": [(peer, bytes)]}. An all-reduce is a ring in the group's order: each rank sends the next
+    2 (n-1)/n of the payload (on a group of 2: the whole payload to its partner). node[r]: the node of rank r of
+    the step's (row-major) mesh."""
+    out = 0.0
+    for rank, mine in enumerate(calls):
+        if node[rank] != 0:
+            continue
+        for ranks, n in mine["allreduce"].items():
+            following = ranks[(ranks.index(rank) + 1) % len(ranks)]
+            out += ring(len(ranks)) * n if node[following] != 0 else 0
+        out += sum(n for peer, n in mine["sends"] if node[peer] != 0)
+    return _exact(out)
+
+
+def theory_calls(axes: dict[str, int], rank: int) -> dict:
+    """step_theory's calls of `rank` in crossing_bytes' form (each send with its global peer)."""
+    theory, pp = step_theory(axes, rank), row_major_group(rank, axes, "pp")
+    s = pp.index(rank)
+    return {"allreduce": theory["allreduce"], "sends": [(pp[s + st], n) for op, st, n in theory["pp"] if op == "send"]}
+
+
+def traffic_nodes() -> dict[str, list[int]]:
+    """The node of each rank of the prediction's row-major mesh: torch's row-major mesh laid over the launcher's
+    cyclic numbering ("naive"), and part 1's placement for the step's own payloads ("placed")."""
+    axes, world = TRAFFIC_MESH, math.prod(TRAFFIC_MESH.values())
+    naive = [node_of(r, world, TRAFFIC_GPUS, TRAFFIC_NUMBERING) for r in range(world)]
+    mesh = torch.tensor(placement(axes, TRAFFIC_GPUS, TRAFFIC_NUMBERING, step_payload(axes, 0)))  # host: ranks
+    placed = [
+        node_of(int(mesh[tuple(mesh_coords(r, axes).values())]), world, TRAFFIC_GPUS, TRAFFIC_NUMBERING)
+        for r in range(world)
+    ]
+    return {"naive": naive, "placed": placed}
 
 
 def traffic_theory() -> dict:
-    """The prediction's theory: rank 0's payload per group in one step, on each of the two meshes."""
-    return _rank0([step_theory(axes, 0) for axes in STEP_MESHES])
+    """The prediction's theory: the bytes that leave node 0 in one step, naive and placed."""
+    calls = [theory_calls(TRAFFIC_MESH, r) for r in range(math.prod(TRAFFIC_MESH.values()))]
+    nodes = traffic_nodes()
+    return {
+        "naive_bytes": crossing_bytes(calls, nodes["naive"]),
+        "placed_bytes": crossing_bytes(calls, nodes["placed"]),
+    }
 
 
 def memory_at_scale_theory() -> dict:
-    """The model-state GB of the busiest GPU of the Llama-like model on LLAMA_AXES, ZeRO-1, mixed precision."""
-    stages = [mesh_rank({"pp": s, "dp": 0, "tp": 0}, LLAMA_AXES) for s in range(LLAMA_AXES["pp"])]  # tp ranks: alike
-    busiest = max(sum(held_states(LLAMA, LLAMA_AXES, rank, MIXED).values()) for rank in stages)
-    return {"gb": busiest / 1e9}
+    """The model-state GB of the busiest GPU and of a GPU of the last stage of the Llama-like model on LLAMA_AXES,
+    ZeRO-1 over dp, mixed precision (the tp ranks of a stage hold alike: one K/V head each)."""
+    axes, per_stage = LLAMA_AXES, []
+    for s in range(axes["pp"]):
+        rank = s * axes["dp"] * axes["tp"]  # (pp s, dp 0, tp 0)
+        per_stage.append(sum(held_states(LLAMA, axes, rank, 1, MIXED).values()) / 1e9)
+    return {"gb_busiest": max(per_stage), "gb_last": per_stage[-1]}
 
 
 THEORY = {"traffic": traffic_theory, "memory_at_scale": memory_at_scale_theory}
