@@ -6,26 +6,29 @@
 # EXPECT FAIL: owners
 
 # ANSWER: owners
-def assign_owners(numels, N):
+def assign_owners(numels: list[int], N: int) -> list[int]:
     owners, loads = [], [0] * N
-    for n in numels:
+    for n in numels:  # the model's order, the way they come
         q = loads.index(min(loads))
         owners.append(q)
         loads[q] += n
     return owners
 
 
-def init_owned(params, owners):
+def init_owned(params: list[torch.nn.Parameter], owners: list[int]):
+    """This rank's optimizer state: Adam's m and v of each tensor it owns (the check counts the bytes it holds)."""
     r = comm.group_rank()
     return {i: (torch.zeros_like(p), torch.zeros_like(p)) for i, (p, q) in enumerate(zip(params, owners)) if q == r}
 
 
-def owner_step(params, owners, state, step, lr=LR):
+def owner_step(params: list[torch.nn.Parameter], owners: list[int], state, step: int, lr: float = LR) -> None:
+    """One LAMB step: afterwards every rank's parameters are one device's after LAMB on the whole batch. p.grad: the
+    gradient of this rank's rows; owners: assign_owners's; state: init_owned's; step: 1, 2, ..."""
     N, r = comm.group_size(), comm.group_rank()
     with torch.no_grad():
         for i, (p, q) in enumerate(zip(params, owners)):
-            comm.reduce(p.grad, dst=q)
+            comm.reduce(p.grad, dst=q)  # the owner gets the sum of the ranks' gradients
             if q == r:
                 m, v = state[i]
-                lamb_step(p, p.grad / N, m, v, step, lr)
-            comm.broadcast(p.detach(), src=q)
+                lamb_step(p, p.grad / N, m, v, step, lr)  # the mean over ranks: the whole batch's gradient
+            comm.broadcast(p.detach(), src=q)  # every rank: the owner's new tensor, in place

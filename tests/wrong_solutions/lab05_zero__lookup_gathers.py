@@ -1,55 +1,93 @@
 # ruff: noqa
-# A wrong answer to labs/lab05_zero.ipynb (the other answers are the solution's). The bug: the lookup's backward
-# gathers the embedding again, as the product's does, though the gradient of a lookup needs only which rows were
-# read. Every number is right and nothing is kept; the backward makes one all-gather of the largest matrix too many,
-# and the check says which.
+# A wrong answer to labs/lab05_zero.ipynb (the other answers are the solution's). The bug: backward prefetches the
+# matrix of every use before, the lookup's too, and the lookup's backward takes it, as the product's does; its
+# gradient does not need it. Every number is right and nothing is kept; the backward makes one all-gather of the
+# largest matrix too many, and the bytes alive as it returns are more than the theory's.
 # EXPECT FAIL: zero3
 
 # ANSWER: zero3
+class Prefetcher:
+    """What the uses share. shards: {name: this rank's [S] shard}; shapes: {name: (out, in)}; order: the matrix of
+    each use, in the order forward makes them (uses_of(): use 0 the lookup, the last use the tied LM head)."""
+
+    def __init__(self, shards: dict, shapes: dict, order: list[str]):
+        self.shards, self.shapes, self.order = shards, shapes, order
+        self.in_flight = {}  # use -> (the buffer [N*S] its all-gather fills, the all-gather's handle)
+
+    def start(self, use: int) -> None:
+        """Issue the all-gather of `use`'s matrix and return at once: the buffer fills while the caller computes."""
+        shard = self.shards[self.order[use]].detach()  # [S]
+        full = torch.empty(comm.group_size() * len(shard), dtype=shard.dtype, device=shard.device)  # [N*S]
+        self.in_flight[use] = (full, comm.all_gather_into_tensor(full, shard, async_op=True))
+
+    def take(self, use: int) -> torch.Tensor:
+        """`use`'s matrix W [out, in], gathered: the all-gather issued earlier waited for (or issued now)."""
+        if use not in self.in_flight:
+            self.start(use)
+        full, work = self.in_flight.pop(use)  # the prefetcher lets go: W lives as long as the caller holds it
+        work.wait()
+        out_features, in_features = self.shapes[self.order[use]]
+        return full[: out_features * in_features].view(out_features, in_features)
+
+
 class Zero3Linear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w_shard, shape):
-        N = comm.group_size()
-        full = torch.empty(N * len(w_shard), dtype=w_shard.dtype)
-        comm.all_gather_into_tensor(full, w_shard)
-        ctx.save_for_backward(x, w_shard)
-        ctx.shape = shape
-        return x @ full[: shape[0] * shape[1]].view(shape).T
+    """y = x W^T where this rank holds only w_shard: its shard of W ([out, in] flattened, zero-padded to N*S)."""
 
     @staticmethod
-    def backward(ctx, grad_y):
+    def forward(ctx, x: torch.Tensor, w_shard: torch.Tensor, pre: Prefetcher, use: int) -> torch.Tensor:
+        """x: [..., in] this rank's activations; w_shard: [S]; pre: the Prefetcher; use: this use's index -> y:
+        [..., out]."""
+        w = pre.take(use)  # [out, in]: gathered while the use before this one computed
+        if use + 1 < len(pre.order):
+            pre.start(use + 1)  # the next use's all-gather, in flight while this product computes
+        ctx.save_for_backward(x, w_shard)  # not w: it would keep the whole gathered buffer alive until backward
+        ctx.pre, ctx.use = pre, use
+        return x @ w.T  # [..., out]; w goes out of scope here: freed
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+        """grad_y: [..., out], the gradient of this rank's own loss L_r -> (dL_r/dx: [..., in], w_shard's gradient:
+        [S], this rank's shard of the global dL/dW, None, None)."""
         x, w_shard = ctx.saved_tensors
-        (out_f, in_f), N, S = ctx.shape, comm.group_size(), len(w_shard)
-        full = torch.empty(N * S, dtype=w_shard.dtype)
-        comm.all_gather_into_tensor(full, w_shard)
-        grad_x = grad_y @ full[: out_f * in_f].view(ctx.shape)
-        del full
-        grad_w = torch.zeros(N * S, dtype=grad_y.dtype)
-        grad_w[: out_f * in_f] = (grad_y.reshape(-1, out_f).T @ x.reshape(-1, in_f)).reshape(-1)
-        grad_shard = torch.empty(S, dtype=grad_y.dtype)
-        comm.reduce_scatter_tensor(grad_shard, grad_w)
-        return grad_x, grad_shard / N, None
+        pre, use = ctx.pre, ctx.use
+        w = pre.take(use)  # [out, in]
+        # backward reaches the uses in the reverse order of forward; use 0, the lookup, needs no matrix: no prefetch
+        if use - 1 >= 0:  # every use before, the lookup too
+            pre.start(use - 1)
+        grad_x = grad_y @ w  # [..., in]
+        out_features, in_features = w.shape
+        del w  # W is not needed any more: free it before the reduce-scatter
+        N, S = comm.group_size(), len(w_shard)
+        grad_w = torch.zeros(N * S, dtype=grad_y.dtype, device=grad_y.device)  # this rank's dL_r/dW, flat, padded
+        rows_y, rows_x = grad_y.reshape(-1, out_features), x.reshape(-1, in_features)  # [b*T, out], [b*T, in]
+        grad_w[: out_features * in_features] = (rows_y.T @ rows_x).reshape(-1)  # [out, in] from my rows only
+        grad_shard = torch.empty(S, dtype=grad_y.dtype, device=grad_y.device)
+        comm.reduce_scatter_tensor(grad_shard, grad_w)  # [S] the sum over ranks of my slice
+        return grad_x, grad_shard / N, None, None
 
 
 class Zero3Embedding(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, idx, w_shard, shape):
-        N = comm.group_size()
-        full = torch.empty(N * len(w_shard), dtype=w_shard.dtype)
-        comm.all_gather_into_tensor(full, w_shard)
-        ctx.save_for_backward(idx, w_shard)
-        ctx.shape = shape
-        return full[: shape[0] * shape[1]].view(shape)[idx]
+    """E[idx] where this rank holds only w_shard: its shard of E ([V, H] flattened, zero-padded to N*S)."""
 
     @staticmethod
-    def backward(ctx, grad_y):
-        idx, w_shard = ctx.saved_tensors
-        (V, H), N, S = ctx.shape, comm.group_size(), len(w_shard)
-        full = torch.empty(N * S, dtype=w_shard.dtype)
-        comm.all_gather_into_tensor(full, w_shard)  # as in the product's backward: not needed here
-        del full
-        grad_w = torch.zeros(N * S, dtype=grad_y.dtype)
-        grad_w[: V * H].view(V, H).index_add_(0, idx.reshape(-1), grad_y.reshape(-1, H))
-        grad_shard = torch.empty(S, dtype=grad_y.dtype)
+    def forward(ctx, idx: torch.Tensor, w_shard: torch.Tensor, pre: Prefetcher, use: int) -> torch.Tensor:
+        """idx: [b, T] token ids; w_shard: [S]; pre: the Prefetcher; use: this use's index -> the rows of E:
+        [b, T, H]."""
+        w = pre.take(use)  # [V, H]
+        pre.start(use + 1)  # the next use's all-gather, in flight while the rows are read
+        ctx.save_for_backward(idx)
+        ctx.shape, ctx.S, ctx.pre, ctx.use = tuple(w.shape), len(w_shard), pre, use
+        return w[idx]  # indexing copies the rows: the gathered E is freed
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor) -> tuple[None, torch.Tensor, None, None]:
+        """grad_y: [b, T, H] -> (None for idx, w_shard's gradient: [S], None, None)."""
+        (idx,) = ctx.saved_tensors
+        w = ctx.pre.take(ctx.use)  # E again, as the product's backward does
+        del w
+        (V, H), N, S = ctx.shape, comm.group_size(), ctx.S
+        grad_w = torch.zeros(N * S, dtype=grad_y.dtype, device=grad_y.device)  # this rank's dL_r/dE, flat, padded
+        grad_w[: V * H].view(V, H).index_add_(0, idx.reshape(-1), grad_y.reshape(-1, H))  # each row read gets its grad
+        grad_shard = torch.empty(S, dtype=grad_y.dtype, device=grad_y.device)
         comm.reduce_scatter_tensor(grad_shard, grad_w)
-        return None, grad_shard / N, None
+        return None, grad_shard / N, None, None

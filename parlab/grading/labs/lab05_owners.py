@@ -82,17 +82,27 @@ def llama_numels() -> list[int]:
 
 
 def owner_memory_theory() -> dict[str, float]:
-    """The optimizer bytes per rank: flat ZeRO-1 (K ceil(Psi/N)), and the busiest rank's under the best per-tensor
-    ownership (K times the fewest elements the busiest rank can own)."""
+    """The optimizer bytes per rank of flat ZeRO-1 on OWNER_N ranks (K ceil(Psi/N)); the busiest rank's under the
+    best per-tensor ownership on OWNER_N ranks (K times the fewest elements the busiest rank can own); and the fewest
+    ranks at which that busiest rank's bytes reach their floor, so that no number of ranks beyond lowers them.
+
+    The floor is the largest tensor (no rank owns less than a whole tensor it owns, and one rank owns the largest):
+    below ceil(Psi / largest) ranks the average load exceeds it; from there on, the judge's search tells whether the
+    other tensors fit beside it."""
     numels = llama_numels()
+    largest = max(numels)
+    floor_ranks = -(-sum(numels) // largest)  # fewer ranks: the average, hence the busiest, exceeds the largest
+    while best_busiest(numels, floor_ranks) > largest:
+        floor_ranks += 1
     return {
         "flat_bytes": OWNER_K * -(-sum(numels) // OWNER_N),
         "owner_bytes": OWNER_K * best_busiest(numels, OWNER_N),
+        "floor_ranks": floor_ranks,
     }
 
 
-def collect_owner_memory(flat_bytes, owner_bytes) -> dict:
-    return {"predicted": [_plain(flat_bytes), _plain(owner_bytes)]}
+def collect_owner_memory(flat_bytes, owner_bytes, floor_ranks) -> dict:
+    return {"predicted": [_plain(flat_bytes), _plain(owner_bytes), _plain(floor_ranks)]}
 
 
 def _plain(value):
@@ -104,10 +114,23 @@ def _plain(value):
 
 def judge_owner_memory(data) -> list[str]:
     theory = owner_memory_theory()
-    flat, owner = data["predicted"]
+    flat, owner, floor = data["predicted"]
     return [
-        *prediction_lines("optimizer bytes per rank, flat ZeRO-1", flat, theory["flat_bytes"]),
-        *prediction_lines("optimizer bytes of the busiest rank, per-tensor owners", owner, theory["owner_bytes"]),
+        *prediction_lines(
+            f"optimizer bytes per rank, flat ZeRO-1, {OWNER_N} ranks", flat, theory["flat_bytes"], rtol=0
+        ),
+        *prediction_lines(
+            f"optimizer bytes of the busiest rank, per-tensor owners, {OWNER_N} ranks",
+            owner,
+            theory["owner_bytes"],
+            rtol=0,
+        ),
+        *prediction_lines(
+            "the fewest ranks from which more ranks no longer lower the busiest owner's bytes",
+            floor,
+            theory["floor_ranks"],
+            rtol=0,
+        ),
     ]
 
 
@@ -119,6 +142,8 @@ CASES = [
     ("[1, 1, 2, 2, 3, 3, 4]", [1, 1, 2, 2, 3, 3, 4], 3),
     ("[10, 1, 1, 1, 1]", [10, 1, 1, 1, 1], 3),
     ("[5, 3]", [5, 3], 3),
+    ("[5, 5, 4, 4, 3, 3, 3]", [5, 5, 4, 4, 3, 3, 3], 3),
+    ("[352, 320, 160, 320, 256, 288, 224, 256, 224]", [352, 320, 160, 320, 256, 288, 224, 256, 224], 4),
 ]
 
 

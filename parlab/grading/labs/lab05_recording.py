@@ -72,6 +72,7 @@ class Recorder:
         self.dtypes: set[str] = set()  # the dtypes of the payloads, e.g. {"float64"}
         self._gathered: list = []  # weak references to the storages all-gathers wrote into
         self.peak_gathered = 0  # the most bytes of all-gathered buffers alive at once (right after each gather)
+        self.alive_at_gather: list[int] = []  # the bytes of all-gathered buffers alive as each all-gather returned
 
     def gathered_alive(self) -> int:
         """Bytes of the storages all-gathers wrote into that are still alive (a storage resized to 0 counts 0)."""
@@ -98,7 +99,8 @@ class Recorder:
             from torch.multiprocessing.reductions import StorageWeakRef
 
             self._gathered += [StorageWeakRef(t.untyped_storage()) for t in _tensors(args[0])]
-            self.peak_gathered = max(self.peak_gathered, self.gathered_alive())
+            self.alive_at_gather.append(self.gathered_alive())
+            self.peak_gathered = max(self.peak_gathered, self.alive_at_gather[-1])
 
 
 @contextmanager

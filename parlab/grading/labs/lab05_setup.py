@@ -17,14 +17,22 @@ LR = 1e-3  # Adam's and LAMB's learning rate
 # Parts 1, 2 and 4: the lab model as parlab.core.lab_model builds it by default (2 blocks, GQA with 4 query heads
 # and 2 key/value heads, untied head, float64): Psi = 22,688.
 CFG = LabConfig()
-B, STEPS = 6, 2  # global batch rows (b = B/N = 2 per rank), training steps of parts 1 and 4
-BATCHES = lab_batches(CFG, B, STEPS, seed=0)  # [(x, y)], x, y: [B, T] token ids
+B, STEPS = 6, 2  # global batch rows (b = B/N = 2 per rank), training steps of part 4
 
-# Part 2: gradient accumulation over M micro-batches of equal size, under a budget of full-gradient bytes.
-M = 3  # micro-batches per step: each rank's b2 = 6 rows in three micro-batches of 2
+# Part 1: 5 steps, two of them with an overflowed gradient on one rank (an fp16 overflow, planted): {step: (the
+# rank whose gradient overflows, the element of its flat gradient [Psi], the value)}. The element lies in another
+# rank's shard, so that the rank that overflowed is not the one whose shard holds the bad number.
+STEPS1 = 5
+BATCHES1 = lab_batches(CFG, B, STEPS1, seed=0)  # [(x, y)], x, y: [B, T] token ids
+OVERFLOW = {2: (1, 5, float("inf")), 4: (2, 7_570, float("nan"))}
+MAX_NORM = 1.0  # the gradient's norm is clipped to this (the lab model's is about 1.04, 1.05, 0.97 in steps 1, 3, 5)
+BATCHES = BATCHES1[:STEPS]  # part 4's
+
+# Part 2: gradient accumulation over M micro-batches of equal size, under a budget of full-gradient bytes. Each rank
+# has b2 = 6 rows; the check runs one step for each (M, budget): the best choice differs from one budget to the next.
 B2 = 18
 BATCH2 = lab_batches(CFG, B2, 1, seed=1)[0]
-BUDGET = 112_000  # bytes of full gradients a rank may hold at any moment (the shards are not counted)
+CONFIGS = [(3, 112_000), (2, 130_000), (6, 76_000)]  # (M micro-batches, bytes of full gradients a rank may hold)
 
 # Part 3: a small lab model with a TIED head (the LM head multiplies by the embedding matrix), one block.
 CFG3 = LabConfig(vocab_size=32, seq_len=8, hidden=16, heads=4, kv_heads=2, ffn=20, layers=1, tied=True)

@@ -1,15 +1,18 @@
 """Lab 05's checks: ZeRO written by the student for the labs' own model, on live ranks (see parlab/grading).
 
-    part 1  zero1         ZeRO-1: flat shards, padded (this file)
-    part 2  zero2         ZeRO-2 with gradient accumulation under a budget of gradient memory (this file)
-    part 3  zero3         ZeRO-3 layers for a lab model whose LM head is tied to its embedding (lab05_zero3.py)
-    predict owner_memory  optimizer memory of per-tensor ownership at scale (lab05_owners.py)
+    part 1  zero1         ZeRO-1: flat shards, padded, with gradient clipping and overflowed steps skipped (this file)
+    part 2  zero2         ZeRO-2 with gradient accumulation under budgets of gradient memory (this file)
+    part 3  zero3         ZeRO-3 with prefetching, for a lab model whose LM head is tied to its embedding
+                          (lab05_zero3.py)
+    predict owner_memory  optimizer memory of per-tensor ownership at scale, and where it stops falling
+                          (lab05_owners.py)
     part 4  owners        ZeRO-1 with whole tensors owned by ranks, balanced by bytes, for LAMB (lab05_owners.py)
 
 The model is parlab.core.lab_model's (RMSNorm, grouped-query attention, SwiGLU, no biases): parlab's ZeRO does
 not run it in stage 3 (its LM head reads its weight without calling the head module, whose hooks gather it), and
-the library has none of parts 2-4's variants. Every collective the student's code makes is seen where it reaches
-the process group (`recording`, lab05_recording.py) with its payload in parlab.core.comm's convention: an
+the library has none of the parts' variants (its ZeRO-1 neither clips nor skips with one all-reduce; its ZeRO-2
+has no budget; its prefetch lives in module hooks). Every collective the student's code makes is seen where it
+reaches the process group (`recording`, lab05_recording.py) with its payload in parlab.core.comm's convention: an
 all-gather hands in this rank's contribution, a reduce-scatter its whole input. Every call into the student's code
 runs under parlab/grading/labs/guard.py's hook: a call into parlab's own ZeRO (`LIBRARY`) is a FAIL line naming
 it (`adam_step`, which the lab hands out, is allowed).
@@ -39,11 +42,23 @@ from parlab.grading.labs.lab05_recording import (
     _verdict,
     one_thread,
     recording,
-    same_line,
     tensors_line,
 )
-from parlab.grading.labs.lab05_setup import BATCH2, BATCHES, BUDGET, CFG, LAUNCH, LR, STEPS, K, M, N, buckets_of
-from parlab.grading.labs.lab05_zero3 import lab_forward  # noqa: F401  (printed by the handout)
+from parlab.grading.labs.lab05_setup import (
+    BATCH2,
+    BATCHES1,
+    CFG,
+    CONFIGS,
+    LAUNCH,
+    LR,
+    MAX_NORM,
+    OVERFLOW,
+    STEPS1,
+    K,
+    N,
+    buckets_of,
+)
+from parlab.grading.labs.lab05_zero3 import lab_forward, uses_of  # noqa: F401  (printed by the handout)
 from parlab.schemes.zero.stages import adam_step
 
 # This lab's checks written in other files: the grader looks each one up here, then in these.
@@ -57,29 +72,40 @@ HANDED_OUT = ("schemes/zero/stages.py: adam_step",)  # the lab hands Adam out: c
 THEORY = {"owner_memory": lab05_owners.owner_memory_theory}
 
 STRUCTURAL = {
-    "zero1": "3 ranks, 2 Adam steps of the lab model from each rank's own rows: losses and parameters equal one "
-    "device's; each rank's master weights and Adam m are its [S] slices of one device's, zero-padded to N S "
-    "(S = ceil(Psi/N)); every step changes the model's own parameters; it holds K S bytes of optimizer state; per "
-    "step exactly one reduce-scatter of the padded gradient [N S] and one all-gather of its [S] shard, nothing "
-    "else, every buffer in the model's dtype; no call into parlab's ZeRO",
-    "zero2": "3 ranks, one step of the lab model in 3 micro-batches per rank: each rank's gradient shards equal its "
-    "slices of one device's mean gradient over the global batch, padding zero; no .grad left; at every gradient's "
-    "arrival the rank holds at most the budget in full gradients (live .grad and whatever the object keeps beside "
-    "its shards); every call a reduce-scatter of one bucket's padded gradient [N S_b]: in each micro-batch but the "
-    "last the same buckets, in the order backward completes them, in the last every bucket; the step's "
-    "reduce-scatter payload the least any choice of buckets within the budget allows; no call into parlab's ZeRO",
-    "zero3": "3 ranks, the tied lab model (one block) with every matrix held as [S] shards: each rank's logits and "
-    "gradient shards equal one device's (the tied matrix's gradient from both its uses); forward: one all-gather "
-    "per use of a matrix, in order (the tied one twice); backward: one all-gather per use of a matrix in a product "
-    "and none for the lookup, one reduce-scatter per use; gathered weights dropped after use (at most the largest "
-    "alive, none between forward and backward), nothing but inputs and shards kept for backward; no call into "
-    "parlab's ZeRO",
-    "owner_memory": "the optimizer bytes per rank of flat ZeRO-1 and of the busiest rank under the best per-tensor "
-    "ownership, for a Llama-3-8B-like model with GQA on 64 ranks (K = 12), within 5% of the theory",
-    "owners": "the owners your assignment gives (for the lab model on 3 and 4 ranks and three lists of sizes): "
-    "every tensor owned by one rank, the busiest rank owning as few elements as any assignment allows; 3 ranks, 2 "
-    "LAMB steps of the lab model: parameters equal one device's; each rank holds Adam's m and v of the tensors it "
-    "owns only; per step every collective a reduce to an owner or a broadcast from one, each owner receiving (and "
+    "zero1": "3 ranks, 5 Adam steps of the lab model from each rank's own rows, an inf planted in one rank's gradient "
+    "in step 2 and a NaN in step 4 (each in another rank's shard): every rank returns [True, False, True, False, "
+    "True]; losses and parameters equal one device's recipe (the whole batch's gradient clipped to norm MAX_NORM as "
+    "clip_grad_norm_ does, the overflowed steps skipped as GradScaler skips them: Adam's t counts the steps taken); "
+    "each rank's master weights and Adam m are its [S] slices of one device's, zero-padded to N S (S = "
+    "ceil(Psi/N)); a step taken changes the model's own parameters, a step skipped changes nothing (parameters, "
+    "master, m, v); it holds K S bytes of optimizer state (single numbers aside); per step exactly one "
+    "reduce-scatter of the padded gradient [N S], one all-reduce of one number and, in a step taken, one all-gather "
+    "of its [S] shard, nothing else, every buffer in the model's dtype; no call into parlab's ZeRO",
+    "zero2": "3 ranks, one step of the lab model for each of three (M, budget): (3, 112,000), (2, 130,000), (6, "
+    "76,000), whose best choices differ: each rank's gradient shards equal its slices of one device's mean gradient "
+    "over the global batch, padding zero; no .grad left; at every gradient's arrival the rank holds at most the "
+    "budget in full gradients (live .grad and whatever the object keeps beside its shards); every call a "
+    "reduce-scatter of one bucket's padded gradient [N S_b]: in each micro-batch but the last the same buckets, in "
+    "the order backward completes them, in the last every bucket; the step's reduce-scatter payload the least any "
+    "choice of buckets within the budget allows (the judge's search over every choice, memory replayed gradient by "
+    "gradient); no call into parlab's ZeRO",
+    "zero3": "3 ranks, the tied lab model (one block) with every matrix held as [S] shards and the student's "
+    "Prefetcher shared by every use: each rank's logits and gradient shards equal one device's (the tied matrix's "
+    "gradient from both its uses); forward: one all-gather per use of a matrix, in order (the tied one twice); "
+    "backward: one all-gather per use of a matrix in a product and none for the lookup, one reduce-scatter per use; "
+    "from parlab.core.comm's trace and the times each use's Function ran (forward and backward): each all-gather "
+    "but the first of each phase issued during the previous use's call and waited for during its own; the bytes "
+    "of gathered weights alive as each all-gather returns exactly the matrix just gathered plus the one of the use "
+    "computing (none more); none alive after forward or backward; nothing but inputs and shards kept for "
+    "backward; no call into parlab's ZeRO",
+    "owner_memory": "for a Llama-3-8B-like model with GQA (K = 12), exactly: the optimizer bytes per rank of flat "
+    "ZeRO-1 on 64 ranks, the busiest rank's under the best per-tensor ownership on 64 ranks, and the fewest ranks "
+    "from which more ranks no longer lower the latter (the judge's own search)",
+    "owners": "the owners your assignment gives (for the lab model on 3 and 4 ranks and five lists of sizes, two of "
+    "them where largest-first-to-the-least-loaded is not optimal): every tensor owned by one rank, the busiest rank "
+    "owning as few elements as any assignment allows (the judge's exhaustive search); 3 ranks, 2 LAMB steps of the "
+    "lab model: parameters equal one device's; each rank holds Adam's m and v of the tensors it owns only; per step "
+    "every collective a reduce to an owner or a broadcast from one, in any order, each owner receiving (and "
     "sending) exactly the bytes of the tensors it owns, nothing else; no call into parlab's ZeRO",
 }
 
@@ -121,22 +147,27 @@ def flat_model() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
 
 
 def train_zero1(init_shard, zero1_step, batches) -> dict:
-    """Rank code: ZeRO-1 with your two functions. batches: the global batches, the same list on every rank."""
+    """Rank code: ZeRO-1 with your two functions. batches: the global batches, the same list on every rank. In the
+    steps of OVERFLOW one rank's gradient holds an inf or a NaN (an fp16 overflow, planted here)."""
     P, r = dist.get_world_size(), dist.get_rank()
     model, flat_param, flat_grad = flat_model()
     with library_calls(LIBRARY) as called:
-        state = init_shard(flat_param)  # rank r's master weights, m, v
-    losses, calls, dtypes, moved = [], [], set(), []
+        state = init_shard(flat_param)  # rank r's master weights, m, v (and whatever else you keep)
+    losses, calls, dtypes, stepped, moved = [], [], set(), [], []
     for step, (x, y) in enumerate(batches, start=1):
         flat_grad.zero_()
         x_r, y_r = my_rows(x, y, r, P)  # [B/N, T]
         loss = lab_loss(model(x_r), y_r)  # the mean over this rank's rows
         loss.backward()  # flat_grad <- the gradient of this rank's rows [Psi]
-        model_before, master_before = _params_of(model), state["master"].detach().clone()
+        if step in OVERFLOW and OVERFLOW[step][0] == r:  # this rank's gradient overflowed
+            flat_grad[OVERFLOW[step][1]] = OVERFLOW[step][2]
+        before = [_params_of(model), *(state[k].detach().clone() for k in ("master", "m", "v"))]
         with recording() as seen, library_calls(LIBRARY) as more:
-            zero1_step(flat_param, flat_grad, state, step)
+            took = zero1_step(flat_param, flat_grad, state)
         called += [c for c in more if c not in called]
-        moved.append([not _params_of(model).equal(model_before), not state["master"].equal(master_before)])
+        after = [_params_of(model), *(state[k] for k in ("master", "m", "v"))]
+        moved.append([not a.equal(b) for a, b in zip(after, before, strict=True)])
+        stepped.append(took if isinstance(took, bool) else repr(took)[:40])
         losses.append(loss.item())
         calls.append(seen.calls)
         dtypes |= seen.dtypes
@@ -145,10 +176,11 @@ def train_zero1(init_shard, zero1_step, batches) -> dict:
         "params": {n: p.detach().clone() for n, p in model.named_parameters()},
         "master": state["master"].detach().clone(),
         "m": state["m"].detach().clone(),
-        "held": tensor_bytes(state),
+        "held": tensor_bytes([t for t in _tensors_in(state) if t.numel() > 1]),  # a counter or a flag aside
         "calls": calls,
         "dtypes": sorted(dtypes),
-        "moved": moved,  # per step: [did the model's parameters change, did the master weights change]
+        "stepped": stepped,  # what zero1_step returned in each step
+        "moved": moved,  # per step: did [the model's parameters, master, m, v] change
         "library": list(called),
     }
 
@@ -158,33 +190,43 @@ def _params_of(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def single_device_adam(batches) -> tuple[list[float], dict[str, torch.Tensor], torch.Tensor]:
-    """The reference: one device, the whole batch, Adam on all Psi parameters at once (adam_step is
+def single_device_adam(batches) -> tuple[list[float], dict[str, torch.Tensor], torch.Tensor, list[bool]]:
+    """The reference: one device, the whole batch, torch's recipe on all Psi parameters at once: a step whose
+    gradient is not finite is skipped (GradScaler: the optimizer never sees it), the others clip the gradient to
+    norm MAX_NORM (torch.nn.utils.clip_grad_norm_'s arithmetic) and take Adam's step (adam_step is
     torch.optim.Adam's arithmetic, checked against it in tests/test_zero.py; torch.optim would import
-    torch._dynamo, seconds of this notebook's budget). Returns the loss of each step, the final parameters and
-    Adam's m [Psi]."""
+    torch._dynamo, seconds of this notebook's budget). Returns the loss of each step, the final parameters, Adam's
+    m [Psi] and which steps were taken."""
     model = build_lab_model(CFG, seed=0)
     params = list(model.parameters())
     master = torch.cat([p.detach().reshape(-1) for p in params])  # [Psi]
-    m, v, losses = torch.zeros_like(master), torch.zeros_like(master), []
+    m, v, losses, taken = torch.zeros_like(master), torch.zeros_like(master), [], []
     for step, (x, y) in enumerate(batches, start=1):
         model.zero_grad(set_to_none=True)
         loss = lab_loss(model(x), y)
         loss.backward()
-        adam_step(master, torch.cat([p.grad.reshape(-1) for p in params]), m, v, step, LR)
-        torch.nn.utils.vector_to_parameters(master, params)
         losses.append(loss.item())
-    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}, m
+        grad = torch.cat([p.grad.reshape(-1) for p in params])  # [Psi] the whole batch's
+        if step in OVERFLOW:  # one rank's rows overflowed: so does the whole batch's gradient
+            grad[OVERFLOW[step][1]] = OVERFLOW[step][2]
+        norm = grad.norm()
+        taken.append(bool(torch.isfinite(norm)))
+        if not taken[-1]:
+            continue
+        grad *= torch.clamp(MAX_NORM / (norm + 1e-6), max=1.0)
+        adam_step(master, grad, m, v, sum(taken), LR)  # Adam's t: the steps taken so far
+        torch.nn.utils.vector_to_parameters(master, params)
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}, m, taken
 
 
 def collect_zero1(init_shard, zero1_step) -> dict:
-    return {"ranks": list(parlab.launch(train_zero1, N, init_shard, zero1_step, BATCHES, **LAUNCH))}
+    return {"ranks": list(parlab.launch(train_zero1, N, init_shard, zero1_step, BATCHES1, **LAUNCH))}
 
 
 def judge_zero1(data) -> list[str]:
     ranks = data["ranks"]
     with one_thread():
-        losses, params, m = single_device_adam(BATCHES)
+        losses, params, m, taken = single_device_adam(BATCHES1)
     psi = sum(t.numel() for t in params.values())
     S = -(-psi // N)
     flat = torch.cat([t.reshape(-1) for t in params.values()])
@@ -192,7 +234,12 @@ def judge_zero1(data) -> list[str]:
     lines = [
         library_verdict("zero1", [c for res in ranks for c in res["library"]]),
         _dtype_line(ranks),
-        _moved_line(ranks),
+        _first_wrong(
+            "what zero1_step returned in each step (True: it updated the parameters)",
+            [(f"rank {r}", res["stepped"]) for r, res in enumerate(ranks)],
+            taken,
+        ),
+        _moved_line(ranks, taken),
         _scaled_line(
             "every rank's Adam m: its slice of one device's m, zero-padded",
             [{"m": res["m"]} for res in ranks],
@@ -204,7 +251,7 @@ def judge_zero1(data) -> list[str]:
             [{"the loss of each step": torch.tensor(losses, dtype=torch.float64)}],  # host: the reference
             who=["the mean over ranks"],
         ),
-        tensors_line(f"every rank's parameters after {STEPS} steps", [res["params"] for res in ranks], [params] * N),
+        tensors_line(f"every rank's parameters after {STEPS1} steps", [res["params"] for res in ranks], [params] * N),
         tensors_line(
             "every rank's master weights: its slice of the parameters, zero-padded to N S",
             [{"master": res["master"]} for res in ranks],
@@ -212,43 +259,71 @@ def judge_zero1(data) -> list[str]:
         ),
         _line("optimizer bytes each rank holds (K S)", [res["held"] for res in ranks], [K * S] * N),
     ]
-    per_step = [["reduce_scatter", N * S * 8], ["all_gather", S * 8]]
-    lines.append(_line("collectives [op, payload bytes] of rank 0's steps", ranks[0]["calls"], [per_step] * STEPS))
-    lines.append(same_line([res["calls"] for res in ranks[1:]], [per_step] * STEPS))
+    taken_step = [["reduce_scatter", N * S * 8], ["all_reduce", 8], ["all_gather", S * 8]]
+    per_step = [taken_step if t else taken_step[:2] for t in taken]
+    lines.append(
+        _first_wrong(
+            "collectives [op, payload bytes] of each step",
+            [(f"rank {r}", res["calls"]) for r, res in enumerate(ranks)],
+            per_step,
+        )
+    )
     return lines
 
 
-def _moved_line(ranks: list[dict]) -> str:
-    """Every step changed the model's own parameters; if not, why (the master weights moved, or nothing did)."""
-    replaced = sorted({r for r, res in enumerate(ranks) for model, master in res["moved"] if master and not model})
-    idle = sorted({r for r, res in enumerate(ranks) for model, master in res["moved"] if not master and not model})
-    if replaced:
-        failing = (
-            f"rank(s) {replaced}: the master weights moved but the model's parameters did not: flat_param was "
-            "replaced, not written, so the model never saw the new values"
-        )
-    else:
-        failing = f"rank(s) {idle}: a step changed neither the master weights nor the model's parameters"
-    return _verdict(not (replaced or idle), "every step changed the model's own parameters, on every rank", failing)
+def _first_wrong(what: str, got: list[tuple[str, list]], expected: list) -> str:
+    """One verdict on per-step lists (got: (who, its list)): PASS when every one equals `expected`, else a FAIL
+    line naming the first who and step with what was expected and what came."""
+    for who, items in got:
+        for step, want in enumerate(expected, start=1):
+            have = items[step - 1] if isinstance(items, list) and step <= len(items) else "nothing"
+            if have != want:
+                return f"{what}: {who}, step {step}: expected {want}, received {have}: FAIL"
+        if isinstance(items, list) and len(items) != len(expected):
+            return f"{what}: {who}: expected {len(expected)} steps, received {len(items)}: FAIL"
+    return f"{what}: {expected} on every rank: PASS"
 
 
-def _scaled_line(what: str, got: list, expected: list) -> str:
-    """tensors_line; when every rank's tensors are a multiple of one device's, a FAIL line naming the multiple (N:
-    summed over ranks; M: summed over micro-batches; M N: both)."""
-    line = tensors_line(what, got, expected)
+def _moved_line(ranks: list[dict], taken: list[bool]) -> str:
+    """A step taken changed the model's own parameters and the master weights; a step skipped changed nothing (not
+    the parameters, nor master, m, v)."""
+    what = "every step taken changed the model's own parameters, every step skipped changed nothing, on every rank"
+    names = ["the model's parameters", "master", "m", "v"]
+    for r, res in enumerate(ranks):
+        for step, (changed, took) in enumerate(zip(res["moved"], taken, strict=True), start=1):
+            if took and not changed[0]:
+                why = "the master weights changed but " if changed[1] else ""
+                return (
+                    f"{what}: rank {r}, step {step} (taken): {why}the model's parameters did not change (flat_param "
+                    "must be written in place: the model's parameters are views of it): FAIL"
+                )
+            if not took and any(changed):
+                moved = [n for n, c in zip(names, changed, strict=True) if c]
+                return (
+                    f"{what}: rank {r}, step {step} (skipped): expected nothing changed, received {moved} changed: FAIL"
+                )
+    return f"{what}: PASS"
+
+
+def _scaled_line(what: str, got: list, expected: list, who: list[str] | None = None, micro: list[int] | None = None):
+    """tensors_line; when every entry's tensors are a multiple of one device's, a FAIL line naming the multiple (N:
+    summed over ranks; M: summed over micro-batches; M N: both). micro: each entry's M (part 2)."""
+    line = tensors_line(what, got, expected, who=who)
     if line.endswith(": PASS"):
         return line
     scales = [_scale([g.get(k) for k in e], list(e.values())) for g, e in zip(got, expected, strict=True)]
     if all(_is(c, N) for c in scales):
         return f"{what}: every rank's is N = {N} times one device's (to 0.1%): {SUMMED}: FAIL"
-    if all(_is(c, M) for c in scales):
+    if micro and all(_is(c, M) for c, M in zip(scales, micro, strict=True)):
         return (
-            f"{what}: every rank's is M = {M} times one device's (to 0.1%): the micro-batches' gradients were summed; "
-            "the step's gradient is their mean: FAIL"
+            f"{what}: every rank's is M times one device's (to 0.1%), M the micro-batches of its step: the "
+            "micro-batches' gradients were summed; the step's gradient is their mean: FAIL"
         )
-    if all(_is(c, M * N) for c in scales):
+    if micro and all(_is(c, M * N) for c, M in zip(scales, micro, strict=True)):
         both = "summed over micro-batches and ranks"
-        return f"{what}: every rank's is M N = {M * N} times one device's (to 0.1%): {both}: FAIL"
+        return (
+            f"{what}: every rank's is M N times one device's (to 0.1%), M the micro-batches of its step: {both}: FAIL"
+        )
     return line
 
 
@@ -292,37 +367,44 @@ def _tensors_in(value, depth: int = 0) -> list[torch.Tensor]:
 
 
 def run_zero2(Zero2Accumulate, x, y) -> dict:
-    """Rank code: one step of the lab model in M micro-batches of this rank's rows, with your gradient hooks."""
+    """Rank code: for each (M, budget) of CONFIGS, one step of the lab model (fresh, the same weights) in M
+    micro-batches of this rank's rows, with your gradient hooks."""
     P, r = dist.get_world_size(), dist.get_rank()
-    model = build_lab_model(CFG, seed=0).to(parlab.device())
-    params, names = list(model.parameters()), {id(p): n for n, p in model.named_parameters()}
-    yours, held, micro = [], [], [0]
-
-    def observe(p):  # runs before your hook of the same parameter: what this rank holds as p's gradient lands
-        held.append([_held_gradients(params, yours[0] if yours else None), micro[0], names[id(p)]])
-
-    for p in params:
-        p.register_post_accumulate_grad_hook(observe)
-    with library_calls(LIBRARY) as called:
-        yours.append(Zero2Accumulate(buckets_of(model), M, BUDGET))
     x_r, y_r = my_rows(x, y, r, P)  # [b, T], b = B2/N rows
-    per_micro = []
-    with recording() as seen, library_calls(LIBRARY) as more:
-        for k, (x_k, y_k) in enumerate(zip(x_r.chunk(M), y_r.chunk(M), strict=True)):  # [b/M, T] each
-            micro[0] = yours[0].micro_batch = k
-            start = len(seen.calls)
-            lab_loss(model(x_k), y_k).backward()  # the mean over this micro-batch's rows
-            per_micro.append(seen.calls[start:])
-    most = max(nbytes for nbytes, _, _ in held)
-    peak = next(h for h in held if h[0] == most)  # the first moment the rank held the most
-    return {
-        "shards": [s.detach().clone() for s in yours[0].shards],
-        "calls": per_micro,
-        "dtypes": sorted(seen.dtypes),
-        "grads_after": tensor_bytes([p.grad for p in params if p.grad is not None]),
-        "peak": peak,  # [bytes, micro-batch, the parameter whose gradient had just landed]
-        "library": [*called, *(c for c in more if c not in called)],
-    }
+    out, called = [], []
+    for M, budget in CONFIGS:
+        model = build_lab_model(CFG, seed=0).to(parlab.device())
+        params, names = list(model.parameters()), {id(p): n for n, p in model.named_parameters()}
+        yours, held, micro = [], [], [0]
+
+        def observe(p, yours=yours, held=held, micro=micro, params=params, names=names):
+            # runs before your hook of the same parameter: what this rank holds as p's gradient lands
+            held.append([_held_gradients(params, yours[0] if yours else None), micro[0], names[id(p)]])
+
+        for p in params:
+            p.register_post_accumulate_grad_hook(observe)
+        with library_calls(LIBRARY) as more:
+            yours.append(Zero2Accumulate(buckets_of(model), M, budget))
+        called += [c for c in more if c not in called]
+        per_micro = []
+        with recording() as seen, library_calls(LIBRARY) as more:
+            for k, (x_k, y_k) in enumerate(zip(x_r.chunk(M), y_r.chunk(M), strict=True)):  # [b/M, T] each
+                micro[0] = yours[0].micro_batch = k
+                start = len(seen.calls)
+                lab_loss(model(x_k), y_k).backward()  # the mean over this micro-batch's rows
+                per_micro.append(seen.calls[start:])
+        called += [c for c in more if c not in called]
+        most = max(nbytes for nbytes, _, _ in held)
+        out.append(
+            {
+                "shards": [s.detach().clone() for s in yours[0].shards],
+                "calls": per_micro,
+                "dtypes": sorted(seen.dtypes),
+                "grads_after": tensor_bytes([p.grad for p in params if p.grad is not None]),
+                "peak": next(h for h in held if h[0] == most),  # [bytes, micro-batch, the gradient that had landed]
+            }
+        )
+    return {"configs": out, "library": called}
 
 
 def collect_zero2(Zero2Accumulate) -> dict:
@@ -368,9 +450,10 @@ def held_peak(order: list[int], sizes: list[int], bucket_of: list[int], resident
     return peak
 
 
-def best_choices(order, sizes, bucket_of, payloads: list[int], budget: int) -> tuple[int, list[set[int]]]:
-    """The least reduce-scatter payload of a step within the budget (bytes of float64 full gradients), and every
-    set of resident buckets that reaches it. A resident bucket is reduced once per step, the others M times."""
+def best_choices(order, sizes, bucket_of, payloads: list[int], budget: int, M: int) -> tuple[int, list[set[int]]]:
+    """The least reduce-scatter payload of a step of M micro-batches within the budget (bytes of float64 full
+    gradients), and every set of resident buckets that reaches it. A resident bucket is reduced once per step, the
+    others M times."""
     best, sets = None, []
     for n in range(len(payloads) + 1):
         for chosen in itertools.combinations(range(len(payloads)), n):
@@ -383,6 +466,10 @@ def best_choices(order, sizes, bucket_of, payloads: list[int], budget: int) -> t
             elif cost == best:
                 sets.append(resident)
     return best, sets
+
+
+def _config(M: int, budget: int) -> str:
+    return f"M = {M}, budget {budget:,}"
 
 
 def judge_zero2(data) -> list[str]:
@@ -402,54 +489,97 @@ def judge_zero2(data) -> list[str]:
                 completed.append(bucket_of[i])
     numels = [sum(p.numel() for p in bucket) for bucket in buckets]  # Psi_b
     payloads = [8 * N * -(-n // N) for n in numels]  # a reduce-scatter's input [N S_b], float64
-    least, choices = best_choices(arrivals, sizes, bucket_of, payloads, BUDGET)
     named = bucket_names(model)
-    expected = [
-        {named[b]: _shard(torch.cat([p.grad.reshape(-1) for p in bucket]), r, N) for b, bucket in enumerate(buckets)}
-        for r in range(N)
-    ]
-    got = [dict(zip(named, res["shards"], strict=False)) for res in ranks]
-    total = [sum(nbytes for micro in res["calls"] for _, nbytes, *_ in micro) for res in ranks]
-    return [
+    expected = {
+        named[b]: torch.cat([p.grad.reshape(-1) for p in bucket]) for b, bucket in enumerate(buckets)
+    }  # the mean gradient, the same whatever M
+    got, want, who, micro = [], [], [], []
+    for c, (M, budget) in enumerate(CONFIGS):
+        for r, res in enumerate(ranks):
+            got.append(dict(zip(named, res["configs"][c]["shards"], strict=False)))
+            want.append({n: _shard(g, r, N) for n, g in expected.items()})
+            who.append(f"{_config(M, budget)}, rank {r}")
+            micro.append(M)
+    lines = [
         library_verdict("zero2", [c for res in ranks for c in res["library"]]),
-        _dtype_line(ranks),
-        _scaled_line("every rank's gradient shards: its slices of the mean gradient, zero-padded", got, expected),
-        _verdict(
-            not any(res["grads_after"] for res in ranks),
-            "no parameter has a .grad after the last backward, on any rank",
-            f"bytes of .grad still on the parameters after the last backward, per rank: "
-            f"{[res['grads_after'] for res in ranks]}: the full gradients outlive their reduce-scatter",
-        ),
-        _budget_line(ranks),
-        _pattern_line(ranks[0]["calls"], [payloads[b] for b in completed]),
-        _verdict(
-            total[0] == least,
-            "reduce-scatter payload of rank 0's step: the least any choice of buckets within the budget allows",
-            f"reduce-scatter payload of rank 0's step: measured {total[0]:,} bytes; the least any choice of buckets "
-            f"within the budget allows: {least:,}",
-        ),
-        same_line(
-            [res["calls"] for res in ranks[1:]], ranks[0]["calls"], f"ranks 1-{N - 1}: the same collectives as rank 0"
+        _dtype_line([{"dtypes": sorted({d for c in res["configs"] for d in c["dtypes"]})} for res in ranks]),
+        _scaled_line(
+            "every rank's gradient shards: its slices of the mean gradient, zero-padded", got, want, who, micro
         ),
     ]
+    left = [
+        (f"{_config(M, budget)}, rank {r}", res["configs"][c]["grads_after"])
+        for c, (M, budget) in enumerate(CONFIGS)
+        for r, res in enumerate(ranks)
+        if res["configs"][c]["grads_after"]
+    ]
+    lines.append(
+        _verdict(
+            not left,
+            "no parameter has a .grad after the last backward, on any rank",
+            f"{left[0][0]}: expected no .grad after the last backward, received {left[0][1]:,} bytes of .grad"
+            if left
+            else "",
+        )
+    )
+    lines.append(_budget_line(ranks))
+    pattern, least_wrong, same = [], [], []
+    for c, (M, budget) in enumerate(CONFIGS):
+        mine = ranks[0]["configs"][c]
+        line = _pattern_line(mine["calls"], [payloads[b] for b in completed], M)
+        if line.endswith(": FAIL") and not pattern:
+            pattern.append(f"{_config(M, budget)}: {line}")
+        least, _ = best_choices(arrivals, sizes, bucket_of, payloads, budget, M)
+        total = sum(nbytes for calls in mine["calls"] for _, nbytes, *_ in calls)
+        if total != least and not least_wrong:
+            least_wrong.append(
+                f"{_config(M, budget)}: measured {total:,} bytes; the least any choice of buckets within the budget "
+                f"allows: {least:,}"
+            )
+        for r, res in enumerate(ranks[1:], start=1):
+            if res["configs"][c]["calls"] != mine["calls"] and not same:
+                same.append(
+                    f"{_config(M, budget)}: rank {r}: expected {mine['calls']}, received {res['configs'][c]['calls']}"
+                )
+    what = "rank 0's reduce-scatters: one per bucket, in the order backward completes them"
+    lines += [
+        pattern[0]
+        if pattern
+        else f"{what}; the same buckets in each micro-batch but the last, every bucket in the last, for every (M, "
+        "budget): PASS",
+        _verdict(
+            not least_wrong,
+            "reduce-scatter payload of rank 0's step, for every (M, budget): the least any choice of buckets within "
+            "the budget allows",
+            f"reduce-scatter payload of rank 0's step: {least_wrong[0] if least_wrong else ''}",
+        ),
+        _verdict(
+            not same, f"ranks 1-{N - 1}: the same collectives as rank 0", f"ranks 1-{N - 1}: {same[0] if same else ''}"
+        ),
+    ]
+    return lines
 
 
 def _budget_line(ranks: list[dict]) -> str:
-    over = [(r, res["peak"]) for r, res in enumerate(ranks) if res["peak"][0] > BUDGET]
-    if not over:
-        return f"full gradients each rank holds as each gradient lands: at most the budget {BUDGET:,} bytes: PASS"
-    r, (nbytes, micro, name) = over[0]
-    return (
-        f"full gradients each rank holds as each gradient lands: rank {r} held {nbytes:,} bytes when {name}'s "
-        f"gradient landed in micro-batch {micro}; the budget is {BUDGET:,}: FAIL"
-    )
+    what = "full gradients each rank holds as each gradient lands: at most the budget"
+    for c, (M, budget) in enumerate(CONFIGS):
+        for r, res in enumerate(ranks):
+            nbytes, micro, name = res["configs"][c]["peak"]
+            if nbytes > budget:
+                return (
+                    f"{what}: {_config(M, budget)}: rank {r} held {nbytes:,} bytes when {name}'s gradient landed in "
+                    f"micro-batch {micro}: FAIL"
+                )
+    return f"{what}, for every (M, budget): PASS"
 
 
-def _pattern_line(calls: list[list], everything: list[int]) -> str:
+def _pattern_line(calls: list[list], everything: list[int], M: int) -> str:
     """Rank 0's reduce-scatters per micro-batch: the same buckets in every micro-batch but the last, some of the
     buckets in the order backward completes them; every bucket, in that order, in the last."""
     what = "rank 0's reduce-scatters: one per bucket, in the order backward completes them"
     first = [nbytes for _, nbytes, *_ in calls[0]] if calls else []
+    if len(calls) != M:
+        return f"{what}: expected {M} micro-batches, received {len(calls)}: FAIL"
     for k, micro in enumerate(calls):
         others = sorted({op for op, *_ in micro} - {"reduce_scatter"})
         got, last = [nbytes for _, nbytes, *_ in micro], k == len(calls) - 1
@@ -461,7 +591,7 @@ def _pattern_line(calls: list[list], everything: list[int]) -> str:
             return f"{what}: micro-batch {k}: expected payloads among {everything}, in that order, received {got}: FAIL"
         if not last and got != first:
             return f"{what}: micro-batch {k}: expected the buckets of micro-batch 0 {first}, received {got}: FAIL"
-    return f"{what}; the same buckets in each micro-batch but the last, every bucket in the last: PASS"
+    return f"{what}: PASS"
 
 
 def _subsequence(part: list, whole: list) -> bool:
