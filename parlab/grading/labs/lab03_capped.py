@@ -12,6 +12,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from parlab.grading.labs.guard import library_calls, library_line
+from parlab.grading.labs.lab03_setup import LIBRARY
 from parlab.schemes.pipeline.actions import Action, Schedule
 from parlab.schemes.pipeline.schedules import ScheduleError, bubble, peak_inflight, validate
 
@@ -38,7 +39,6 @@ def _plain_orders(orders, p: int) -> list[list[list]]:
 
 
 def collect_capped(capped_orders) -> dict:
-    from parlab.grading.labs.lab03_pipeline_1f1b import LIBRARY  # the lab's one list (its main module)
 
     out = {}
     with library_calls(LIBRARY) as called:

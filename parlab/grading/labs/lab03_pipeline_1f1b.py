@@ -20,6 +20,7 @@ from parlab.core import probe
 from parlab.core.check import compare
 from parlab.grading.labs import error_summary, lab03_capped, lab03_zero_bubble, run_check
 from parlab.grading.labs.guard import library_calls, library_line
+from parlab.grading.labs.lab03_setup import LIBRARY
 from parlab.schemes.pipeline.actions import Action, Schedule
 from parlab.schemes.pipeline.schedules import make_schedule, messages
 
@@ -29,12 +30,6 @@ PARTS = (lab03_capped, lab03_zero_bubble)
 # What no answer may call (parlab/grading/labs/guard.py): the schedules (their simulator and message lists too), the
 # executor and the lesson's helpers. parlab/schemes/pipeline/actions.py (Action, Schedule: the notation, with
 # stage() and rank_of()) is handed out.
-LIBRARY = (
-    "schemes/pipeline/schedules.py",
-    "schemes/pipeline/schedules_v.py",
-    "schemes/pipeline/executor.py",
-    "lessons/pipeline.py",
-)
 
 # The predictions' theory, one function per PREDICT cell: what its judge scores against.
 THEORY = {"capped_bubble": lab03_capped.capped_theory}

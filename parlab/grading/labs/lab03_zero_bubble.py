@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from parlab.core.check import compare
 from parlab.core.lab_model import LabConfig, build_lab_model
 from parlab.grading.labs.guard import library_calls, library_line
+from parlab.grading.labs.lab03_setup import LIBRARY
 from parlab.schemes.pipeline.schedules import zero_bubble_h1
 
 ZB_CFG = LabConfig()  # the lab model: H = 32, F = 64 (SwiGLU width), float64
@@ -126,7 +127,6 @@ def _storages(*tensors) -> set[int]:
 
 
 def collect_zero_bubble(stage_class) -> dict:
-    from parlab.grading.labs.lab03_pipeline_1f1b import LIBRARY  # the lab's one list (its main module)
 
     problem, out, orders = zero_bubble_problem(), {}, zero_bubble_orders()
     with library_calls(LIBRARY) as called:

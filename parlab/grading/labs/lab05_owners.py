@@ -18,7 +18,7 @@ from parlab.core.lab_model import build_lab_model, lab_loss
 from parlab.grading.labs import prediction_lines
 from parlab.grading.labs.guard import library_calls
 from parlab.grading.labs.lab05_recording import _dtype_line, one_thread, recording, tensors_line
-from parlab.grading.labs.lab05_setup import BATCHES, CFG, LAUNCH, LR, STEPS, N, lamb_step
+from parlab.grading.labs.lab05_setup import BATCHES, CFG, LAUNCH, LIBRARY, LR, STEPS, N, lamb_step, library_verdict
 
 # ----------------------------------------------------------------------------------- the best busiest rank
 
@@ -213,7 +213,6 @@ def _tensors_of(value, depth: int = 0) -> list[torch.Tensor]:
 
 
 def collect_owners(assign_owners, init_owned, owner_step) -> dict:
-    from parlab.grading.labs.lab05_zero import LIBRARY
 
     cases = {}
     with library_calls(LIBRARY) as called:
@@ -242,7 +241,6 @@ def single_device_lamb(batches) -> dict[str, torch.Tensor]:
 
 
 def judge_owners(data) -> list[str]:
-    from parlab.grading.labs.lab05_zero import library_verdict
 
     ranks = data["ranks"]
     numels = lab_numels()

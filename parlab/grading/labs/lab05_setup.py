@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 from parlab.core.lab_model import LabConfig, LabModel, lab_batches
+from parlab.grading.labs.guard import library_line
 
 LAUNCH = {"timeout": 60, "echo": False}  # a hang (a collective some rank never calls) stops after 60 s
 N = 3  # ranks: the lab model's Psi = 22,688 is not a multiple of 3, nor is any bucket's or matrix's size
@@ -64,3 +65,15 @@ def lamb_step(param, grad, m, v, step: int, lr: float = LR, betas=(0.9, 0.999), 
     p_norm, u_norm = param.norm(), u.norm()
     ratio = p_norm / u_norm if p_norm > 0 and u_norm > 0 else torch.ones((), dtype=param.dtype, device=param.device)
     param.sub_(lr * ratio * u)
+
+
+# What no part may call: parlab's ZeRO code (parlab/grading/labs/guard.py), the handed-out Adam aside.
+LIBRARY = ("schemes/zero/", "lessons/zero.py", "runs/zero.py", "schemes/hybrid/stage.py")
+HANDED_OUT = ("schemes/zero/stages.py: adam_step",)  # the lab hands Adam out: calling it is allowed
+
+
+def library_verdict(what: str, called: list[str]) -> str:
+    """The guard's verdict: no call into parlab's ZeRO (the handed-out Adam aside; a function's inner
+    comprehensions are not named beside it)."""
+    named = [c for c in called if c not in HANDED_OUT and "<" not in c]
+    return library_line(what, named or [c for c in called if c not in HANDED_OUT], "parlab's ZeRO code")

@@ -30,7 +30,7 @@ import parlab
 from parlab.core.lab_model import build_lab_model, lab_loss
 from parlab.core.memory import tensor_bytes
 from parlab.grading.labs import lab05_owners, lab05_zero3, run_check
-from parlab.grading.labs.guard import library_calls, library_line
+from parlab.grading.labs.guard import library_calls
 from parlab.grading.labs.lab05_owners import train_owners  # noqa: F401  (printed by the handout)
 from parlab.grading.labs.lab05_recording import (
     SUMMED,
@@ -50,6 +50,7 @@ from parlab.grading.labs.lab05_setup import (
     CFG,
     CONFIGS,
     LAUNCH,
+    LIBRARY,
     LR,
     MAX_NORM,
     OVERFLOW,
@@ -57,6 +58,7 @@ from parlab.grading.labs.lab05_setup import (
     K,
     N,
     buckets_of,
+    library_verdict,
 )
 from parlab.grading.labs.lab05_zero3 import lab_forward, uses_of  # noqa: F401  (printed by the handout)
 from parlab.schemes.zero.stages import adam_step
@@ -65,8 +67,6 @@ from parlab.schemes.zero.stages import adam_step
 PARTS = (lab05_zero3, lab05_owners)
 
 # parlab's own ZeRO (parlab/grading/labs/guard.py): the scheme, its lesson helpers and run, the pipeline's ZeRO.
-LIBRARY = ("schemes/zero/", "lessons/zero.py", "runs/zero.py", "schemes/hybrid/stage.py")
-HANDED_OUT = ("schemes/zero/stages.py: adam_step",)  # the lab hands Adam out: calling it is allowed
 
 # The predictions' theory, one home: each judge scores against these functions.
 THEORY = {"owner_memory": lab05_owners.owner_memory_theory}
@@ -113,13 +113,6 @@ STRUCTURAL = {
 def run(check: str, *answers) -> None:
     """A check cell: see parlab.grading."""
     run_check(__name__, check, *answers)
-
-
-def library_verdict(what: str, called: list[str]) -> str:
-    """The guard's verdict: no call into parlab's ZeRO (the handed-out Adam aside; a function's inner
-    comprehensions are not named beside it)."""
-    named = [c for c in called if c not in HANDED_OUT and "<" not in c]
-    return library_line(what, named or [c for c in called if c not in HANDED_OUT], "parlab's ZeRO code")
 
 
 def my_rows(x: torch.Tensor, y: torch.Tensor, r: int, P: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,7 +36,7 @@ from parlab.grading.labs.lab05_recording import (
     same_line,
     tensors_line,
 )
-from parlab.grading.labs.lab05_setup import B3, BATCH3, CFG3, LAUNCH, N
+from parlab.grading.labs.lab05_setup import B3, BATCH3, CFG3, LAUNCH, LIBRARY, N, library_verdict
 
 
 def uses_of(cfg=CFG3) -> list[str]:
@@ -153,7 +153,6 @@ def run_zero3(Prefetcher, Zero3Linear, Zero3Embedding, library: tuple) -> dict:
 
 
 def collect_zero3(Prefetcher, Zero3Linear, Zero3Embedding) -> dict:
-    from parlab.grading.labs.lab05_zero import LIBRARY
 
     ranks = parlab.launch(run_zero3, N, Prefetcher, Zero3Linear, Zero3Embedding, LIBRARY, **LAUNCH)
     return {"ranks": list(ranks)}
@@ -219,7 +218,6 @@ def reference_step() -> tuple[torch.Tensor, dict[str, torch.Tensor], list]:
 
 
 def judge_zero3(data) -> list[str]:
-    from parlab.grading.labs.lab05_zero import library_verdict
 
     ranks = data["ranks"]
     with one_thread():
