@@ -459,7 +459,7 @@ def tp_rank(reshard, root: str, library: tuple) -> dict:
             reads.setdefault(name, []).append((int(q), int(start), int(stop)))
             if q not in files:  # memory-mapped: only the bytes asked for are read
                 files[q] = torch.load(folder / f"rank{int(q)}.pt", mmap=True, weights_only=True)
-            return files[q][name][start - a : stop - a].clone()  # [stop - start]
+            return files[q][name][start - a : stop - a].clone()  # host: [stop - start] from the file, as a loader reads
 
     with library_calls(library) as called:
         for name, entry in meta["tensors"].items():
