@@ -15,5 +15,5 @@ def reshard(pieces, shape, box, read):
         a, b = piece["flat"]
         x, y = max(a, lo), min(b, hi)
         if x < y:
-            out[x - lo : y - lo] = read(piece["rank"])[x - a : y - a]
+            out[x - lo : y - lo] = read(piece["rank"], x, y)
     return out.view(end - first, *shape[1:])
