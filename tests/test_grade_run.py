@@ -125,13 +125,14 @@ while True:  # (asleep rather than spinning: a spinning cell would take a core f
 """
 
 LIBRARY_ALL_REDUCE = """
-def reduce_scatter_phase(chunks):
+def reduce_scatter_phase(chunks, ring):
     P, r = dist.get_world_size(), dist.get_rank()
+    m = ring.index(r)
     x = torch.cat(chunks)
     dist.all_reduce(x)  # the library's all-reduce ...
     for s in range(P - 1):  # ... and padding traffic of the ring's sizes, on the ring
-        incoming = torch.empty_like(chunks[(r - s - 1) % P])
-        comm.wait_all([comm.isend(chunks[(r - s) % P], (r + 1) % P), comm.irecv(incoming, (r - 1) % P)])
+        incoming = torch.empty_like(chunks[ring[(m - s - 2) % P]])
+        comm.wait_all([comm.isend(chunks[ring[(m - s - 1) % P]], ring[(m + 1) % P]), comm.irecv(incoming, ring[m - 1])])
     for chunk, total in zip(chunks, x.tensor_split(P)):
         chunk.copy_(total)
 """
@@ -151,11 +152,12 @@ def bidirectional_all_reduce(x):
 """
 
 SIZE_MISMATCH = """
-def reduce_scatter_phase(chunks):
+def reduce_scatter_phase(chunks, ring):
     P, r = dist.get_world_size(), dist.get_rank()
-    right, left = (r + 1) % P, (r - 1) % P
+    m = ring.index(r)
+    right, left = ring[(m + 1) % P], ring[(m - 1) % P]
     for s in range(P - 1):
-        send, recv = (r - s) % P, (r - s - 1) % P
+        send, recv = ring[(m - s - 1) % P], ring[(m - s - 2) % P]
         incoming = torch.empty_like(chunks[recv])
         message = torch.cat([chunks[send], chunks[send]]) if r == 0 else chunks[send]  # rank 0 sends twice too much
         comm.wait_all([comm.isend(message, right), comm.irecv(incoming, left)])

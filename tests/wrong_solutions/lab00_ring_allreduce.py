@@ -3,7 +3,7 @@
 # solution's). The bug: the counter-clockwise ring reuses the clockwise ring's chunk indices (send chunk r-1-s) and
 # only turns the direction round. Its halves then start one rank too far and finish on rank c+2 instead of c; the
 # all-gather passes on partial sums. The clockwise ring and every neighbour are right: the FAIL line names the
-# first message of the counter-clockwise ring that carries the wrong half.
+# first message of the counter-clockwise ring that is not a sum over the ranks that ring has passed, and what it held.
 # EXPECT FAIL: bidirectional
 
 # ANSWER: bidirectional

@@ -1,8 +1,8 @@
 # ruff: noqa
 # A wrong answer to labs/lab00_ring_allreduce.ipynb (tests/test_grade_run.py grades it; the other answers are the
 # solution's). The bug: in the doubling phase the partner's block is always put after this rank's own, even when the
-# partner is the lower rank and its block comes first. The halving phase and every partner are right; half the
-# finished blocks land in the wrong place, and the wrong blocks travel on.
+# partner is the lower rank and its block comes first. The halving phase and every partner are right, and every
+# message is whole finished chunks; but half the finished blocks land in the wrong place, and the sum comes out wrong.
 # EXPECT FAIL: halving_doubling
 
 # ANSWER: halving_doubling

@@ -6,11 +6,12 @@
 # EXPECT FAIL: reduce_scatter
 
 # ANSWER: reduce_scatter
-def reduce_scatter_phase(chunks: list[torch.Tensor]) -> None:
+def reduce_scatter_phase(chunks: list[torch.Tensor], ring: list[int]) -> None:
     P, r = dist.get_world_size(), dist.get_rank()
-    right, left = (r + 1) % P, (r - 1) % P
+    m = ring.index(r)
+    right, left = ring[(m + 1) % P], ring[(m - 1) % P]
     for s in range(P - 1):
-        send, recv = (r - 1 - s) % P, (r - 2 - s) % P
+        send, recv = ring[(m - 1 - s) % P], ring[(m - 2 - s) % P]
         incoming = torch.empty_like(chunks[send])
         comm.wait_all([comm.isend(chunks[send], right), comm.irecv(incoming, left)])
         chunks[recv] += incoming

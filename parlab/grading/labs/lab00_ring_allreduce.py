@@ -1,23 +1,26 @@
-"""Lab 00's checks: a ring reduce-scatter, a bidirectional ring all-reduce, a hierarchical (2D) all-reduce on nodes,
-a prediction of the bytes that cross between nodes, and recursive halving/doubling, on live ranks (see
-parlab/grading/__init__.py for the scheme).
+"""Lab 00's checks: a ring reduce-scatter over a given ring order, a bidirectional ring all-reduce, an all-reduce
+across nodes designed for the fewest bytes between them, a prediction of what a flat ring sends between nodes, and
+recursive halving/doubling, on live ranks (see parlab/grading/__init__.py for the scheme).
 
 Beyond "every rank holds the right sum", each check verifies from what the ranks handed to torch.distributed
-(parlab.core.probe) that the sum was computed by the student's own messages: who sent to whom, in which order,
-which partial sums they carried, how many bytes; for the bidirectional ring, from parlab.core.comm's trace, that the
-two directions were in flight together. Calls into the library's ring (parlab/schemes/collectives.py, lesson 00's
-helpers) or into this module are seen too (parlab/grading/labs/guard.py).
-
-The expected messages are computed here from the inputs alone, by following each piece of data round its ring
-(`Piece`: a value and the ranks summed into it), never by running an all-reduce. A FAIL line names the first wrong
-item: the rank, its message, what was expected (e.g. "chunk 2 summed over ranks [0, 1]") and what came (which
-partial sum it matches, if any).
+(parlab.core.probe) that the sum was computed by the student's own messages. The rings and halving/doubling are
+checked message by message against *properties*, not against a schedule written out here: every message a rank
+sends must be a partial sum of a piece of x over exactly the ranks its algorithm has combined by then (the ranks
+before it on its ring; itself and what its partners had), of whole pieces, to the right rank, and the pieces must
+finish where the task says. Which piece goes when is the student's to work out: a FAIL line says which message is
+wrong, what it should be a sum over, and what it held (which piece, summed over which ranks), never which piece or
+partner was due. The all-reduce across nodes is a design: it is checked against the least bytes between nodes any
+all-reduce can send, the least any all-reduce can put on the busiest network port, and a cap inside the nodes.
+Calls into the library's ring (parlab/schemes/collectives.py, lesson 00's helpers) or into this module are seen too
+(parlab/grading/labs/guard.py).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -30,40 +33,47 @@ from parlab.grading.labs import prediction_lines, run_check
 from parlab.grading.labs.guard import library_calls, library_line
 
 LAUNCH = {"timeout": 60, "echo": False}  # a hang (a send nobody receives) is diagnosed in ~2 s; 60 s stops the rest
-# What the answers must not call: the library's ring and lesson 00's helpers, and this module (its expected messages).
+# What the answers must not call: the library's ring and lesson 00's helpers, and this module.
 LIBRARY = ("schemes/collectives.py", "lessons/collectives.py", "grading/labs/lab00_ring_allreduce.py")
-P, NUMEL = 4, 1000  # the reduce-scatter's first case: 4 ranks, chunks of 250
-UNEVEN = (3, 10)  # its second case, and the bidirectional ring's: chunks of 4, 3, 3 elements
-BIDIRECTIONAL_CASES = [(4, 1000), UNEVEN]
-NODE_LAYOUTS = {  # name: (nodes, N); nodes[g] = the global ranks of node g, its local ranks in that order
+# Part 1: (the ring, N): ring[m] sends to ring[m+1]; uneven chunks in the last two (4, 3, 3 and 3, 3, 3, 2, 2).
+RING_CASES = [([0, 2, 3, 1], 1000), ([2, 1, 0], 10), ([3, 0, 4, 2, 1], 13)]
+BIDIRECTIONAL_CASES = [(4, 1000), (3, 10), (2, 12)]  # (P, N); on 2 ranks both neighbours are the same rank
+NODE_LAYOUTS = {  # name: (nodes, N); nodes[g] = the global ranks of node g
     "2 nodes x 2 ranks": ([[0, 1], [2, 3]], 1000),
-    "2 nodes x 3 ranks": ([[0, 1, 2], [3, 4, 5]], 1000),
-    "3 nodes x 2 ranks, ranks dealt round-robin": ([[0, 3], [1, 4], [2, 5]], 10),
+    "3 nodes x 2 ranks, dealt round-robin": ([[0, 3], [1, 4], [2, 5]], 12),
+    "nodes of 3 and 2 ranks, dealt round-robin": ([[0, 2, 4], [1, 3]], 10),
 }
-PREDICTED_NODES, PREDICTED_NUMEL = [[0, 1, 2, 3], [4, 5, 6, 7]], 1200  # the prediction: 2 nodes x 4 ranks, float64
-HALVING_CASES = [(4, 1000), (8, 1000)]  # (P, N): P a power of two
+# The prediction: 8 ranks dealt round-robin over 2 nodes, N = 1203 float64 (chunks of 151 and 150), two rings.
+PREDICTED_NODES, PREDICTED_NUMEL = [[0, 2, 4, 6], [1, 3, 5, 7]], 1203
+PREDICTED_RINGS = {"rank_order": [0, 1, 2, 3, 4, 5, 6, 7], "node_order": [0, 2, 4, 6, 1, 3, 5, 7]}
+HALVING_CASES = [(4, 1000), (8, 1000)]  # (P, N): P a power of two, N a multiple of P
 
 STRUCTURAL = {
-    "reduce_scatter": "P=4, N=1000 and P=3, N=10 (chunks of 4, 3, 3): rank r ends with the sum of chunk r; every "
-    "rank sends P-1 messages, only to its right neighbour, receives P-1 only from its left, and each message is the "
-    "partial sum the ring carries at that step; bytes per rank; no library collective, no call into the library's ring",
-    "bidirectional": "P=4 and P=3 with uneven halves: the sum on every rank; 2(P-1) messages to each neighbour, the "
-    "first halves of the chunks on the clockwise ring and the second halves on the counter-clockwise one, each the "
-    "partial sum or finished half that ring carries at that step; at every step both directions in flight together "
-    "(parlab.core.comm's trace: every transfer of the step issued before any was waited for); bytes each way",
-    "hierarchical": "three node layouts (2x2, 2x3, and 3x2 with ranks dealt round-robin over the nodes, N=10): the "
-    "sum on every rank; each rank's sends and receives in order: L-1 to its node's next rank, 2(G-1) to the same "
-    "local rank of the next node, L-1 to its node's next rank; each message the partial sum or finished piece of the "
-    "intra-node reduce-scatter, the inter-node ring all-reduce of the rank's chunk and the intra-node all-gather; "
-    "bytes each rank sends to other nodes; no library collective or library ring",
-    "cross_node_bytes": "the three predicted byte counts (2 nodes x 4 ranks, N=1200 float64: what node 0 sends to "
-    "node 1 in part 1's flat ring and in the hierarchical all-reduce, and the most one rank of node 0 sends there) "
-    "equal the counts of the messages those algorithms must send (exactly); the student's own hierarchical "
-    "all-reduce measured beside them (shown, not scored)",
-    "halving_doubling": "log2 P exchanges per phase, each with a single partner (the same rank sends to and "
-    "receives from), message sizes halving then doubling, each message the partial sum or finished block that "
-    "recursive halving/doubling carries at that step when rank r ends the first phase with chunk r; no library "
-    "collective or library code; bytes per rank 2(P-1)/P x N; P=4 and P=8",
+    "reduce_scatter": "rings [0, 2, 3, 1] (N=1000), [2, 1, 0] (N=10: chunks 4, 3, 3) and [3, 0, 4, 2, 1] (N=13): "
+    "rank r ends with the sum of chunk r (indexed by rank, not by place on the ring); every rank sends P-1 messages, "
+    "only to the next rank of the ring, receives P-1 only from the previous one, and its k-th message is one whole "
+    "chunk summed over exactly itself and the k ranks before it on the ring; bytes per rank; no library collective, "
+    "no call into the library's ring or this module",
+    "bidirectional": "P=4, P=3 (uneven halves) and P=2 (both neighbours the same rank, told apart only by the order "
+    "of posting): the sum on every rank; 2(P-1) messages each way: to r+1 halves 0, each summed over r, r-1, ... "
+    "in the reduce-scatter, to r-1 halves 1, summed over r, r+1, ...; then finished halves, the first of each ring "
+    "the rank's own chunk's (both halves of chunk c finish on rank c); at every step both directions in flight "
+    "together (parlab.core.comm's trace: a step's four transfers all issued before any is waited for); bytes",
+    "hierarchical": "three node layouts (2x2; 3 nodes of 2 dealt round-robin; nodes of 3 and 2 dealt round-robin, "
+    "where local ranks do not pair up): the sum on every rank; the bytes sent between nodes, all nodes together, "
+    "equal to the least any all-reduce needs (2(G-1) N elements: every element must reach each of G nodes and be "
+    "reduced from them); the busiest rank's bytes to and from other nodes equal to the least possible (the G=2 "
+    "lower bound ceil(N / smallest node), or 2(G-1)N / (G L) for equal nodes); inside each node no rank sends more "
+    "than a ring all-reduce of the node would, 2(L-1) ceil(N/L) elements; no library collective or library ring",
+    "cross_node_bytes": "the two predicted byte counts (a flat ring all-reduce, part 1's reduce-scatter then the "
+    "all-gather round the same ring, on 8 ranks dealt round-robin over 2 nodes, N=1203 float64: what node 0 sends "
+    "to node 1 with the ring in rank order and in node order) equal the counts of the messages those rings must "
+    "send (exactly); the student's own reduce-scatter measured on both rings (shown once the predictions are right)",
+    "halving_doubling": "P=4 and P=8: the sum on every rank; 2 log2 P exchanges, each one isend and one irecv with "
+    "the same partner, partners paired both ways, the doubling partners the halving ones in reverse, no two partners "
+    "that have summed a rank in common; in halving step k every message is P/2^(k+1) whole chunks, each summed over "
+    "exactly the ranks combined so far, in doubling step k 2^k finished chunks, the first one the rank's own chunk r "
+    "(chunk r finished on rank r after halving); bytes per rank 2(P-1)/P x N; no library collective or library code",
 }
 
 
@@ -78,166 +88,73 @@ def rank_input(rank: int, numel: int, dtype: torch.dtype = torch.float64) -> tor
     return x.to(dtype)
 
 
-# ------------------------------------------------------------------------ what each ring must carry, by hand
-
-
-@dataclass(frozen=True)
-class Piece:
-    """A piece of data on its way round a ring: its value, which piece of x it is, which ranks are summed in it."""
-
-    value: torch.Tensor
-    name: str  # "chunk 2", "half 1 of chunk 2", "piece 0 of chunk 1"
-    ranks: frozenset[int]
-
-    def __add__(self, other: Piece) -> Piece:
-        return Piece(self.value + other.value, self.name, self.ranks | other.ranks)
-
-    def describe(self, world: int) -> str:
-        summed = "all ranks" if len(self.ranks) == world else f"ranks {sorted(self.ranks)}"
-        n = self.value.numel()
-        return f"{self.name} summed over {summed} ({n} value{'' if n == 1 else 's'})"
-
-
-@dataclass
-class Traffic:
-    """What an algorithm makes each rank do, in order: sends[r] = [(to rank, the Piece it must carry)], and
-    receives[r] = [from rank]."""
-
-    world: int
-
-    def __post_init__(self):
-        self.sends: dict[int, list[tuple[int, Piece]]] = {r: [] for r in range(self.world)}
-        self.receives: dict[int, list[int]] = {r: [] for r in range(self.world)}
-
-    def message(self, src: int, dst: int, piece: Piece) -> None:
-        self.sends[src].append((dst, piece))
-        self.receives[dst].append(src)
-
-    def payload(self) -> list[int]:
-        """Bytes each rank hands to isend."""
-        return [sum(p.value.numel() * p.value.element_size() for _, p in self.sends[r]) for r in range(self.world)]
-
-
-def ring_reduce_scatter(ring: list[int], held: dict[int, list[Piece]], traffic: Traffic) -> None:
-    """Follow a ring reduce-scatter over the ranks `ring` (each sends to the next in the list), in place.
-
-    held[rank][i]: that rank's copy of piece i, which must end finished on ring[i]. At step s the member at position
-    m sends piece (m-1-s) mod M (the one that reaches its owner after the hops left) and adds what arrives."""
-    M = len(ring)
-    for s in range(M - 1):
-        outgoing = {m: held[ring[m]][(m - 1 - s) % M] for m in range(M)}
-        for m in range(M):
-            traffic.message(ring[m], ring[(m + 1) % M], outgoing[m])
-        for m in range(M):
-            i = (m - 2 - s) % M
-            held[ring[m]][i] = held[ring[m]][i] + outgoing[(m - 1) % M]
-
-
-def ring_all_gather(ring: list[int], held: dict[int, list[Piece | None]], traffic: Traffic) -> None:
-    """Follow a ring all-gather: ring[m] starts with piece m finished and passes the finished pieces on, in place."""
-    M = len(ring)
-    for s in range(M - 1):
-        outgoing = {m: held[ring[m]][(m - s) % M] for m in range(M)}
-        for m in range(M):
-            traffic.message(ring[m], ring[(m + 1) % M], outgoing[m])
-        for m in range(M):
-            held[ring[m]][(m - 1 - s) % M] = outgoing[(m - 1) % M]
+# ----------------------------------------------------------------- what a message holds: a piece, summed over ranks
 
 
 def _inputs(world: int, numel: int) -> list[torch.Tensor]:
     return [rank_input(q, numel) for q in range(world)]
 
 
-def _pieces(tensors, name: str, ranks: frozenset[int]) -> list[Piece]:
-    return [Piece(t, name.format(i), ranks) for i, t in enumerate(tensors)]
+def _units(world: int, numel: int, halves: bool = False) -> dict[str, list[torch.Tensor]]:
+    """The pieces of x a message may hold, each as every rank's copy: "chunk c" (x.tensor_split(P)), or with
+    `halves` "half h of chunk c" (chunk c's tensor_split(2))."""
+    chunks = [x.tensor_split(world) for x in _inputs(world, numel)]
+    if not halves:
+        return {f"chunk {c}": [chunks[q][c] for q in range(world)] for c in range(world)}
+    return {
+        f"half {h} of chunk {c}": [chunks[q][c].tensor_split(2)[h] for q in range(world)]
+        for c in range(world)
+        for h in range(2)
+    }
 
 
-def reduce_scatter_traffic(world: int, numel: int) -> Traffic:
-    """Part 1: a ring reduce-scatter over ranks 0..P-1 that leaves chunk r on rank r."""
-    traffic = Traffic(world)
-    held = {q: _pieces(x.tensor_split(world), "chunk {}", frozenset([q])) for q, x in enumerate(_inputs(world, numel))}
-    ring_reduce_scatter(list(range(world)), held, traffic)
-    return traffic
+def _over(ranks, world: int) -> str:
+    ranks = sorted(ranks)
+    return "all ranks" if len(ranks) == world else f"rank {ranks[0]} alone" if len(ranks) == 1 else f"ranks {ranks}"
 
 
-def bidirectional_traffic(world: int, numel: int) -> list[Traffic]:
-    """Part 2: [the clockwise ring's traffic, the counter-clockwise ring's]. Chunk c's first half goes round the
-    ring 0 -> 1 -> ... and its second half round P-1 -> P-2 -> ...; both finish on rank c, then travel on."""
-    halves = [[c.tensor_split(2) for c in x.tensor_split(world)] for x in _inputs(world, numel)]
-    out = []
-    for h, ring in ((0, list(range(world))), (1, list(reversed(range(world))))):
-        traffic = Traffic(world)
-        # Piece i of a rank's list must end on position i of the ring, rank ring[i]: it is chunk ring[i]'s half.
-        held = {q: [Piece(halves[q][c][h], f"half {h} of chunk {c}", frozenset([q])) for c in ring] for q in ring}
-        ring_reduce_scatter(ring, held, traffic)
-        ring_all_gather(ring, held, traffic)
-        out.append(traffic)
-    return out
+def _same(value: torch.Tensor, expected: torch.Tensor) -> bool:
+    return value.shape == expected.shape and torch.allclose(value.to(torch.float64), expected, rtol=0, atol=1e-10)
 
 
-def hierarchical_traffic(nodes: list[list[int]], numel: int) -> Traffic:
-    """Part 3, in each rank's order: the reduce-scatter of its node (local rank l ends with chunk l of L), the ring
-    all-reduce of chunk l over the nodes (piece g of G finished on node g, then gathered), the all-gather of its
-    node."""
-    G, L = len(nodes), len(nodes[0])
-    world = G * L
-    traffic = Traffic(world)
-    held = {q: _pieces(x.tensor_split(L), "chunk {}", frozenset([q])) for q, x in enumerate(_inputs(world, numel))}
-    for node in nodes:
-        ring_reduce_scatter(node, held, traffic)
-    for l in range(L):  # noqa: E741 (l: the local rank, as in the text)
-        across = [node[l] for node in nodes]  # local rank l of every node, in node order
-        pieces = {
-            q: _pieces(held[q][l].value.tensor_split(G), f"piece {{}} of chunk {l}", held[q][l].ranks) for q in across
-        }
-        ring_reduce_scatter(across, pieces, traffic)
-        ring_all_gather(across, pieces, traffic)
-        for q in across:
-            held[q][l] = Piece(torch.cat([p.value for p in pieces[q]]), f"chunk {l}", frozenset(range(world)))
-    for node in nodes:
-        finished = {q: [held[q][i] if i == node.index(q) else None for i in range(L)] for q in node}
-        ring_all_gather(node, finished, traffic)
-    return traffic
+def holds(value, world: int, units: dict[str, list[torch.Tensor]]) -> str:
+    """What a message holds, if it is some piece summed over some ranks: "chunk 3 summed over ranks [0, 2]"."""
+    if not isinstance(value, torch.Tensor):
+        return "nothing readable"
+    value = value.flatten().to(torch.float64)
+    for name, per_rank in units.items():
+        if per_rank[0].numel() != value.numel():
+            continue
+        for size in range(1, world + 1):
+            for subset in itertools.combinations(range(world), size):
+                if _same(value, sum(per_rank[q] for q in subset)):
+                    return f"{name} summed over {_over(subset, world)}"
+    shown = ", ".join(f"{v:.4g}" for v in value[:3].tolist())
+    return f"no partial sum of any piece ({value.numel()} values: {shown}{', ...' if value.numel() > 3 else ''})"
 
 
-def halving_doubling_partners(r: int, world: int) -> list[int]:
-    """Rank r's partner at each step, both phases."""
-    distances = []
-    d = world // 2
-    while d >= 1:
-        distances.append(d)
-        d //= 2
-    return [r ^ d for d in distances] + [r ^ d for d in reversed(distances)]
+@dataclass(frozen=True)
+class Expected:
+    """One message a rank must send: one of the pieces `names`, summed over exactly the ranks `ranks`."""
+
+    names: tuple[str, ...]
+    ranks: frozenset[int]
+    text: str  # how a FAIL line names what was expected (never which piece, when that is the student's to find)
+
+    def matches(self, value, units: dict[str, list[torch.Tensor]]) -> bool:
+        if not isinstance(value, torch.Tensor):
+            return False
+        value = value.flatten()
+        return any(_same(value, sum(units[name][q] for q in self.ranks)) for name in self.names)
 
 
-def halving_doubling_traffic(world: int, numel: int) -> Traffic:
-    """Part 5: what each rank must send at each step, from the inputs alone.
+@dataclass
+class Stream:
+    """The messages a rank must send to `peer`, in order (a ring direction)."""
 
-    Before the step at distance d of the first phase, rank r's data sums the ranks q that differ from r only in the
-    bits below 2d; it hands its partner the block of d chunks the partner goes on with. In the second phase it
-    hands its partner the finished block of d chunks it holds."""
-    inputs = [x.tensor_split(world) for x in _inputs(world, numel)]
-    total = sum(_inputs(world, numel)).tensor_split(world)
-    traffic = Traffic(world)
-    for r in range(world):
-        partners = halving_doubling_partners(r, world)
-        for step, p in enumerate(partners):
-            d = r ^ p
-            if step < len(partners) // 2:
-                first = p & ~(d - 1)  # the partner's block of chunks
-                group = frozenset(q for q in range(world) if (q ^ r) & (2 * d - 1) == 0)
-                value = torch.cat([sum(inputs[q][c] for q in group) for c in range(first, first + d)])
-            else:
-                first, group = r & ~(d - 1), frozenset(range(world))  # this rank's finished block
-                value = torch.cat([total[c] for c in range(first, first + d)])
-            name = f"chunk {first}" if d == 1 else f"chunks {first}..{first + d - 1}"
-            traffic.message(r, p, Piece(value, name, group))
-    for r in range(world):  # each rank receives from its partner of each step, in that order
-        traffic.receives[r] = halving_doubling_partners(r, world)
-    return traffic
-
-
-# --------------------------------------------------------------------------------------------- the verdicts
+    name: str
+    peer: int
+    expected: list[Expected]
 
 
 def _sends(calls) -> list[dict]:
@@ -246,6 +163,47 @@ def _sends(calls) -> list[dict]:
 
 def _receives(calls) -> list[dict]:
     return [c for c in calls if c["op"] in probe.P2P and c["op"] != "send"]
+
+
+def messages_line(case: str, what: str, ranks: list[dict], streams: list[list[Stream]], units, world: int) -> str:
+    """Each rank's messages, in the order it sent them, each the next one of one of its streams (to that stream's
+    peer); when two streams share a peer (a ring of 2) a message may belong to either. A FAIL names the first wrong
+    message: the rank, its number and receiver, what it should be, and what it held."""
+    for r in range(world):
+        done = [0] * len(streams[r])
+        for i, call in enumerate(_sends(ranks[r]["calls"])):
+            peer = int(call["peer"])
+            open_ = [j for j, s in enumerate(streams[r]) if s.peer == peer and done[j] < len(s.expected)]
+            if not open_:
+                known = [s.name for s in streams[r] if s.peer == peer]
+                why = f"more messages than {' and '.join(known)} carries" if known else "not a rank it sends to"
+                return f"{case}{what}: rank {r}, message {i} went to rank {peer}: {why}: FAIL"
+            match = next((j for j in open_ if streams[r][j].expected[done[j]].matches(call.get("data"), units)), None)
+            if match is None:
+                wanted = " or ".join(f"{streams[r][j].expected[done[j]].text}" for j in open_)
+                came = holds(call.get("data"), world, units)
+                return f"{case}{what}: rank {r}, message {i} (to rank {peer}): expected {wanted}, received {came}: FAIL"
+            done[match] += 1
+        for j, stream in enumerate(streams[r]):
+            if done[j] != len(stream.expected):
+                return (
+                    f"{case}{what}: rank {r}: expected {len(stream.expected)} messages {stream.name}, "
+                    f"it sent {done[j]}: FAIL"
+                )
+    return f"{case}{what}: PASS"
+
+
+def receives_line(case: str, what: str, ranks: list[dict], expected: list[Counter]) -> str:
+    """How many messages each rank received from each rank (posted irecvs), against what its algorithm receives."""
+    for r, want in enumerate(expected):
+        got = Counter(int(c["peer"]) for c in _receives(ranks[r]["calls"]))
+        if got != want:
+            stray = sorted(set(got) - set(want))
+            if stray:
+                return f"{case}{what}: rank {r} received from rank {stray[0]}, which sends it nothing: FAIL"
+            q = next(q for q in sorted(want) if got[q] != want[q])
+            return f"{case}{what}: rank {r}: expected {want[q]} messages from rank {q}, received {got[q]}: FAIL"
+    return f"{case}{what}: PASS"
 
 
 def collective_line(case: str, ranks: list[dict]) -> str:
@@ -264,65 +222,6 @@ def guard_line(case: str, ranks: list[dict]) -> str:
     return library_line(f"{case}your code", called, "the library's ring or this lab's checks")
 
 
-def peers_line(case: str, ranks: list[dict], traffic: Traffic, what: str) -> str:
-    """Each rank sent to the expected ranks and received from the expected ranks, in order; a FAIL names the first
-    rank and message that differ, with what was expected and what was found."""
-    for r in range(traffic.world):
-        for kind, got, want in (
-            ("send", [int(c["peer"]) for c in _sends(ranks[r]["calls"])], [to for to, _ in traffic.sends[r]]),
-            ("receive", [int(c["peer"]) for c in _receives(ranks[r]["calls"])], traffic.receives[r]),
-        ):
-            if got == want:
-                continue
-            i = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
-            way = "to" if kind == "send" else "from"
-            if i < min(len(got), len(want)):
-                expected, found = f"expected {way} rank {want[i]}", f"found {way} rank {got[i]}"
-                return f"{case}{what}: rank {r}, {kind} {i}: {expected}, {found}: FAIL"
-            return f"{case}{what}: rank {r}: expected {len(want)} {kind}s, found {len(got)} {got[:8]}: FAIL"
-    return f"{case}{what}: PASS"
-
-
-def _identify(value: torch.Tensor, world: int, units: dict[str, list[torch.Tensor]]) -> str:
-    """What a wrong message holds, if it is some piece of x summed over some ranks (units: name -> each rank's)."""
-    for name, per_rank in units.items():
-        if per_rank[0].numel() != value.numel():
-            continue
-        for size in range(1, world + 1):
-            for subset in itertools.combinations(range(world), size):
-                if torch.allclose(value, sum(per_rank[q] for q in subset), rtol=0, atol=1e-10):
-                    summed = "all ranks" if size == world else f"ranks {list(subset)}"
-                    return f"{name} summed over {summed}"
-    return "no partial sum of any piece"
-
-
-def messages_line(case: str, ranks: list[dict], traffic: Traffic, what: str, units: dict | None = None) -> str:
-    """Each message a rank sent, in order, is the expected piece; a FAIL names the first wrong one: its rank and
-    number, the piece expected, and what came (the piece it matches, when `units` are given)."""
-    world, got_all, want_all = traffic.world, [], []
-    for r in range(world):
-        got = [c.get("data") for c in _sends(ranks[r]["calls"])]
-        want = [piece for _, piece in traffic.sends[r]]
-        for i, (message, piece) in enumerate(zip(got, want, strict=False)):
-            if message is not None and message.shape == piece.value.shape:
-                if torch.allclose(message.to(torch.float64), piece.value, rtol=0, atol=1e-10):
-                    continue
-            if message is None:
-                came = "nothing readable"
-            elif message.shape != piece.value.shape:
-                came = f"{message.numel()} values"
-            elif units:
-                came = _identify(message.to(torch.float64), world, units)
-            else:
-                came = f"values off by up to {(message.to(torch.float64) - piece.value).abs().max().item():.2g}"
-            return f"{case}{what}: rank {r}, send {i}: expected {piece.describe(world)}, received {came}: FAIL"
-        if len(got) != len(want):
-            return f"{case}{what}: rank {r}: expected {len(want)} messages, it sent {len(got)}: FAIL"
-        got_all += got
-        want_all += [piece.value for piece in want]
-    return compare(f"{case}{what}", got_all, want_all, against="the algorithm's").line
-
-
 def bytes_line(case: str, measured: list[int], theory: list[int], what: str = "bytes each rank sent") -> str:
     for r, (m, t) in enumerate(zip(measured, theory, strict=True)):
         if m != t:
@@ -330,29 +229,35 @@ def bytes_line(case: str, measured: list[int], theory: list[int], what: str = "b
     return f"{case}{what}: measured {measured} = theory {theory}: PASS"
 
 
-def sum_line(case: str, what: str, got: list, expected: list[torch.Tensor], names: list[str]) -> str:
-    """The results against the single-device sum; a FAIL names the first wrong rank: expected and received."""
+def sum_line(case: str, what: str, got: list, expected: list[torch.Tensor], names: list[str], units=None) -> str:
+    """The results against the single-device sum; a FAIL names the first wrong rank: element, expected, received
+    (and, given `units`, which partial sum it holds)."""
     for name, a, b in zip(names, got, expected, strict=True):
         if not isinstance(a, torch.Tensor) or a.shape != b.shape:
             came = f"shape {list(a.shape)}" if isinstance(a, torch.Tensor) else repr(a)[:40]
             return f"{case}{what}: {name}: expected {b.numel()} values, received {came}: FAIL"
         if not torch.allclose(a.to(torch.float64), b, rtol=0, atol=1e-10):
             i = int((a.to(torch.float64) - b).abs().argmax())
-            return f"{case}{what}: {name}: element {i}: expected {b[i].item():.6g}, received {a[i].item():.6g}: FAIL"
+            held = f" (it holds {holds(a, len(names), units)})" if units else ""
+            return (
+                f"{case}{what}: {name}: element {i}: expected {b[i].item():.6g}, received {a[i].item():.6g}{held}: FAIL"
+            )
     return compare(f"{case}{what}", got, expected).line
 
 
 def _record(answer, *args) -> dict:
-    """Rank side: run the answer with every process-group call recorded and library calls watched; the traced
-    sends and receives it issued, [kind, peer, issued at, waited for at (-1: never)], for the timing checks."""
+    """Rank side: run the answer with every process-group call recorded (peers as global ranks) and library calls
+    watched; the traced sends and receives it issued, [kind, peer, issued at, waited for at (-1: never)]."""
     since = time.perf_counter()
-    with probe.recording() as calls, library_calls(LIBRARY) as called:
+    with probe.recording(with_groups=True) as calls, library_calls(LIBRARY) as called:
         out = answer(*args)
     events = [
         [e.kind, -1 if e.peer is None else int(e.peer), e.start, -1.0 if e.end is None else e.end]
         for e in comm.trace_events()
         if e.kind in ("send", "recv") and e.start >= since
     ]
+    for c in calls:
+        c.pop("group", None)
     return {"out": out, "calls": calls, "library": list(called), "events": events}
 
 
@@ -368,59 +273,90 @@ def _run_whole(answer, numel: int, *args) -> dict:
 def _whole_lines(case: str, ranks: list[dict], world: int, numel: int) -> list[str]:
     total = sum(_inputs(world, numel))
     names = [f"rank {r}" for r in range(world)]
-    results = [res["out"] for res in ranks]
     return [
         collective_line(case, ranks),
-        sum_line(case, "the all-reduce on every rank", results, [total] * world, names),
+        sum_line(case, "the all-reduce on every rank", [res["out"] for res in ranks], [total] * world, names),
     ]
 
 
-def _units(world: int, numel: int, parts: int, name: str) -> dict[str, list[torch.Tensor]]:
-    """Every chunk's `parts` pieces, per rank, for naming what a wrong message holds."""
-    split = [[c.tensor_split(parts) for c in x.tensor_split(world)] for x in _inputs(world, numel)]
-    return {name.format(c=c, h=h): [split[q][c][h] for q in range(world)] for c in range(world) for h in range(parts)}
+def _sizes(numel: int, parts: int) -> list[int]:
+    """The sizes of tensor_split(parts) on numel elements: the first numel % parts one longer."""
+    q, extra = divmod(numel, parts)
+    return [q + (i < extra) for i in range(parts)]
 
 
-# ------------------------------------------------------------------------------------ 1 · the reduce-scatter
+# --------------------------------------------------------------------------- 1 · the reduce-scatter on a given ring
 
 
-def _run_reduce_scatter(phase, numel: int) -> dict:
+def _run_reduce_scatter(phase, numel: int, ring: list[int]) -> dict:
     world, r = dist.get_world_size(), dist.get_rank()
     chunks = [c.clone() for c in rank_input(r, numel).to(parlab.device()).tensor_split(world)]
-    result = _record(phase, chunks)
+    result = _record(phase, chunks, list(ring))
     return {"chunks": [c.cpu() for c in chunks], "calls": result["calls"], "library": result["library"]}
 
 
 def collect_reduce_scatter(reduce_scatter_phase) -> dict:
-    world, numel = UNEVEN
-    return {
-        "ranks": list(parlab.launch(_run_reduce_scatter, P, reduce_scatter_phase, NUMEL, **LAUNCH)),
-        "uneven": list(parlab.launch(_run_reduce_scatter, world, reduce_scatter_phase, numel, **LAUNCH)),
-    }
+    runs = [list(parlab.launch(_run_reduce_scatter, len(ring), reduce_scatter_phase, numel, ring, **LAUNCH))
+            for ring, numel in RING_CASES]  # fmt: skip
+    return {"ranks": runs[0], "more": runs[1:]}
+
+
+def ring_streams(ring: list[int], names: tuple[str, ...], what: str) -> dict[int, Stream]:
+    """What each rank sends in a reduce-scatter over `ring` (ring[m] sends to ring[m+1]): its k-th message is one of
+    the pieces `names` summed over itself and the k ranks before it on the ring."""
+    P, out = len(ring), {}
+    for m, r in enumerate(ring):
+        expected = []
+        for k in range(P - 1):
+            before = frozenset(ring[(m - j) % P] for j in range(k + 1))
+            expected.append(Expected(names, before, f"{what} summed over {_over(before, P)}"))
+        out[r] = Stream(f"to rank {ring[(m + 1) % P]}", ring[(m + 1) % P], expected)
+    return out
 
 
 def judge_reduce_scatter(data) -> list[str]:
     lines = []
-    for (world, numel), ranks in (((P, NUMEL), data["ranks"]), (UNEVEN, data.get("uneven"))):
-        case = f"P={world}, N={numel}: "
+    runs = [data["ranks"], *data.get("more", [None] * (len(RING_CASES) - 1))]
+    for (ring, numel), ranks in zip(RING_CASES, runs, strict=True):
+        world = len(ring)
+        case = f"ring {ring}, N={numel}: "
         if ranks is None:  # the grader always collects it; a hand-made dict may lack it
             lines.append(f"{case}the ranks' results: missing: FAIL")
             continue
         total = sum(_inputs(world, numel)).tensor_split(world)  # the single-device reference, chunked
-        traffic = reduce_scatter_traffic(world, numel)
+        units = _units(world, numel)
         got = [res["chunks"][r] if len(res["chunks"]) > r else None for r, res in enumerate(ranks)]
+        streams = ring_streams(ring, tuple(units), "a chunk")
+        sizes = _sizes(numel, world)
         lines += [
             collective_line(case, ranks),
-            sum_line(case, "rank r holds the sum of chunk r", got, list(total), [f"rank {r}" for r in range(world)]),
-            peers_line(case, ranks, traffic, "P-1 sends to the right neighbour, P-1 receives from the left"),
+            sum_line(
+                case,
+                "rank r holds the sum of chunk r",
+                got,
+                list(total),
+                [f"rank {r}" for r in range(world)],
+                {name: per_rank for name, per_rank in units.items()},
+            ),  # fmt: skip
+            receives_line(
+                case,
+                "P-1 receives, from the previous rank of the ring",
+                ranks,
+                [Counter({ring[(ring.index(r) - 1) % world]: world - 1}) for r in range(world)],
+            ),  # fmt: skip
             messages_line(
                 case,
+                "P-1 messages to the next rank, the k-th one chunk summed over the sender and the k ranks before it",
                 ranks,
-                traffic,
-                "each message sent is the partial sum the ring carries at that step",
-                _units(world, numel, 1, "chunk {c}"),
+                [[streams[r]] for r in range(world)],
+                units,
+                world,
             ),
-            bytes_line(case, [probe.total_bytes(res["calls"], "send") for res in ranks], traffic.payload()),
+            bytes_line(
+                case,
+                [probe.total_bytes(res["calls"], "send") for res in ranks],
+                [8 * (numel - sizes[r]) for r in range(world)],
+            ),  # fmt: skip
             guard_line(case, ranks),
         ]
     return lines
@@ -436,30 +372,41 @@ def collect_bidirectional(bidirectional_all_reduce) -> dict:
     return {"runs": runs}
 
 
-def _one_way(ranks: list[dict], world: int, hop: int) -> list[dict]:
-    """Each rank's calls of one direction: its sends to rank r+hop and its receives from rank r-hop."""
-    out = []
-    for r, res in enumerate(ranks):
-        to, frm = (r + hop) % world, (r - hop) % world
-        sends = [c for c in _sends(res["calls"]) if c["peer"] == to]
-        out.append({"calls": sends + [c for c in _receives(res["calls"]) if c["peer"] == frm]})
+def bidirectional_streams(world: int) -> list[list[Stream]]:
+    """Each rank's two rings: halves 0 to r+1, halves 1 to r-1; P-1 partial sums (over r, r-1, ... clockwise; r,
+    r+1, ... the other way), then P-1 finished halves, the first its own chunk's."""
+    P, out = world, []
+    everyone = frozenset(range(P))
+    for r in range(P):
+        streams = []
+        for h, hop, name in ((0, 1, "clockwise (halves 0 to r+1)"), (1, -1, "counter-clockwise (halves 1 to r-1)")):
+            names = tuple(f"half {h} of chunk {c}" for c in range(P))
+            expected = []
+            for k in range(P - 1):
+                before = frozenset((r - hop * j) % P for j in range(k + 1))
+                text = f"half {h} of a chunk summed over {_over(before, P)} ({name}, message {k})"
+                expected.append(Expected(names, before, text))
+            own = f"half {h} of its own chunk {r} finished, summed over all ranks ({name}, message {P - 1})"
+            expected.append(Expected((f"half {h} of chunk {r}",), everyone, own))
+            for k in range(P, 2 * (P - 1)):
+                expected.append(Expected(names, everyone, f"half {h} of a chunk finished ({name}, message {k})"))
+            streams.append(Stream(name, (r + hop) % P, expected))
+        out.append(streams)
     return out
 
 
-def together_line(case: str, ranks: list[dict], world: int) -> str:
-    """At every step k, the k-th transfer each way (two sends, two receives) all issued before any was waited for."""
+def together_line(case: str, ranks: list[dict]) -> str:
+    """At every step k, the rank's k-th pair of sends and pair of receives (one each way) all issued before any was
+    waited for. (Pairs in the order of posting: on 2 ranks both directions have the same peer.)"""
     what = f"{case}at every step both directions in flight together"
     for r, res in enumerate(ranks):
         events = res.get("events", [])
         if len(events) != sum(c["op"] in probe.P2P for c in res["calls"]):
             return f"{what}: rank {r} sent or received without parlab.core.comm (its transfers cannot be seen): FAIL"
-        right, left = (r + 1) % world, (r - 1) % world
-        streams = [
-            [e for e in events if e[0] == kind and e[1] == peer]
-            for kind, peer in (("send", right), ("recv", left), ("send", left), ("recv", right))
-        ]
-        for k in range(min(len(s) for s in streams)):
-            step = [s[k] for s in streams]
+        sends = [e for e in events if e[0] == "send"]
+        recvs = [e for e in events if e[0] == "recv"]
+        for k in range(min(len(sends), len(recvs)) // 2):
+            step = sends[2 * k : 2 * k + 2] + recvs[2 * k : 2 * k + 2]
             issued, waited = max(e[2] for e in step), min(e[3] if e[3] >= 0 else float("inf") for e in step)
             if issued >= waited:
                 return (
@@ -469,29 +416,46 @@ def together_line(case: str, ranks: list[dict], world: int) -> str:
     return f"{what}: PASS"
 
 
+def bidirectional_bytes(world: int, numel: int) -> list[int]:
+    """Bytes per rank: each ring sends, in each phase, every half of its kind but one: P-1 of the P halves."""
+    halves = [_sizes(n, 2) for n in _sizes(numel, world)]
+    # Reduce-scatter: all but its own chunk's half; all-gather: all but the chunk of the neighbour it sends to.
+    return [
+        8 * sum(2 * sum(h[i] for h in halves) - halves[r][i] - halves[(r + (1 if i == 0 else -1)) % world][i]
+                for i in range(2))
+        for r in range(world)
+    ]  # fmt: skip
+
+
 def judge_bidirectional(data) -> list[str]:
     lines = []
     for world, numel in BIDIRECTIONAL_CASES:
         ranks = data["runs"][f"{world},{numel}"]
         case = f"P={world}, N={numel}: "
         lines += _whole_lines(case, ranks, world, numel)
-        units = _units(world, numel, 2, "half {h} of chunk {c}")
-        clockwise, counter = bidirectional_traffic(world, numel)
-        for hop, traffic, ring in ((1, clockwise, "clockwise ring"), (-1, counter, "counter-clockwise ring")):
-            side = _one_way(ranks, world, hop)
-            what = f"{ring} (halves {'0 to r+1' if hop == 1 else '1 to r-1'})"
-            lines += [
-                peers_line(case, side, traffic, f"{what}: 2(P-1) sends, 2(P-1) receives"),
-                messages_line(case, side, traffic, f"{what}: each message what that ring carries", units),
-                bytes_line(
-                    case, [probe.total_bytes(res["calls"], "send") for res in side], traffic.payload(), f"{what}: bytes"
-                ),
-            ]
-        lines += [together_line(case, ranks, world), guard_line(case, ranks)]
+        units = _units(world, numel, halves=True)
+        neighbours = [Counter({(r + 1) % world: 2 * (world - 1)}) + Counter({(r - 1) % world: 2 * (world - 1)})
+                      for r in range(world)]  # fmt: skip
+        lines += [
+            receives_line(case, "2(P-1) receives from each neighbour", ranks, neighbours),
+            messages_line(
+                case,
+                "each ring's messages: partial sums of its halves over the ranks before, then finished halves",
+                ranks,
+                bidirectional_streams(world),
+                units,
+                world,
+            ),
+            bytes_line(
+                case, [probe.total_bytes(res["calls"], "send") for res in ranks], bidirectional_bytes(world, numel)
+            ),  # fmt: skip
+            together_line(case, ranks),
+            guard_line(case, ranks),
+        ]
     return lines
 
 
-# ------------------------------------------------------------------------------ 3 · the hierarchical all-reduce
+# ------------------------------------------------------------------------- 3 · an all-reduce across nodes, designed
 
 
 def collect_hierarchical(hierarchical_all_reduce) -> dict:
@@ -506,78 +470,103 @@ def node_of(nodes: list[list[int]]) -> dict[int, int]:
     return {q: g for g, node in enumerate(nodes) for q in node}
 
 
-def cross_node_bytes(nodes: list[list[int]], traffic_or_calls) -> list[int]:
-    """Bytes each rank sends to ranks of other nodes: from a Traffic, or from each rank's recorded calls."""
+def node_traffic(nodes: list[list[int]], calls: list[list[dict]]) -> dict[str, list[int]]:
+    """Per rank: bytes sent to and received from ranks of other nodes, and bytes sent to ranks of its own node."""
     where = node_of(nodes)
-    if isinstance(traffic_or_calls, Traffic):
-        t = traffic_or_calls
-        return [sum(p.value.numel() * 8 for to, p in t.sends[r] if where[to] != where[r]) for r in range(t.world)]
-    return [
-        sum(int(c["bytes"]) for c in _sends(calls) if where.get(int(c["peer"]), -1) != where[r])
-        for r, calls in enumerate(traffic_or_calls)
-    ]
+    out = {"sent across": [], "received across": [], "sent inside": []}
+    for r, rank_calls in enumerate(calls):
+        sends, receives = _sends(rank_calls), _receives(rank_calls)
+        out["sent across"].append(sum(int(c["bytes"]) for c in sends if where.get(int(c["peer"]), -1) != where[r]))
+        out["received across"].append(
+            sum(int(c["bytes"]) for c in receives if where.get(int(c["peer"]), -1) != where[r])
+        )
+        out["sent inside"].append(sum(int(c["bytes"]) for c in sends if where.get(int(c["peer"]), -1) == where[r]))
+    return out
+
+
+def least_between_nodes(nodes: list[list[int]], numel: int) -> int:
+    """The fewest elements any all-reduce sends between nodes, all nodes together: 2(G-1) N. Each element's G node
+    sums must meet: one node can hold the total only after G-1 transfers into it (each merges at most one more
+    node's share), and each of the other G-1 nodes needs at least one transfer after that (one-way gossip)."""
+    return 2 * (len(nodes) - 1) * numel
+
+
+def least_busiest_port(nodes: list[list[int]], numel: int) -> int:
+    """The fewest elements the busiest rank must send to (or receive from) other nodes, in any all-reduce.
+
+    Two nodes: each must send the other every element of its sum at least once (N), over its own L_g ports, so a
+    rank of the smaller node sends (and receives) at least ceil(N / min L_g). G equal nodes of L: 2(G-1) N elements
+    cross in all (least_between_nodes) over G L ports."""
+    G, sizes = len(nodes), [len(node) for node in nodes]
+    if G == 2:
+        return math.ceil(numel / min(sizes))
+    if len(set(sizes)) != 1:
+        raise ValueError("the bound is worked out for two nodes, or for nodes of equal size")
+    return math.ceil(2 * (G - 1) * numel / (G * sizes[0]))
+
+
+def inside_cap(node: list[int], numel: int) -> int:
+    """The most a rank may send inside its node: what a ring all-reduce of the node would, 2(L-1) ceil(N/L)."""
+    L = len(node)
+    return 2 * (L - 1) * math.ceil(numel / L)
 
 
 def judge_hierarchical(data) -> list[str]:
     lines = []
     for name, (nodes, numel) in NODE_LAYOUTS.items():
         ranks, world = data["runs"][name], sum(len(node) for node in nodes)
-        case = f"{name}, N={numel}: "
-        traffic = hierarchical_traffic(nodes, numel)
-        G, L = len(nodes), len(nodes[0])
-        units = _units(world, numel, 1, "chunk {c} (of P)")
-        units.update(_units_of_node_chunks(world, numel, L, G))
+        case = f"nodes {nodes}, N={numel}: "
+        traffic = node_traffic(nodes, [res["calls"] for res in ranks])
         lines += _whole_lines(case, ranks, world, numel)
-        lines += [
-            peers_line(case, ranks, traffic, "each rank's sends and receives, in order (node, across, node)"),
-            messages_line(case, ranks, traffic, "each message the piece that phase carries at that step", units),
-            bytes_line(
-                case,
-                cross_node_bytes(nodes, [res["calls"] for res in ranks]),
-                cross_node_bytes(nodes, traffic),
-                "bytes each rank sent to other nodes",
-            ),
-            guard_line(case, ranks),
-        ]
+        least = 8 * least_between_nodes(nodes, numel)
+        between = sum(traffic["sent across"])
+        what = "bytes sent between nodes, all nodes together"
+        lines.append(
+            f"{case}{what}: measured {between:,} = the least possible {least:,}: PASS"
+            if between == least
+            else f"{case}{what}: measured {between:,}, the least possible is {least:,}: FAIL"
+        )
+        port = 8 * least_busiest_port(nodes, numel)
+        busiest = max(range(world), key=lambda q: max(traffic["sent across"][q], traffic["received across"][q]))
+        most = max(traffic["sent across"][busiest], traffic["received across"][busiest])
+        what = "the busiest network port (the most a rank sends to or receives from other nodes)"
+        lines.append(
+            f"{case}{what}: measured {most:,} = the least possible {port:,}: PASS"
+            if most == port
+            else f"{case}{what}: rank {busiest} sent {traffic['sent across'][busiest]:,} and received "
+            f"{traffic['received across'][busiest]:,}, the least possible for the busiest is {port:,}: FAIL"
+        )
+        where = node_of(nodes)
+        caps = [8 * inside_cap(nodes[where[r]], numel) for r in range(world)]
+        over = [r for r in range(world) if traffic["sent inside"][r] > caps[r]]
+        what = "inside each node, no rank sends more than a ring all-reduce of the node would"
+        lines.append(
+            f"{case}{what}: PASS"
+            if not over
+            else f"{case}{what}: rank {over[0]} sent {traffic['sent inside'][over[0]]:,} bytes inside node "
+            f"{where[over[0]]}, at most {caps[over[0]]:,}: FAIL"
+        )
+        lines.append(guard_line(case, ranks))
     return lines
 
 
-def _units_of_node_chunks(world: int, numel: int, L: int, G: int) -> dict[str, list[torch.Tensor]]:
-    """The chunks of L and their pieces of G, per rank, for naming what a wrong message holds."""
-    chunks = [x.tensor_split(L) for x in _inputs(world, numel)]
-    units = {f"chunk {l}": [chunks[q][l] for q in range(world)] for l in range(L)}  # noqa: E741
-    for l in range(L):  # noqa: E741
-        for g in range(G):
-            units[f"piece {g} of chunk {l}"] = [chunks[q][l].tensor_split(G)[g] for q in range(world)]
-    return units
+# ------------------------------------------------------------ the prediction: what a flat ring sends between nodes
 
 
-# ------------------------------------------------------------------ the prediction: bytes that cross between nodes
-
-
-def flat_ring_traffic(world: int, numel: int) -> Traffic:
-    """Part 1's ring over ranks 0..P-1, both phases: the reduce-scatter that leaves chunk r on rank r, then the
-    all-gather from there."""
-    traffic = reduce_scatter_traffic(world, numel)
-    total = sum(_inputs(world, numel)).tensor_split(world)
-    finished = {q: [Piece(total[q], f"chunk {q}", frozenset(range(world))) if i == q else None for i in range(world)]
-                for q in range(world)}  # fmt: skip
-    ring_all_gather(list(range(world)), finished, traffic)
-    return traffic
+def flat_ring_cross(ring: list[int], nodes: list[list[int]], numel: int) -> int:
+    """Bytes node 0's ranks send to node 1's in a flat ring all-reduce over `ring`, float64: part 1's reduce-scatter
+    (chunk c finished on rank c), then the all-gather that passes the finished chunks on round the same ring.
+    A rank's messages cross only when the next rank of the ring is on the other node; over the two phases each rank
+    sends every chunk twice but for two: its own (the reduce-scatter ends there) and the next rank's (the
+    all-gather ends there)."""
+    P, where, sizes = len(ring), node_of(nodes), _sizes(numel, len(ring))
+    crossing = [m for m, r in enumerate(ring) if where[r] == 0 and where[ring[(m + 1) % P]] == 1]
+    return sum(8 * (2 * numel - sizes[ring[m]] - sizes[ring[(m + 1) % P]]) for m in crossing)
 
 
 def cross_node_theory() -> dict[str, int]:
-    """The three numbers the prediction asks for, from the messages the two algorithms must send."""
-    nodes, numel = PREDICTED_NODES, PREDICTED_NUMEL
-    world, where = sum(len(node) for node in nodes), node_of(nodes)
-    flat = cross_node_bytes(nodes, flat_ring_traffic(world, numel))
-    hier = cross_node_bytes(nodes, hierarchical_traffic(nodes, numel))
-    node0 = [r for r in range(world) if where[r] == 0]
-    return {
-        "flat_cross": sum(flat[r] for r in node0),
-        "hier_cross": sum(hier[r] for r in node0),
-        "hier_busiest": max(hier[r] for r in node0),
-    }
+    """The two numbers the prediction asks for."""
+    return {key: flat_ring_cross(ring, PREDICTED_NODES, PREDICTED_NUMEL) for key, ring in PREDICTED_RINGS.items()}
 
 
 THEORY = {"cross_node_bytes": cross_node_theory}
@@ -591,38 +580,49 @@ def _plain(value):
         return repr(value)[:40]
 
 
-def collect_cross_node_bytes(flat_cross, hier_cross, hier_busiest, hierarchical_all_reduce) -> dict:
-    """The predictions as numbers, and (shown, not scored) what the student's own hierarchical all-reduce sent."""
-    predicted = {"flat_cross": flat_cross, "hier_cross": hier_cross, "hier_busiest": hier_busiest}
-    data = {"predicted": {k: _plain(v) for k, v in predicted.items()}, "measured": [], "note": ""}
+def _run_cross(phase, numel: int, nodes: list[list[int]]) -> dict[str, int]:
+    """Rank side: the student's reduce-scatter on each predicted ring in turn; bytes this rank sent to the other
+    node on each."""
+    where, r, out = node_of(nodes), dist.get_rank(), {}
+    for key, ring in PREDICTED_RINGS.items():
+        calls = _run_reduce_scatter(phase, numel, ring)["calls"]
+        out[key] = sum(int(c["bytes"]) for c in _sends(calls) if where.get(int(c["peer"]), -1) != where[r])
+    return out
+
+
+def collect_cross_node_bytes(rank_order, node_order, reduce_scatter_phase) -> dict:
+    """The predictions as numbers, and (shown, not scored) what the student's own reduce-scatter sent between the
+    nodes on both rings."""
+    predicted = {"rank_order": rank_order, "node_order": node_order}
+    data = {"predicted": {k: _plain(v) for k, v in predicted.items()}, "measured": {}, "note": ""}
     world = sum(len(node) for node in PREDICTED_NODES)
     try:
-        ranks = parlab.launch(_run_whole, world, hierarchical_all_reduce, PREDICTED_NUMEL, PREDICTED_NODES, **LAUNCH)
-        data["measured"] = cross_node_bytes(PREDICTED_NODES, [res["calls"] for res in ranks])
+        sent = parlab.launch(_run_cross, world, reduce_scatter_phase, PREDICTED_NUMEL, PREDICTED_NODES, **LAUNCH)
+        data["measured"] = {key: sum(sent[r][key] for r in PREDICTED_NODES[0]) for key in PREDICTED_RINGS}
     except Exception as exc:  # the prediction is graded all the same; only the measurement is missing
-        data["note"] = f"your hierarchical_all_reduce did not run on 8 ranks ({type(exc).__name__}): nothing measured"
+        data["note"] = f"your reduce_scatter_phase did not run on 8 ranks ({type(exc).__name__}): nothing measured"
     return data
 
 
 LABELS = {
-    "flat_cross": "bytes node 0 sends to node 1, flat ring",
-    "hier_cross": "bytes node 0 sends to node 1, hierarchical",
-    "hier_busiest": "the most one rank of node 0 sends to node 1, hierarchical",
+    "rank_order": "bytes node 0 sends to node 1, flat ring in rank order",
+    "node_order": "bytes node 0 sends to node 1, flat ring in node order",
 }
 
 
 def judge_cross_node_bytes(data) -> list[str]:
-    theory, predicted, lines = cross_node_theory(), data["predicted"], []
+    theory, predicted, lines, right = cross_node_theory(), data["predicted"], [], True
     for key, label in LABELS.items():
-        lines += prediction_lines(
-            f"{label} (2 nodes x 4, N={PREDICTED_NUMEL} float64)", predicted.get(key), theory[key], rtol=0
+        out = prediction_lines(
+            f"{label} (nodes {PREDICTED_NODES}, N={PREDICTED_NUMEL} float64)", predicted.get(key), theory[key], rtol=0
         )
-    measured = data.get("measured") or []
-    if measured:
-        node0 = PREDICTED_NODES[0]
+        right = right and out[-1].endswith(": PASS")
+        lines += out
+    measured = data.get("measured") or {}
+    if measured and right:  # shown only once the predictions are right: not a number to copy
         lines.append(
-            f"measured in your hierarchical all-reduce: node 0 sent {sum(measured[r] for r in node0):,} bytes to "
-            f"node 1, its busiest rank {max(measured[r] for r in node0):,}"
+            f"measured, your reduce-scatter alone (the first of the two phases): node 0 sent node 1 "
+            f"{measured.get('rank_order', 0):,} bytes in rank order, {measured.get('node_order', 0):,} in node order"
         )
     if data.get("note"):
         lines.append(data["note"])
@@ -639,18 +639,123 @@ def collect_halving_doubling(halving_doubling_all_reduce) -> dict:
     return {"runs": runs}
 
 
+def _partner_problem(ranks: list[dict], world: int) -> tuple[str, list[list[int]]]:
+    """What is wrong with the exchanges' partners ('' if nothing), and each rank's partners, step by step."""
+    steps, partners = world.bit_length() - 1, []
+    for r, res in enumerate(ranks):
+        sends, receives = _sends(res["calls"]), _receives(res["calls"])
+        if len(sends) != 2 * steps or len(receives) != 2 * steps:
+            found = f"found {len(sends)} and {len(receives)}"
+            return f"rank {r}: expected {2 * steps} sends and as many receives, {found}", partners
+        for k, (s, v) in enumerate(zip(sends, receives, strict=True)):
+            if int(s["peer"]) != int(v["peer"]):
+                return f"rank {r}, exchange {k}: sent to rank {s['peer']}, received from rank {v['peer']}", partners
+        partners.append([int(s["peer"]) for s in sends])
+    for r in range(world):
+        for k, p in enumerate(partners[r]):
+            other = partners[p][k] if 0 <= p < world else None
+            if other != r:
+                return f"rank {r}, exchange {k} is with rank {p}, whose exchange {k} is with rank {other}", partners
+        if partners[r][steps:] != partners[r][:steps][::-1]:
+            halving, doubling = partners[r][:steps], partners[r][steps:]
+            return f"rank {r}: doubling with ranks {doubling}, not its halving partners {halving} reversed", partners
+    return "", partners
+
+
+def partners_line(case: str, ranks: list[dict], world: int) -> tuple[str, list[list[frozenset[int]]] | None]:
+    """Every rank: 2 log2 P exchanges, each an isend and an irecv with one partner who exchanges with it at that
+    step; the doubling partners the halving ones in reverse; partners that have summed no rank in common. Returns
+    the line and, when it passes, combined[r][k]: the ranks summed in rank r's data before halving step k."""
+    steps = world.bit_length() - 1
+    what = f"{case}every rank: {2 * steps} exchanges, each with one partner"
+    problem, partners = _partner_problem(ranks, world)
+    if problem:
+        return f"{what}: {problem}: FAIL", None
+    combined = [[frozenset([r])] for r in range(world)]
+    for k in range(steps):
+        for r in range(world):
+            mine, theirs = combined[r][k], combined[partners[r][k]][k]
+            if mine & theirs:
+                twice = _over(mine & theirs, world)
+                return (
+                    f"{what}: rank {r}, exchange {k}: it and rank {partners[r][k]} have both summed {twice}: FAIL",
+                    None,
+                )
+        for r in range(world):
+            combined[r].append(combined[r][k] | combined[partners[r][k]][k])
+    return f"{what}: PASS", combined
+
+
+def _as_chunks(value, count: int, ranks: frozenset[int], units, first: str | None) -> bool:
+    """`value` is `count` distinct whole chunks, each summed over `ranks`, one after another (the first `first`)."""
+    if not isinstance(value, torch.Tensor):
+        return False
+    value, used, at = value.flatten(), set(), 0
+    for i in range(count):
+        for name in [first] if i == 0 and first else units:
+            if name in used:
+                continue
+            piece = sum(units[name][q] for q in ranks)
+            if at + piece.numel() <= value.numel() and _same(value[at : at + piece.numel()], piece):
+                used.add(name)
+                at += piece.numel()
+                break
+        else:
+            return False
+    return at == value.numel()
+
+
+def _what_chunks(value, world: int, units) -> str:
+    """What a message of whole chunks holds, chunk by chunk."""
+    if not isinstance(value, torch.Tensor):
+        return "nothing readable"
+    size = next(iter(units.values()))[0].numel()
+    if value.numel() % size:
+        return f"{value.numel()} values, not whole chunks"
+    parts = value.flatten().split(size)
+    return " + ".join(holds(part, world, units) for part in parts[:3]) + (" + ..." if len(parts) > 3 else "")
+
+
+def halving_messages_line(case: str, ranks: list[dict], world: int, combined, units) -> str:
+    steps = world.bit_length() - 1
+    what = f"{case}each message whole chunks: partial sums over the ranks combined so far, then finished ones"
+    everyone = frozenset(range(world))
+    for r, res in enumerate(ranks):
+        for k, call in enumerate(_sends(res["calls"])):
+            if k < steps:
+                count, over, first = world >> (k + 1), combined[r][k], None
+                text = f"{count} whole chunk{'s' * (count > 1)}, each summed over {_over(over, world)}"
+            else:
+                count, over = 1 << (k - steps), everyone
+                first = f"chunk {r}" if k == steps else None
+                text = f"its own chunk {r}, finished" if first else f"{count} finished chunks"
+            if not _as_chunks(call.get("data"), count, over, units, first):
+                came = _what_chunks(call.get("data"), world, units)
+                return (
+                    f"{what}: rank {r}, exchange {k} (to rank {call['peer']}): expected {text}, received {came}: FAIL"
+                )
+    return f"{what}: PASS"
+
+
 def judge_halving_doubling(data) -> list[str]:
     lines = []
     for world, numel in HALVING_CASES:
         ranks = data["runs"][f"{world},{numel}"]
         case = f"P={world}, N={numel}: "
-        traffic = halving_doubling_traffic(world, numel)
         lines += _whole_lines(case, ranks, world, numel)
-        steps = 2 * (world.bit_length() - 1)
+        line, combined = partners_line(case, ranks, world)
+        lines.append(line)
+        units = _units(world, numel)
+        if combined is None:
+            lines.append(f"{case}each message: not judged, the exchanges above are not pairs: FAIL")
+        else:
+            lines.append(halving_messages_line(case, ranks, world, combined, units))
         lines += [
-            peers_line(case, ranks, traffic, f"every rank: {steps} exchanges, one partner each"),
-            messages_line(case, ranks, traffic, "the messages every rank sent"),
-            bytes_line(case, [probe.total_bytes(res["calls"], "send") for res in ranks], traffic.payload()),
+            bytes_line(
+                case,
+                [probe.total_bytes(res["calls"], "send") for res in ranks],
+                [8 * 2 * (world - 1) * numel // world] * world,
+            ),  # fmt: skip
             guard_line(case, ranks),
         ]
     return lines

@@ -1,0 +1,32 @@
+# ruff: noqa
+# A wrong answer to labs/lab00_ring_allreduce.ipynb (tests/test_wrong_answers.py grades it; the other answers are the
+# solution's). The bug: each step posts its two sends (clockwise, then counter-clockwise) and then its two receives
+# in the other order (from the right, then from the left). On 3 or more ranks the receives come from different ranks
+# and nothing shows. On 2 ranks both neighbours are the same rank: a receive from it takes the first message it sent
+# still unmatched, so each half lands in the other ring's buffer and the wrong half travels on.
+# EXPECT FAIL: bidirectional
+
+# ANSWER: bidirectional
+def bidirectional_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    P, r = dist.get_world_size(), dist.get_rank()
+    right, left = (r + 1) % P, (r - 1) % P
+    halves = [c.tensor_split(2) for c in x.tensor_split(P)]
+    cw = [h[0].clone() for h in halves]
+    ccw = [h[1].clone() for h in halves]
+
+    def step(send_cw, recv_cw, send_ccw, recv_ccw):
+        a, b = torch.empty_like(cw[recv_cw]), torch.empty_like(ccw[recv_ccw])
+        works = [comm.isend(cw[send_cw], right), comm.isend(ccw[send_ccw], left)]
+        works += [comm.irecv(b, right), comm.irecv(a, left)]
+        comm.wait_all(works)
+        return a, b
+
+    for s in range(P - 1):
+        a, b = step((r - 1 - s) % P, (r - 2 - s) % P, (r + 1 + s) % P, (r + 2 + s) % P)
+        cw[(r - 2 - s) % P] += a
+        ccw[(r + 2 + s) % P] += b
+    for s in range(P - 1):
+        a, b = step((r - s) % P, (r - 1 - s) % P, (r + s) % P, (r + 1 + s) % P)
+        cw[(r - 1 - s) % P] = a
+        ccw[(r + 1 + s) % P] = b
+    return torch.cat([torch.cat([cw[c], ccw[c]]) for c in range(P)])
