@@ -3,23 +3,19 @@ with one device (float64), with what the ranks communicated watched at the proce
 
 Every rank function here is the working surroundings of one function from the notebook (the student's): the
 model, the data, the single-device reference and the verdicts live here, the code under suspicion in the notebook's
-ANSWER cells. Each bug is one that needs a diagnosis, in code written for the labs' own model
-(parlab.core.lab_model) or a variant the library lacks:
+ANSWER cells, written for the labs' own model (parlab.core.lab_model) or a variant the library lacks:
 
-1. data parallelism with gradient accumulation on padded documents: the mean over the real tokens of the global
-   batch, which no rank can count alone;
-2. Megatron's f and g around the lab model's SwiGLU MLP, the tensor-parallel region entered before the replicated
-   RMSNorm: every number right but the norm gain's gradient, partial on each rank;
+1. data parallelism with gradient accumulation, on documents padded to the sequence length;
+2. Megatron's f and g around the lab model's SwiGLU MLP (RMSNorm, residual);
 3. the next-token targets of a zigzag layout, each rank holding only its own block of token ids;
-4. ZeRO with global-norm gradient clipping, the replicated RMSNorm gains counted once per rank in the norm (and the
-   prediction: the sizes of the fixed step at Llama-3-8B scale, and the norm the broken one clips by);
-5. a 1F1B loop that works for m >= p micro-batches and hangs, or silently eats the next step's data, for m < p
-   (lab_bug_hunt_pipeline.py);
-6. a ring-attention forward that packs each K/V head's query heads into one product (grouped K/V heads), its
-   log-sum-exp handed to the library's backward in the wrong layout (lab_bug_hunt_ring.py).
+4. ZeRO for the lab model's matrices (padded shards, its RMSNorm gains replicated) with global-norm gradient
+   clipping, and a prediction at Llama-3-8B scale;
+5. a 1F1B loop over the lab model's blocks, for any number of micro-batches (lab_bug_hunt_pipeline.py);
+6. a ring-attention forward for grouped K/V heads, under the library's backward (lab_bug_hunt_ring.py).
 
-The library's own versions of these schemes do not fit; an answer that calls them fails (LIBRARY,
-parlab/grading/labs/guard.py). The sizes and shared helpers are in lab_bug_hunt_setup.py.
+What the answers must not call (LIBRARY, parlab/grading/labs/guard.py), the sizes and the shared helpers are in
+lab_bug_hunt_setup.py. Under the notebook's bug reports, this file says what is checked, never what is wrong: the
+diagnosis is the student's.
 """
 
 from __future__ import annotations
@@ -77,7 +73,7 @@ STRUCTURAL = {
     "dp_tokens": "the lab model on 4 ranks, 2 micro-batches each, on documents padded with ignored targets (every "
     "rank and micro-batch with its own count of real targets): every "
     "rank's gradients equal one device's on the whole batch (the mean over its real targets); each rank "
-    "communicates one copy of the gradients and at most two more numbers per step; no call into parlab's data "
+    "communicates one copy of the gradients and at most 2P more numbers per step; no call into parlab's data "
     "parallelism",
     "tp_norm": "the lab model's MLP sublayer (RMSNorm, SwiGLU without biases, residual) with Megatron's f and g on "
     "4 ranks: y, dL/dx, every projection's gradient and the RMSNorm gain's gradient on every rank match one device; "
@@ -89,8 +85,8 @@ STRUCTURAL = {
     "parlab's sequence code",
     "zero_clip": "3 Adam steps with the gradient clipped at a global norm, the lab model's matrices in padded flat "
     "ZeRO shards (642 numbers on 4 ranks) and its RMSNorm gains replicated: the norm each rank clipped by and every "
-    "parameter equal one device's; each rank reduce-scatters its padded shard, all-gathers the parameters, and "
-    "all-reduces the gains' gradients and at most two more numbers; no call into parlab's ZeRO",
+    "parameter equal one device's; each rank reduce-scatters its padded shard, all-gathers the parameters, "
+    "all-reduces the gains' gradients and at most 2P more numbers, nothing else; no call into parlab's ZeRO",
     "clip_at_scale": "predictions for the fixed step on a Llama-3-8B-sized lab model on 96 ranks (shard and "
     "padding, exact) and the norm the handed-out step clips by (0.1%)",
     "pipeline_m": "the lab model's 4 blocks on 4 stages, m = 4 (one step), 3 and 2 micro-batches (two steps each, "
@@ -105,9 +101,8 @@ STRUCTURAL = {
 
 def clip_at_scale_theory() -> dict[str, float]:
     """THEORY of the prediction: the lab model at PREDICT_CFG on PREDICT_N ranks, its matrices flat and padded into
-    equal shards, its RMSNorm gains replicated: the shard each rank holds and the padding of the last one; and the
-    norm the handed-out step computes when the averaged gradient's matrices have norm a and its gains norm b:
-    every rank adds the gains' squares before the all-reduce, so they count N times."""
+    equal shards: the shard each rank holds and the padding of the last one; and the norm the handed-out step clips
+    by when the averaged gradient's matrices have norm a and its gains norm b."""
     c = PREDICT_CFG
     V, H, L, F_ = c["vocab"], c["hidden"], c["layers"], c["ffn"]
     hd = H // c["heads"]
@@ -115,10 +110,13 @@ def clip_at_scale_theory() -> dict[str, float]:
     matrices = 2 * V * H + L * block  # the embedding and the untied head
     shard = math.ceil(matrices / PREDICT_N)
     a, b = PREDICT_NORMS["matrices"], PREDICT_NORMS["gains"]
+    # The handed-out step's arithmetic on N ranks, the matrices' squares spread evenly over the shards (their sum a^2)
+    shards = [a * a / PREDICT_N] * PREDICT_N
+    squares = [part + b * b for part in shards]  # mine = [grad] + [g.grad for g in gains], summed, on each rank
     return {
         "shard": shard,
         "padding": PREDICT_N * shard - matrices,
-        "handout_norm": math.sqrt(a * a + PREDICT_N * b * b),
+        "handout_norm": math.sqrt(sum(squares)),  # after the all-reduce
     }
 
 
@@ -135,6 +133,11 @@ def run(check: str, *answers) -> None:
 _REDUCE_SCATTER = ("reduce_scatter_single", "reduce_scatter", "reduce_scatter_tensor_coalesced")
 _ALL_GATHER = ("all_gather_single", "allgather", "allgather_into_tensor_coalesced")
 _ALL_REDUCE = ("allreduce", "allreduce_coalesced")
+
+
+def _summed(ops: tuple[str, ...]):
+    """The bytes of one step's calls of these process-group methods: step {op: bytes} -> int."""
+    return lambda step: sum(step.get(op, 0) for op in ops)
 
 
 def _bytes_line(what: str, received: list, least: int, most: int) -> str:
@@ -184,10 +187,10 @@ def judge_dp_tokens(data) -> list[str]:
     reference, psi = _grads(model), sum(p.numel() for p in model.parameters())
     expected = {f"rank {r}: {n}": g for r in range(P) for n, g in reference.items()}
     got = {f"rank {r}: {n}": g for r in range(P) for n, g in ranks[r]["grads"].items()}
-    what = "bytes each rank communicates in the step (one copy of the gradients, two numbers more)"
+    what = f"bytes each rank communicates in the step (one copy of the gradients, and at most {2 * P} numbers)"
     return [
         first_wrong("every rank's gradients after the step", got, expected),
-        _bytes_line(what, [res["bytes"] for res in ranks], psi * 8, psi * 8 + 16),
+        _bytes_line(what, [res["bytes"] for res in ranks], psi * 8, psi * 8 + 2 * P * 8),
         library_verdict("train_step", [c for res in ranks for c in res["library"]]),
     ]
 
@@ -440,19 +443,17 @@ def run_zero(zero_step) -> dict:
             zero_step(flat_param, flat_grad, gains, state, step)
         called += seen
         norm = state.get("grad_norm")
-        norms.append(
-            float(norm)
-            if isinstance(norm, (int, float, torch.Tensor)) and torch.numel(torch.as_tensor(norm)) == 1
-            else None
-        )
+        one_number = isinstance(norm, (int, float)) or (isinstance(norm, torch.Tensor) and norm.numel() == 1)
+        norms.append(float(norm) if one_number else None)
         steps.append({op: sum(int(c["bytes"]) for c in calls if c["op"] == op) for op in {c["op"] for c in calls}})
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     return {"params": params, "norms": norms, "steps": steps, "library": called}
 
 
 def zero_single_device() -> tuple[dict[str, torch.Tensor], list[float]]:
-    """One device, the whole batch: each step's gradient norm (every tensor counted once), the gradient multiplied by
-    clip_coefficient(norm), then Adam (the setup's adam_step) on every parameter. The parameters after ZERO_STEPS
+    """One device, the whole batch: each step's gradient norm (torch's clip_grad_norm_: the 2-norm of all the
+    gradients together), every gradient multiplied by clip_coefficient(norm), then Adam (the setup's adam_step) on
+    every parameter. The parameters after ZERO_STEPS
     steps, by name, and the norms."""
     model = build_lab_model(ZERO_CFG, seed=40)
     x, y = zero_data()
@@ -487,22 +488,26 @@ def judge_zero_clip(data) -> list[str]:
             lines.append(f"step {step + 1}: the gradient norm logged in state['grad_norm']: missing: FAIL")
             continue
         what = f"step {step + 1}: the gradient norm each rank clipped by (clipped at {MAX_NORM})"
-        as_tensors = {k: torch.tensor(v, dtype=torch.float64) for k, v in got.items()}
-        lines.append(first_wrong(what, as_tensors, _every(torch.tensor(norms[step], dtype=torch.float64))))
+        as_tensors = {k: torch.tensor(v, dtype=torch.float64) for k, v in got.items()}  # host: the judge's numbers
+        one_device = torch.tensor(norms[step], dtype=torch.float64)  # host: the judge's numbers
+        lines.append(first_wrong(what, as_tensors, _every(one_device)))
     expected = {f"rank {r}: {n}": p for r in range(P) for n, p in reference.items()}
     got = {f"rank {r}: {n}": p for r in range(P) for n, p in ranks[r]["params"].items()}
     lines.append(first_wrong(f"every rank's parameters after {ZERO_STEPS} steps", got, expected))
-    for ops, what, least, most in [
-        (_REDUCE_SCATTER, "bytes reduce-scattered into each rank's gradient shard", S * 8, S * 8),
-        (_ALL_GATHER, "bytes of the all-gathered parameters", P * S * 8, P * S * 8),
+    few = 2 * P * 8  # beside the step's own collectives, a rank may all-reduce or gather 2P numbers
+    own = S * 8 + P * S * 8 + n_gains * 8  # the shard reduce-scattered, the parameters gathered, the gains reduced
+    for bytes_of, what, least, most in [
+        (_summed(_REDUCE_SCATTER), "bytes reduce-scattered into each rank's gradient shard", S * 8, S * 8),
+        (_summed(_ALL_GATHER), "bytes all-gathered (the parameters, a few numbers more)", P * S * 8, P * S * 8 + few),
         (
-            _ALL_REDUCE,
-            "bytes all-reduced (the gains' gradients and at most two numbers)",
+            _summed(_ALL_REDUCE),
+            "bytes all-reduced (the gains' gradients, a few numbers more)",
             n_gains * 8,
-            n_gains * 8 + 16,
+            n_gains * 8 + few,
         ),
+        (lambda step: sum(step.values()) - own, f"bytes beside these (at most {2 * P} numbers)", 0, few),
     ]:
-        per_step = [[sum(s.get(op, 0) for op in ops) for s in ranks[r]["steps"]] for r in range(P)]
+        per_step = [[bytes_of(step) for step in ranks[r]["steps"]] for r in range(P)]
         lines.append(_bytes_line(f"{what}, in every step", per_step, least, most))
     called = [c for res in ranks for c in res["library"]]
     lines.append(library_verdict("zero_step", called))

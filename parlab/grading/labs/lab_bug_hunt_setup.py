@@ -37,8 +37,7 @@ IGNORE = -100  # the target of a token the loss leaves out (torch's cross_entrop
 # Part 1, data parallel: the lab model, a global batch of B_DP documents padded to T, M micro-batches per rank.
 DP_CFG = LabConfig(vocab_size=32, seq_len=8, hidden=16, heads=4, kv_heads=2, ffn=24, layers=2)
 B_DP, M = 16, 2
-# The real targets of each document of the padded batch (the rest of its T targets are IGNORE): every rank, and
-# every micro-batch of a rank, holds a different number of real targets.
+# The real targets of each document of the batch (the rest of its T targets are IGNORE).
 DP_LENGTHS = (8, 3, 5, 8, 2, 8, 6, 1, 7, 7, 4, 2, 8, 5, 3, 6)
 # Part 2, tensor parallel: the MLP sublayer of the lab model's block 0 (RMSNorm, SwiGLU, residual), x: [BATCH, T_TP, H].
 TP_CFG = LabConfig(vocab_size=32, seq_len=8, hidden=8, heads=2, kv_heads=1, ffn=16, layers=1)
@@ -108,8 +107,10 @@ def first_wrong(what: str, got, expected: dict[str, torch.Tensor], names: str = 
         diff = (have.to(torch.float64) - want).abs()
         if not diff.max().item() <= verdict.tol:
             i = int(torch.nan_to_num(diff, nan=math.inf).flatten().argmax())
-            index = list(torch.unravel_index(torch.tensor(i), want.shape)) if want.dim() else []
-            where = f"element {[int(j) for j in index]}" if index else "value"
+            index = (
+                [int(j) for j in torch.unravel_index(torch.tensor(i), want.shape)] if want.dim() else []
+            )  # host: an index
+            where = f"element {index}" if index else "value"
             return (
                 f"{what}: {name}, {where}: expected {want.flatten()[i].item():.6g}, "
                 f"received {have.flatten()[i].item():.6g}: FAIL"
