@@ -1,18 +1,19 @@
 # ruff: noqa
 # A wrong answer to labs/lab_bug_hunt.ipynb (tests/test_labs.py grades it; the other answers are the solution's).
-# The bug: part 1 "fixed" by all-reducing after the FIRST micro-batch instead of the last (DDP's no_sync must wrap
-# every micro-batch but the last). The traffic is one copy of the gradients, as the check expects, but the later
-# micro-batches' gradients are added after the average, locally: the ranks' gradients differ from one device's and
-# from each other.
-# EXPECT FAIL: dp_accumulation
+# The bug: part 1 "fixed" with each rank's own count of real targets: every micro-batch's loss summed and divided
+# by the rank's real targets, then the ranks' gradients averaged. Each rank now has the exact mean over its own
+# rows, but the ranks hold different numbers of real targets, and the average of their means is not the mean over
+# the batch: a rank with few real targets weighs as much as one with many.
+# EXPECT FAIL: dp_tokens
 
 # ANSWER: train_step
 def train_step(model: torch.nn.Module, x_r: torch.Tensor, y_r: torch.Tensor, M: int) -> None:
     P = comm.group_size()
-    for i, (x_m, y_m) in enumerate(zip(x_r.chunk(M), y_r.chunk(M))):
-        loss = lab_loss(model(x_m), y_m) / M
+    real = (y_r != IGNORE).sum()
+    for x_m, y_m in zip(x_r.chunk(M), y_r.chunk(M)):
+        logits = model(x_m)
+        loss = F.cross_entropy(logits.flatten(0, 1), y_m.flatten(), ignore_index=IGNORE, reduction="sum") / real
         loss.backward()
-        if i == 0:
-            for p in model.parameters():
-                comm.all_reduce(p.grad)
-                p.grad /= P
+    for p in model.parameters():
+        comm.all_reduce(p.grad)
+        p.grad /= P

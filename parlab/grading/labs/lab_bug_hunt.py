@@ -1,16 +1,21 @@
 """The bug hunt's checks: six broken pieces of distributed training code, each run on live ranks and compared
-with one device (float64), with what the ranks communicated watched at the process group or on parlab's trace.
+with one device (float64), with what the ranks communicated watched at the process group (parlab.core.probe).
 
-Every rank function here is the working surroundings of one small function from the notebook (the student's):
-the model, the data, the single-device reference and the verdicts live here, the code under suspicion in the
-notebook's ANSWER cells. The code under suspicion is written for the labs' own model (parlab.core.lab_model) or a
-variant the library lacks: data parallelism on the lab model, Megatron's f and g around its SwiGLU MLP, a zigzag
-split that also hands out each token's RoPE position, ZeRO on a lab model whose size no rank count divides, 1F1B
-over the lab model's blocks, and a ring-attention forward with grouped K/V heads. The library's own versions do
-not fit, and an answer that calls them fails (LIBRARY, parlab/grading/labs/guard.py).
+Every rank function here is the working surroundings of one function from the notebook (the student's): the
+model, the data, the single-device reference and the verdicts live here, the code under suspicion in the notebook's
+ANSWER cells, written for the labs' own model (parlab.core.lab_model) or a variant the library lacks:
 
-The sizes of every part and the shared helpers are in lab_bug_hunt_setup.py; parts 5 and 6 (point-to-point code)
-are at the end of this file.
+1. data parallelism with gradient accumulation, on documents padded to the sequence length;
+2. Megatron's f and g around the lab model's SwiGLU MLP (RMSNorm, residual);
+3. the next-token targets of a zigzag layout, each rank holding only its own block of token ids;
+4. ZeRO for the lab model's matrices (padded shards, its RMSNorm gains replicated) with global-norm gradient
+   clipping, and a prediction at Llama-3-8B scale;
+5. a 1F1B loop over the lab model's blocks, for any number of micro-batches (lab_bug_hunt_pipeline.py);
+6. a ring-attention forward for grouped K/V heads, under the library's backward (lab_bug_hunt_ring.py).
+
+What the answers must not call (LIBRARY, parlab/grading/labs/guard.py), the sizes and the shared helpers are in
+lab_bug_hunt_setup.py. Under the notebook's bug reports, this file says what is checked, never what is wrong: the
+diagnosis is the student's.
 """
 
 from __future__ import annotations
@@ -22,93 +27,101 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import parlab
-from parlab.core import comm, probe
-from parlab.core.check import check_equal, compare
-from parlab.core.lab_model import LabModel, apply_rope, build_lab_model, gqa_attention, lab_batches, lab_loss, rms_norm
+from parlab.core import probe
+from parlab.core.lab_model import LabModel, build_lab_model, lab_batches, lab_loss, rms_norm
+from parlab.grading.labs import lab_bug_hunt_pipeline as pipeline_part
+from parlab.grading.labs import lab_bug_hunt_ring as ring_part
 from parlab.grading.labs import prediction_lines, run_check
-from parlab.grading.labs.guard import library_calls, library_line
+from parlab.grading.labs.guard import library_calls
 from parlab.grading.labs.lab_bug_hunt_setup import (
     B_DP,
     B_ZERO,
     BATCH,
     DP_CFG,
-    HD,
-    HEADS,
-    KV_HEADS,
+    DP_LENGTHS,
+    IGNORE,
     LAUNCH,
-    P_PREDICT,
-    PIPE_B,
-    PIPE_CFG,
-    PIPE_M,
-    PIPELINE_LAUNCH,
-    RING_C,
+    LIBRARY,
+    MAX_NORM,
+    PREDICT_CFG,
+    PREDICT_N,
+    PREDICT_NORMS,
     T_TP,
     TP_CFG,
     ZERO_CFG,
     ZERO_LR,
     ZERO_STEPS,
     ZIGZAG_T,
+    ZZ_B,
+    ZZ_CFG,
     M,
     P,
     _grads,
     _no_error,
     _randn,
     adam_step,
-    attention_problem,
+    clip_coefficient,
+    first_wrong,
+    library_verdict,
 )
-from parlab.schemes.sequence.ring_attention import RingAttention, ring_attention
 
-# What no answer may call (parlab/grading/labs/guard.py): the library's implementations of the six schemes the bugs
-# are about, and the lesson helpers that hold the same code. The handed-out pieces live in this lab's own modules.
-LIBRARY = (
-    "schemes/data_parallel.py",
-    "schemes/tensor_parallel.py",
-    "schemes/sequence/",
-    "schemes/zero/",
-    "schemes/pipeline/",
-    "lessons/data_parallel.py",
-    "lessons/tensor_parallel.py",
-    "lessons/sequence_parallel.py",
-    "lessons/zero.py",
-    "lessons/pipeline.py",
-)
+__all__ = ["LIBRARY", "PARTS", "STRUCTURAL", "THEORY", "run"]
+
+PARTS = (pipeline_part, ring_part)  # the checks of parts 5 and 6 live there
 
 STRUCTURAL = {
-    "dp_accumulation": "the lab model on 4 ranks, 2 micro-batches each: every rank ends with one device's gradient "
-    "of the global batch; the bytes each rank all-reduces in one step equal one copy of the gradients; no other "
-    "collective; no call into parlab's data parallelism",
-    "tp_backward": "the lab model's MLP sublayer (RMSNorm, SwiGLU without biases, residual) with Megatron's f and g on "
-    "4 ranks: y, dL/dx, the norm's and every projection's gradient match one device; the bytes each rank "
-    "communicates in forward and in backward equal one [B, T, H] each; no call into parlab's tensor parallelism",
-    "zigzag_padding": "for T = 16 and T = 19 on 4 ranks, grouped K/V heads and RoPE: each rank's zigzag block has "
-    "the theory's number of tokens and its real tokens' global positions; the library's ring attention on the "
-    "rotated blocks gives one device's causal attention and its gradients; no call into parlab's sequence code",
-    "zero_padding": "3 Adam steps of a lab model of Psi = 678 parameters (not divisible by 4) on 4 ranks: every "
-    "parameter matches one device; the state elements each rank holds and the bytes it reduce-scatters and "
-    "all-gathers per step equal the theory's (equal shards, nothing replicated); no all-reduce; no call into "
-    "parlab's ZeRO",
-    "zero_sizes": "predictions for Psi = 678 on 7 ranks: the elements the handed-out step never updates, the "
-    "shard size and the padding of a correct step (exact)",
-    "pipeline_deadlock": "1F1B over the lab model's 4 blocks on 4 stages finishes (a hang fails within seconds), "
-    "with one device's loss and every stage's gradients; every steady-state exchange makes one send and one receive "
-    "through parlab.core.comm, both in flight at once (posted before either is waited for): a fix that orders "
-    "them by rank parity fails here; no call into parlab's pipeline code",
-    "ring_lse": "the library's ring-attention backward on the forward's (out, lse), grouped K/V heads: out and dq, "
-    "dk, dv match one device's causal attention; the forward sends P-1 K/V blocks of the K/V heads only per rank; "
-    "no call into parlab's sequence code",
+    "dp_tokens": "the lab model on 4 ranks, 2 micro-batches each, on documents padded with ignored targets (every "
+    "rank and micro-batch with its own count of real targets): every "
+    "rank's gradients equal one device's on the whole batch (the mean over its real targets); each rank "
+    "communicates one copy of the gradients and at most 2P more numbers per step; no call into parlab's data "
+    "parallelism",
+    "tp_norm": "the lab model's MLP sublayer (RMSNorm, SwiGLU without biases, residual) with Megatron's f and g on "
+    "4 ranks: y, dL/dx, every projection's gradient and the RMSNorm gain's gradient on every rank match one device; "
+    "each rank communicates one [B, T, H] in forward and one in backward, nothing more; no call into parlab's "
+    "tensor parallelism",
+    "zigzag_targets": "for T = 16 and 24 on 4 ranks, each rank given only its zigzag block of token ids: every "
+    "rank's targets equal one device's next tokens in the same layout (the sequence's last token ignored); each "
+    "rank exchanges only with ranks r-1 and r+1, point to point, at most two token ids per sequence; no call into "
+    "parlab's sequence code",
+    "zero_clip": "3 Adam steps with the gradient clipped at a global norm, the lab model's matrices in padded flat "
+    "ZeRO shards (642 numbers on 4 ranks) and its RMSNorm gains replicated: the norm each rank clipped by and every "
+    "parameter equal one device's; each rank reduce-scatters its padded shard, all-gathers the parameters, "
+    "all-reduces the gains' gradients and at most 2P more numbers, nothing else; no call into parlab's ZeRO",
+    "clip_at_scale": "predictions for the fixed step on a Llama-3-8B-sized lab model on 96 ranks (shard and "
+    "padding, exact) and the norm the handed-out step clips by (0.1%)",
+    "pipeline_m": "the lab model's 4 blocks on 4 stages, m = 4 (one step), 3 and 2 micro-batches (two steps each, "
+    "the loader going on into the next step): no hang (a hang fails within seconds, naming each rank's call), each "
+    "step's loss and every stage's gradients equal one device's on that step's batch; every stage sends m activations "
+    "forward and m gradients back per step, nothing else; no call into parlab's pipeline code",
+    "ring_gqa": "a ring-attention forward of grouped K/V heads under the library's backward, for (nq, nkv) = (4, 4) "
+    "and (6, 2): out and dq, dk, dv equal one device's causal attention; each rank sends P-1 K/V blocks of the nkv "
+    "heads only in forward; no call into parlab's sequence code",
 }
 
 
-def zero_sizes_theory() -> dict[str, int]:
-    """THEORY of the prediction: for Psi on P_PREDICT ranks, the elements the handed-out step never updates (those
-    past P floor(Psi/P)), the shard of a correct step (ceil(Psi/P)) and the padding it reduce-scatters."""
-    psi = sum(p.numel() for p in build_lab_model(ZERO_CFG).parameters())
-    shard = math.ceil(psi / P_PREDICT)
-    return {"frozen": psi % P_PREDICT, "shard": shard, "padding": P_PREDICT * shard - psi}
+def clip_at_scale_theory() -> dict[str, float]:
+    """THEORY of the prediction: the lab model at PREDICT_CFG on PREDICT_N ranks, its matrices flat and padded into
+    equal shards: the shard each rank holds and the padding of the last one; and the norm the handed-out step clips
+    by when the averaged gradient's matrices have norm a and its gains norm b."""
+    c = PREDICT_CFG
+    V, H, L, F_ = c["vocab"], c["hidden"], c["layers"], c["ffn"]
+    hd = H // c["heads"]
+    block = 2 * H * H + 2 * c["kv_heads"] * hd * H + 3 * F_ * H  # q and o, k and v, gate, up and down
+    matrices = 2 * V * H + L * block  # the embedding and the untied head
+    shard = math.ceil(matrices / PREDICT_N)
+    a, b = PREDICT_NORMS["matrices"], PREDICT_NORMS["gains"]
+    # The handed-out step's arithmetic on N ranks, the matrices' squares spread evenly over the shards (their sum a^2)
+    shards = [a * a / PREDICT_N] * PREDICT_N
+    squares = [part + b * b for part in shards]  # mine = [grad] + [g.grad for g in gains], summed, on each rank
+    return {
+        "shard": shard,
+        "padding": PREDICT_N * shard - matrices,
+        "handout_norm": math.sqrt(sum(squares)),  # after the all-reduce
+    }
 
 
 # The predictions' theory, one function per PREDICT cell: what its judge scores against.
-THEORY = {"zero_sizes": zero_sizes_theory}
+THEORY = {"clip_at_scale": clip_at_scale_theory}
 
 
 def run(check: str, *answers) -> None:
@@ -116,51 +129,70 @@ def run(check: str, *answers) -> None:
     run_check(__name__, check, *answers)
 
 
-def _library_line(part: str, called) -> str:
-    return library_line(part, called, "the library's implementation of the scheme")
+# The process-group methods (parlab.core.probe's "op") of each collective, whichever torch.distributed call made it.
+_REDUCE_SCATTER = ("reduce_scatter_single", "reduce_scatter", "reduce_scatter_tensor_coalesced")
+_ALL_GATHER = ("all_gather_single", "allgather", "allgather_into_tensor_coalesced")
+_ALL_REDUCE = ("allreduce", "allreduce_coalesced")
 
 
-# --------------------------------------------------------------------------- part 1: data parallel, accumulation
+def _summed(ops: tuple[str, ...]):
+    """The bytes of one step's calls of these process-group methods: step {op: bytes} -> int."""
+    return lambda step: sum(step.get(op, 0) for op in ops)
 
 
-def dp_data() -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch of token ids: x, y [B_DP, T] (y is x shifted by one)."""
-    x, y = lab_batches(DP_CFG, B_DP, 1, seed=11)[0]
-    return x.to(parlab.device()), y.to(parlab.device())
+def _bytes_line(what: str, received: list, least: int, most: int) -> str:
+    """One verdict over the ranks: each rank's bytes (or each of its steps' bytes, a list) in [least, most]; a FAIL
+    names the first rank (and step) that is not."""
+    bound = f"{least}" if least == most else f"from {least} to {most}"
+    for r, got in enumerate(received):
+        for step, value in enumerate(got if isinstance(got, list) else [got]):
+            if not least <= value <= most:
+                where = f"rank {r}, step {step + 1}" if isinstance(got, list) else f"rank {r}"
+                return f"{what}: {where}: expected {bound}, received {value}: FAIL"
+    return f"{what}: {bound} on every rank: PASS"
+
+
+# --------------------------------------------------------------- part 1: data parallel, accumulation, padded documents
+
+
+def dp_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of token ids, x, y [B_DP, T]: document i of DP_LENGTHS[i] real targets, then padding (input
+    0, target IGNORE: the loss leaves it out)."""
+    x, y = (t.to(parlab.device()) for t in lab_batches(DP_CFG, B_DP, 1, seed=11)[0])
+    for i, n in enumerate(DP_LENGTHS):
+        x[i, n:], y[i, n:] = 0, IGNORE
+    return x, y
 
 
 def run_dp(train_step) -> dict:
-    """Rank code: rank r's rows of the batch through `train_step` (your code), the process group watched."""
-    r = dist.get_rank()
+    """Rank code: rank r's rows [r b, (r+1) b) of the global batch through `train_step` (your code), from the same
+    weights on every rank, the process group watched."""
+    r, b = dist.get_rank(), B_DP // P
+    x, y = dp_batch()
     model = build_lab_model(DP_CFG, seed=10).to(parlab.device())  # the same weights on every rank
-    x, y = dp_data()
-    b = B_DP // P
     with probe.recording(keep_sent_data=False) as calls, library_calls(LIBRARY) as called:
-        train_step(model, x[r * b : (r + 1) * b], y[r * b : (r + 1) * b], M)  # rows [r b, (r+1) b)
-    return {"grads": _grads(model), "calls": calls, "library": called}
+        train_step(model, x[r * b : (r + 1) * b], y[r * b : (r + 1) * b], M)
+    return {"grads": _grads(model), "bytes": sum(int(c["bytes"]) for c in calls), "library": called}
 
 
-def collect_dp_accumulation(train_step) -> dict:
+def collect_dp_tokens(train_step) -> dict:
     return {"ranks": list(parlab.launch(run_dp, P, train_step, **LAUNCH))}
 
 
-def judge_dp_accumulation(data) -> list[str]:
-    model = build_lab_model(DP_CFG, seed=10)
-    x, y = dp_data()
-    lab_loss(model(x), y).backward()  # one device, the whole batch
-    reference, psi = _grads(model), sum(p.numel() for p in model.parameters())
+def judge_dp_tokens(data) -> list[str]:
     ranks = data["ranks"]
-    lines = [compare(f"rank {r}: gradients after the step", ranks[r]["grads"], reference).line for r in range(P)]
-    for r in range(P):
-        calls = ranks[r]["calls"]
-        reduced = probe.total_bytes(calls, "allreduce")
-        others = len([c for c in calls if c["op"] != "allreduce"])
-        lines.append(
-            check_equal(f"rank {r}: bytes all-reduced in one step (M = {M} micro-batches)", reduced, psi * 8).line
-        )
-        lines.append(check_equal(f"rank {r}: calls of other collectives", others, 0).line)
-    lines.append(_library_line("train_step", [c for res in ranks for c in res.get("library", ["(not recorded)"])]))
-    return lines
+    model = build_lab_model(DP_CFG, seed=10)
+    x, y = dp_batch()
+    lab_loss(model(x), y).backward()  # one device, the whole batch: the mean over its real targets
+    reference, psi = _grads(model), sum(p.numel() for p in model.parameters())
+    expected = {f"rank {r}: {n}": g for r in range(P) for n, g in reference.items()}
+    got = {f"rank {r}: {n}": g for r in range(P) for n, g in ranks[r]["grads"].items()}
+    what = f"bytes each rank communicates in the step (one copy of the gradients, and at most {2 * P} numbers)"
+    return [
+        first_wrong("every rank's gradients after the step", got, expected),
+        _bytes_line(what, [res["bytes"] for res in ranks], psi * 8, psi * 8 + 2 * P * 8),
+        library_verdict("train_step", [c for res in ranks for c in res["library"]]),
+    ]
 
 
 # ---------------------------------------------------------------------- part 2: tensor parallel, Megatron's f, g
@@ -169,8 +201,7 @@ def judge_dp_accumulation(data) -> list[str]:
 def tp_problem() -> dict[str, torch.Tensor]:
     """The lab model's MLP sublayer and data: x [B, T, H], the RMSNorm gain [H], gate and up [F, H], down [H, F]
     (block 0 of a small lab model, its gain moved off 1 and its weights scaled up from their initial N(0, 0.02^2),
-    as a trained model's are: the MLP's share of dL/dx is then not lost beside the residual's), the output gradient
-    G [B, T, H]."""
+    as a trained model's are), the output gradient G [B, T, H]."""
     block = build_lab_model(TP_CFG, seed=20).blocks[0]
     H, scale = TP_CFG.hidden, 10.0
     return {
@@ -183,16 +214,9 @@ def tp_problem() -> dict[str, torch.Tensor]:
     }
 
 
-def tp_swiglu(x, norm, gate, up, down, f, g):
-    """The lab model's MLP sublayer on this rank's slices: x + g(down_r(silu(gate_r(n)) * up_r(n))), with
-    n = f(rmsnorm(x))."""
-    n = f.apply(rms_norm(x, norm, TP_CFG.eps))  # [B, T, H], replicated: f before the column-parallel gate and up
-    h = F.silu(n @ gate.T) * (n @ up.T)  # [B, T, F/P]: this rank's SwiGLU units
-    return x + g.apply(h @ down.T)  # [B, T, H]: the partial sums summed by g (row-parallel down), then the residual
-
-
-def run_tp(f, g) -> dict:
-    """Rank code: rank r holds the SwiGLU units [r k, (r+1) k), k = F/P: rows of gate and up, columns of down."""
+def run_tp(mlp_sublayer) -> dict:
+    """Rank code: rank r holds the SwiGLU units [r k, (r+1) k), k = F/P: rows of gate and up, columns of down; x and
+    the RMSNorm gain are replicated. Runs `mlp_sublayer` (your code) forward, then backward from sum(y * G)."""
     r, k = dist.get_rank(), TP_CFG.ffn // P
     full = tp_problem()
     mine = {
@@ -206,11 +230,17 @@ def run_tp(f, g) -> dict:
         t.requires_grad_()
     with library_calls(LIBRARY) as called:
         with probe.recording(keep_sent_data=False) as forward_calls:
-            y = tp_swiglu(*mine.values(), f, g)
+            y = mlp_sublayer(*mine.values())
         with probe.recording(keep_sent_data=False) as backward_calls:
             (y * full["G"]).sum().backward()
     grads = {name: t.grad for name, t in mine.items()}
-    return {"y": y.detach(), "grads": grads, "forward": forward_calls, "backward": backward_calls, "library": called}
+    return {
+        "y": y.detach(),
+        "grads": grads,
+        "forward": sum(int(c["bytes"]) or 1 for c in forward_calls),  # every call; a barrier counts one byte
+        "backward": sum(int(c["bytes"]) or 1 for c in backward_calls),
+        "library": called,
+    }
 
 
 def tp_single_device() -> dict:
@@ -221,134 +251,151 @@ def tp_single_device() -> dict:
     return {"y": y.detach(), "grads": {name: t.grad for name, t in full.items()}}
 
 
-def collect_tp_backward(f, g) -> dict:
-    return {"ranks": list(parlab.launch(run_tp, P, f, g, **LAUNCH))}
+def collect_tp_norm(mlp_sublayer) -> dict:
+    return {"ranks": list(parlab.launch(run_tp, P, mlp_sublayer, **LAUNCH))}
 
 
-def judge_tp_backward(data) -> list[str]:
+def judge_tp_norm(data) -> list[str]:
     ranks, ref = data["ranks"], tp_single_device()
     grads = [res["grads"] for res in ranks]
+    lines = [first_wrong("y, on every rank", {f"rank {r}": ranks[r]["y"] for r in range(P)}, _every(ref["y"]))]
     gathered, error = _no_error(
         "gradients of the ranks' slices",
         lambda: {
-            "gate": torch.cat([g["gate"] for g in grads], dim=0),  # the ranks' rows stacked: [F, H]
-            "up": torch.cat([g["up"] for g in grads], dim=0),  # [F, H]
-            "down": torch.cat([g["down"] for g in grads], dim=1),  # the ranks' columns side by side: [H, F]
-            "norm": grads[0]["norm"],  # rank 0's
-            "x": grads[0]["x"],
+            "gate, the ranks' rows stacked": torch.cat([g["gate"] for g in grads], dim=0),  # [F, H]
+            "up, the ranks' rows stacked": torch.cat([g["up"] for g in grads], dim=0),  # [F, H]
+            "down, the ranks' columns side by side": torch.cat([g["down"] for g in grads], dim=1),  # [H, F]
         },
     )
     if gathered is None:
-        return error
-    ratios = ", ".join(f"{name} {(gathered[name].norm() / ref['grads'][name].norm()).item():.3f}" for name in gathered)
-    lines = [f"gradient norms / one device's: {ratios}"]  # information, not a verdict
-    lines += [compare(f"rank {r}: y", ranks[r]["y"], ref["y"]).line for r in range(P)]
-    for name, what in [
-        ("gate", "dL/dW of gate, the ranks' rows stacked"),
-        ("up", "dL/dW of up, the ranks' rows stacked"),
-        ("down", "dL/dW of down, the ranks' columns side by side"),
-    ]:
-        lines.append(compare(what, gathered[name], ref["grads"][name]).line)
-    for name, what in [("norm", "dL/d(RMSNorm gain)"), ("x", "dL/dx")]:
-        theirs, ours = [g[name] for g in grads], [ref["grads"][name]] * P
-        lines.append(compare(f"{what}, on every rank", theirs, ours).line)
-    y_bytes = BATCH * T_TP * TP_CFG.hidden * 8
-    for r in range(P):
-        for phase in ("forward", "backward"):
-            sent = sum(int(c["bytes"]) or 1 for c in ranks[r][phase])  # every call; a barrier counts one byte
-            lines.append(check_equal(f"rank {r}: bytes communicated in {phase}", sent, y_bytes).line)
-    lines.append(_library_line("Copy and Reduce", [c for res in ranks for c in res.get("library", ["(not recorded)"])]))
+        return lines + error
+    expected = {
+        "gate, the ranks' rows stacked": ref["grads"]["gate"],
+        "up, the ranks' rows stacked": ref["grads"]["up"],
+        "down, the ranks' columns side by side": ref["grads"]["down"],
+    }
+    lines.append(first_wrong("the projections' weight gradients", gathered, expected))
+    for name, what in [("x", "dL/dx"), ("norm", "dL/d(RMSNorm gain)")]:
+        got = {f"rank {r}": grads[r][name] for r in range(P)}
+        lines.append(first_wrong(f"{what}, on every rank", got, _every(ref["grads"][name])))
+    y_bytes = BATCH * T_TP * TP_CFG.hidden * 8  # one [B, T, H]
+    for phase in ("forward", "backward"):
+        what = f"bytes each rank communicates in {phase} (one [B, T, H])"
+        lines.append(_bytes_line(what, [ranks[r][phase] for r in range(P)], y_bytes, y_bytes))
+    called = [c for res in ranks for c in res["library"]]
+    lines.append(library_verdict("mlp_sublayer", called))
     return lines
 
 
-# -------------------------------------------------------- part 3: zigzag with RoPE positions, T not divisible by 2P
+def _every(tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {f"rank {r}": tensor for r in range(P)}
 
 
-def zigzag_unshard(blocks: list[torch.Tensor], T: int) -> torch.Tensor:
-    """The ranks' zigzag blocks back in sequence order, cut to the T real tokens: [1, HEADS, T, HD].
-
-    blocks[r] holds chunks r and 2P-1-r of the 2P chunks (its first half, then its second half)."""
-    pieces: list[torch.Tensor | None] = [None] * (2 * len(blocks))
-    for r, block in enumerate(blocks):
-        pieces[r], pieces[2 * len(blocks) - 1 - r] = block.chunk(2, dim=-2)
-    return torch.cat(pieces, dim=-2)[..., :T, :]
+# ------------------------------------------------------------ part 3: the targets of a zigzag layout, sharded ids
 
 
-def run_zigzag(zigzag_shard) -> dict:
-    """Rank code: for each T, every rank shards the whole q, k, v and G with `zigzag_shard` (your code), turns its
-    q and k by the positions it returned (RoPE, the lab model's), runs the library's ring attention (zigzag layout,
-    causal; each K/V head repeated for its query heads) on its block and backpropagates sum(out_r * G_r)."""
-    r = dist.get_rank()
-    out = {}
+def zigzag_block(t: torch.Tensor, rank: int) -> torch.Tensor:
+    """Rank `rank`'s zigzag block of a [B, T] tensor: chunks rank and 2P-1-rank of 2P chunks, side by side."""
+    chunks = t.chunk(2 * P, dim=1)
+    return torch.cat([chunks[rank], chunks[2 * P - 1 - rank]], dim=1)  # [B, 2c]
+
+
+def zigzag_problem(T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ZZ_B sequences of T token ids x [ZZ_B, T] (no id twice in a sequence: a wrong target never looks right), and
+    their targets y: the next token, IGNORE for the last one."""
+    gen = torch.Generator().manual_seed(30 + T)
+    x = torch.stack([torch.randperm(ZZ_CFG.vocab_size, generator=gen)[:T] for _ in range(ZZ_B)])  # host: the draw
+    x = x.to(parlab.device())
+    y = torch.full_like(x, IGNORE)
+    y[:, :-1] = x[:, 1:]
+    return x, y
+
+
+def run_zigzag(zigzag_targets) -> dict:
+    """Rank code: for each T, rank r holds only its zigzag block x_r [B, 2c] of the token ids and asks
+    `zigzag_targets` (your code) for their targets; its calls into torch.distributed are recorded."""
+    r, out = dist.get_rank(), {}
     for T in ZIGZAG_T:
-        q, k, v, g = attention_problem(T, seed=30 + T)
-        for t in (q, k, v):
-            t.requires_grad_()
-        with library_calls(LIBRARY) as called:
-            (q_r, positions), (k_r, _), (v_r, _), (g_r, _) = (zigzag_shard(t, r, P) for t in (q, k, v, g))
-        positions = torch.as_tensor(positions, device=q.device)
-        q_r, k_r = apply_rope(q_r, positions), apply_rope(k_r, positions)  # each token turns by its global position
-        group = HEADS // KV_HEADS
-        k_r, v_r = k_r.repeat_interleave(group, dim=1), v_r.repeat_interleave(group, dim=1)  # [1, HEADS, 2c, HD]
-        o_r = ring_attention(q_r, k_r, v_r, causal=True, layout="zigzag")
-        (o_r * g_r).sum().backward()  # q.grad: this rank's part of dL/dq (summed over ranks)
-        out[T] = {"out": o_r.detach(), "positions": positions, "dq": q.grad, "dk": k.grad, "dv": v.grad}
-        out[T]["library"] = called
+        x_r = zigzag_block(zigzag_problem(T)[0], r)
+        with probe.recording(keep_sent_data=False) as calls, library_calls(LIBRARY) as called:
+            targets = zigzag_targets(x_r.clone())
+        calls = [{"op": c["op"], "peer": int(c["peer"]), "bytes": int(c["bytes"])} for c in calls]
+        out[T] = {"targets": targets, "calls": calls, "library": called}
     return out
 
 
-def _summed(per_rank: list[dict]) -> list[torch.Tensor]:
-    """dL/dq, dL/dk, dL/dv: the sum of the ranks' shares (each rank's backward reaches only its own tokens)."""
-    return [sum(res[name] for res in per_rank) for name in ("dq", "dk", "dv")]
+def collect_zigzag_targets(zigzag_targets) -> dict:
+    return {"ranks": list(parlab.launch(run_zigzag, P, zigzag_targets, **LAUNCH))}
 
 
-def collect_zigzag_padding(zigzag_shard) -> dict:
-    return {"ranks": list(parlab.launch(run_zigzag, P, zigzag_shard, **LAUNCH))}
-
-
-def _wrong_positions(ranks, T: int) -> str:
-    """'' when every rank's block gives its real tokens their global positions, else the first rank that does not."""
-    c = math.ceil(T / (2 * P))
+def _wrong_target(ranks, T: int, y: torch.Tensor) -> str:
+    """'' when every rank's targets equal one device's in its block, else the first wrong one."""
     for r in range(P):
-        expected = [t for i in (r, 2 * P - 1 - r) for t in range(i * c, (i + 1) * c)]
-        got = [int(t) for t in ranks[r][T]["positions"].reshape(-1).tolist()]
-        real = [i for i, t in enumerate(expected) if t < T]
-        if len(got) != len(expected) or [got[i] for i in real] != [expected[i] for i in real]:
-            return f"rank {r}: expected {[expected[i] for i in real]}, received {got}"
+        want, got = zigzag_block(y, r), ranks[r][T]["targets"]
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            return f"rank {r}: expected a tensor of shape {list(want.shape)}, received {_shape(got)}"
+        wrong = (got.to(torch.int64) != want).nonzero()
+        if len(wrong):
+            b, i = (int(j) for j in wrong[0])
+            return (
+                f"rank {r}, sequence {b}, index {i} of its block: expected {int(want[b, i])}, received {int(got[b, i])}"
+            )
     return ""
 
 
-def judge_zigzag_padding(data) -> list[str]:
+def _shape(value) -> str:
+    return f"shape {list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def _stray_call(ranks, T: int) -> str:
+    """'' when every rank only sends to and receives from ranks r-1 and r+1, at most 2 token ids per sequence."""
+    most = 2 * ZZ_B * 8
+    for r in range(P):
+        calls = ranks[r][T]["calls"]
+        for c in calls:
+            if c["op"] not in ("send", "recv") or c["peer"] not in (r - 1, r + 1):
+                peer = f" with rank {c['peer']}" if c["peer"] >= 0 else ""
+                return f"rank {r}: expected sends and receives with ranks r-1, r+1 only, received {c['op']}{peer}"
+        sent = sum(c["bytes"] for c in calls if c["op"] == "send")
+        if sent > most:
+            return f"rank {r}: expected at most {most} bytes sent, received {sent}"
+    return ""
+
+
+def _loss_with(targets: torch.Tensor, x: torch.Tensor) -> float:
+    """The lab model's loss on x with these targets (a small model: information, the user's symptom)."""
+    model = build_lab_model(ZZ_CFG, seed=31)
+    with torch.no_grad():
+        return lab_loss(model(x), targets).item()
+
+
+def _unzigzag(blocks: list[torch.Tensor]) -> torch.Tensor:
+    """The ranks' [B, 2c] blocks back in sequence order: [B, T]."""
+    pieces: list[torch.Tensor | None] = [None] * (2 * P)
+    for r, block in enumerate(blocks):
+        pieces[r], pieces[2 * P - 1 - r] = block.chunk(2, dim=1)
+    return torch.cat(pieces, dim=1)
+
+
+def judge_zigzag_targets(data) -> list[str]:
     ranks, lines = data["ranks"], []
     for T in ZIGZAG_T:
-        q, k, v, g = (t.requires_grad_() for t in attention_problem(T, seed=30 + T))
-        positions = torch.arange(T)  # host: the reference on one device
-        reference = gqa_attention(apply_rope(q, positions), apply_rope(k, positions), v)  # one device, causal
-        (reference * g.detach()).sum().backward()
-        c = math.ceil(T / (2 * P))
-        lengths = [int(ranks[r][T]["out"].shape[-2]) for r in range(P)]
-        lines.append(f"T={T}: tokens in each rank's block: {lengths}")  # information
-        for r in range(P):
-            lines.append(check_equal(f"T={T}: rank {r}: tokens in its block", lengths[r], 2 * c).line)
-        wrong = _wrong_positions(ranks, T)
-        verdict = "PASS" if not wrong else f"{wrong}: FAIL"
-        lines.append(f"T={T}: every rank's real tokens at their global positions: {verdict}")
-        merged, error = _no_error(
-            f"T={T}: the blocks back in order", zigzag_unshard, [ranks[r][T]["out"] for r in range(P)], T
-        )
-        if merged is None:
-            lines += error
-        else:
-            lines.append(compare(f"T={T}: attention output, blocks back in order", merged, reference.detach()).line)
-        what = f"T={T}: dL/dq, dL/dk, dL/dv (each rank's share, summed)"
-        grads, error = _no_error(what, _summed, [ranks[r][T] for r in range(P)])
-        lines += error or [compare(what, grads, [q.grad, k.grad, v.grad]).line]
-    called = [c for res in ranks for T in ZIGZAG_T for c in res[T].get("library", ["(not recorded)"])]
-    lines.append(_library_line("zigzag_shard", called))
+        x, y = zigzag_problem(T)
+        in_order, _ = _no_error("", lambda t=T: _unzigzag([ranks[r][t]["targets"].to(torch.int64) for r in range(P)]))
+        loss, _ = _no_error("", _loss_with, in_order, x)
+        if loss is not None:  # information: the symptom the user saw
+            lines.append(f"T={T}: the loss with the ranks' targets: {loss:.6f} (one device: {_loss_with(y, x):.6f})")
+        wrong = _wrong_target(ranks, T, y)
+        lines.append(f"T={T}: every rank's targets against one device's: {f'{wrong}: FAIL' if wrong else 'PASS'}")
+        stray = _stray_call(ranks, T)
+        what = f"T={T}: each rank exchanges with its neighbours only, at most two token ids per sequence"
+        lines.append(f"{what}: {f'{stray}: FAIL' if stray else 'PASS'}")
+    called = [c for res in ranks for T in ZIGZAG_T for c in res[T]["library"]]
+    lines.append(library_verdict("zigzag_targets", called))
     return lines
 
 
-# ----------------------------------------------------------------------------- part 4: ZeRO, Psi not divisible by P
+# ---------------------------------------------------------- part 4: ZeRO with the gradient clipped at a global norm
 
 
 def zero_data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -357,106 +404,120 @@ def zero_data() -> tuple[torch.Tensor, torch.Tensor]:
     return x.to(parlab.device()), y.to(parlab.device())
 
 
-def flat_lab_model(seed: int = 40) -> tuple[LabModel, torch.Tensor, torch.Tensor]:
-    """The lab model whose parameters and gradients are views of two flat buffers of Psi numbers (no padding), in
-    named_parameters() order: flat_param (writing it writes the parameters) and flat_grad (backward adds into it)."""
+def flat_lab_model(seed: int = 40) -> tuple[LabModel, torch.Tensor, torch.Tensor, list[torch.nn.Parameter]]:
+    """The lab model whose matrices (every 2-D parameter, in named_parameters() order) are views of two flat buffers
+    of PSI_M numbers (no padding): flat_param (writing it writes the matrices) and flat_grad (backward adds into it);
+    and its RMSNorm gains, [H] each, as they are (replicated on every rank, each with its own .grad)."""
     model = build_lab_model(ZERO_CFG, seed).to(parlab.device())
-    psi = sum(p.numel() for p in model.parameters())
-    flat_param = torch.zeros(psi, dtype=torch.float64, device=parlab.device())
-    flat_grad = torch.zeros(psi, dtype=torch.float64, device=parlab.device())
+    matrices = [p for p in model.parameters() if p.dim() == 2]
+    gains = [p for p in model.parameters() if p.dim() == 1]
+    psi_m = sum(p.numel() for p in matrices)
+    flat_param = torch.zeros(psi_m, dtype=torch.float64, device=parlab.device())
+    flat_grad = torch.zeros(psi_m, dtype=torch.float64, device=parlab.device())
     offset = 0
-    for p in model.parameters():
+    for p in matrices:
         n = p.numel()
         flat_param[offset : offset + n] = p.detach().reshape(-1)
         p.data = flat_param[offset : offset + n].view_as(p)
         p.grad = flat_grad[offset : offset + n].view_as(p)
         offset += n
-    return model, flat_param, flat_grad
+    return model, flat_param, flat_grad, gains
 
 
-def run_zero(zero_update) -> dict:
-    """Rank code: ZERO_STEPS steps of ZeRO (stage 2's communication) with `zero_update` (your code), each rank on
-    its rows of the batch; the last step's calls into torch.distributed are recorded."""
+def run_zero(zero_step) -> dict:
+    """Rank code: ZERO_STEPS steps with `zero_step` (your code), each rank on its rows of the batch; the norm it
+    logged (state["grad_norm"]) after every step, and every step's calls into torch.distributed."""
     r = dist.get_rank()
-    model, flat_param, flat_grad = flat_lab_model()
+    model, flat_param, flat_grad, gains = flat_lab_model()
     x, y = zero_data()
     b = B_ZERO // P
-    state: dict = {}  # this rank's optimizer state, kept by zero_update from step to step
+    state: dict = {}  # this rank's optimizer state, kept by zero_step from step to step
     called: list[str] = []
+    norms, steps = [], []
     for step in range(1, ZERO_STEPS + 1):
         flat_grad.zero_()
-        lab_loss(model(x[r * b : (r + 1) * b]), y[r * b : (r + 1) * b]).backward()  # flat_grad: my rows' gradient
+        for g in gains:
+            g.grad = None
+        lab_loss(model(x[r * b : (r + 1) * b]), y[r * b : (r + 1) * b]).backward()  # my rows' gradient
         with probe.recording(keep_sent_data=False) as calls, library_calls(LIBRARY) as seen:
-            zero_update(flat_param, flat_grad, state, step)
+            zero_step(flat_param, flat_grad, gains, state, step)
         called += seen
-    held = sum(t.numel() for t in state.values() if isinstance(t, torch.Tensor))
+        norm = state.get("grad_norm")
+        one_number = isinstance(norm, (int, float)) or (isinstance(norm, torch.Tensor) and norm.numel() == 1)
+        norms.append(float(norm) if one_number else None)
+        steps.append({op: sum(int(c["bytes"]) for c in calls if c["op"] == op) for op in {c["op"] for c in calls}})
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return {"params": params, "held": held, "calls": calls, "library": called}
+    return {"params": params, "norms": norms, "steps": steps, "library": called}
 
 
-def zero_single_device() -> dict[str, torch.Tensor]:
-    """Adam (the setup's adam_step, torch's arithmetic) on one device, on the whole batch."""
-    model, flat_param, flat_grad = flat_lab_model()
+def zero_single_device() -> tuple[dict[str, torch.Tensor], list[float]]:
+    """One device, the whole batch: each step's gradient norm (torch's clip_grad_norm_: the 2-norm of all the
+    gradients together), every gradient multiplied by clip_coefficient(norm), then Adam (the setup's adam_step) on
+    every parameter. The parameters after ZERO_STEPS
+    steps, by name, and the norms."""
+    model = build_lab_model(ZERO_CFG, seed=40)
     x, y = zero_data()
-    master, m, v = flat_param.clone(), torch.zeros_like(flat_param), torch.zeros_like(flat_param)
+    moments = {n: (torch.zeros_like(p), torch.zeros_like(p)) for n, p in model.named_parameters()}
+    norms = []
     for step in range(1, ZERO_STEPS + 1):
-        flat_grad.zero_()
+        model.zero_grad()
         lab_loss(model(x), y).backward()
-        adam_step(master, flat_grad, m, v, step, ZERO_LR)
-        flat_param.copy_(master)
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
+        norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters()))
+        norms.append(norm.item())
+        coef = clip_coefficient(norm)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                adam_step(p, p.grad * coef, *moments[n], step, ZERO_LR)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, norms
 
 
-def collect_zero_padding(zero_update) -> dict:
-    return {"ranks": list(parlab.launch(run_zero, P, zero_update, **LAUNCH))}
+def collect_zero_clip(zero_step) -> dict:
+    return {"ranks": list(parlab.launch(run_zero, P, zero_step, **LAUNCH))}
 
 
-def _unchanged(params: dict, initial: dict, reference: dict) -> str:
-    """ "head.weight 2 of 174" for the parameters with elements still at their initial value that one device does
-    change (information: an embedding row no token of the batch uses stays where it was on one device too)."""
-    found = []
-    for name, start in initial.items():
-        mine = params.get(name)
-        if isinstance(mine, torch.Tensor) and mine.shape == start.shape:
-            if same := int(((mine == start) & (reference[name] != start)).sum()):
-                found.append(f"{name} {same} of {start.numel()}")
-    return ", ".join(found) or "none"
-
-
-def judge_zero_padding(data) -> list[str]:
-    ranks, reference = data["ranks"], zero_single_device()
-    psi = sum(t.numel() for t in reference.values())
-    S = math.ceil(psi / P)
-    initial = {n: p.detach() for n, p in flat_lab_model()[0].named_parameters()}
-    unchanged = _unchanged(ranks[0]["params"], initial, reference)
-    lines = [f"rank 0: elements still at their initial value that one device updates: {unchanged}"]
-    lines += [
-        compare(f"rank {r}: parameters after {ZERO_STEPS} steps", ranks[r]["params"], reference).line for r in range(P)
-    ]
-    for r in range(P):
-        calls = ranks[r]["calls"]
-        lines += [
-            check_equal(f"rank {r}: optimizer state elements held (master, m, v)", ranks[r]["held"], 3 * S).line,
-            check_equal(
-                f"rank {r}: bytes reduce-scattered into its gradient shard",
-                probe.total_bytes(calls, "reduce_scatter_single"),
-                S * 8,
-            ).line,
-            check_equal(
-                f"rank {r}: bytes of the all-gathered parameters",
-                probe.total_bytes(calls, "all_gather_single"),
-                P * S * 8,
-            ).line,
-            check_equal(f"rank {r}: all-reduces", sum(c["op"] == "allreduce" for c in calls), 0).line,
-        ]
-    lines.append(_library_line("zero_update", [c for res in ranks for c in res.get("library", ["(not recorded)"])]))
+def judge_zero_clip(data) -> list[str]:
+    ranks = data["ranks"]
+    reference, norms = zero_single_device()
+    model, flat_param, _, gains = flat_lab_model()
+    psi_m, n_gains = flat_param.numel(), sum(g.numel() for g in gains)
+    S = math.ceil(psi_m / P)  # a shard: the last one ends in padding
+    lines = []
+    for step in range(ZERO_STEPS):
+        got = {f"rank {r}": ranks[r]["norms"][step] for r in range(P)}
+        if any(v is None for v in got.values()):
+            lines.append(f"step {step + 1}: the gradient norm logged in state['grad_norm']: missing: FAIL")
+            continue
+        what = f"step {step + 1}: the gradient norm each rank clipped by (clipped at {MAX_NORM})"
+        as_tensors = {k: torch.tensor(v, dtype=torch.float64) for k, v in got.items()}  # host: the judge's numbers
+        one_device = torch.tensor(norms[step], dtype=torch.float64)  # host: the judge's numbers
+        lines.append(first_wrong(what, as_tensors, _every(one_device)))
+    expected = {f"rank {r}: {n}": p for r in range(P) for n, p in reference.items()}
+    got = {f"rank {r}: {n}": p for r in range(P) for n, p in ranks[r]["params"].items()}
+    lines.append(first_wrong(f"every rank's parameters after {ZERO_STEPS} steps", got, expected))
+    few = 2 * P * 8  # beside the step's own collectives, a rank may all-reduce or gather 2P numbers
+    own = S * 8 + P * S * 8 + n_gains * 8  # the shard reduce-scattered, the parameters gathered, the gains reduced
+    for bytes_of, what, least, most in [
+        (_summed(_REDUCE_SCATTER), "bytes reduce-scattered into each rank's gradient shard", S * 8, S * 8),
+        (_summed(_ALL_GATHER), "bytes all-gathered (the parameters, a few numbers more)", P * S * 8, P * S * 8 + few),
+        (
+            _summed(_ALL_REDUCE),
+            "bytes all-reduced (the gains' gradients, a few numbers more)",
+            n_gains * 8,
+            n_gains * 8 + few,
+        ),
+        (lambda step: sum(step.values()) - own, f"bytes beside these (at most {2 * P} numbers)", 0, few),
+    ]:
+        per_step = [[bytes_of(step) for step in ranks[r]["steps"]] for r in range(P)]
+        lines.append(_bytes_line(f"{what}, in every step", per_step, least, most))
+    called = [c for res in ranks for c in res["library"]]
+    lines.append(library_verdict("zero_step", called))
     return lines
 
 
-def collect_zero_sizes(predictions: dict) -> dict:
+def collect_clip_at_scale(predictions: dict) -> dict:
     """The predictions as plain data (numbers as floats; anything else as its text, which fails)."""
     out = {}
-    for name in ("frozen", "shard", "padding"):
+    for name in ("shard", "padding", "handout_norm"):
         value = predictions.get(name) if isinstance(predictions, dict) else None
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             value = value.item()
@@ -464,220 +525,15 @@ def collect_zero_sizes(predictions: dict) -> dict:
     return out
 
 
-def judge_zero_sizes(data) -> list[str]:
-    theory = zero_sizes_theory()
-    psi = sum(p.numel() for p in build_lab_model(ZERO_CFG).parameters())
+def judge_clip_at_scale(data) -> list[str]:
+    theory = clip_at_scale_theory()
+    n = PREDICT_N
     labels = {
-        "frozen": f"elements of flat_param the handed-out step never changes (Psi = {psi}, P = {P_PREDICT})",
-        "shard": f"elements of each rank's master shard in a correct step (P = {P_PREDICT})",
-        "padding": f"elements beyond Psi in the tensor a correct step reduce-scatters (P = {P_PREDICT})",
+        "shard": (f"elements of the matrices' shard each of {n} ranks holds in the fixed step", 0),
+        "padding": (f"elements of padding in the last shard ({n} ranks)", 0),
+        "handout_norm": (f"the norm the handed-out step clips by ({n} ranks)", 1e-3),
     }
     lines = []
-    for name in ("frozen", "shard", "padding"):
-        lines += prediction_lines(labels[name], data[name], theory[name], rtol=0)
-    return lines
-
-
-# ------------------------------------------------------------------ part 5: pipeline over the lab model's blocks
-
-
-def pipe_data() -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch of token ids: x, y [PIPE_M * PIPE_B, T]; micro-batch i is rows [i b, (i+1) b)."""
-    x, y = lab_batches(PIPE_CFG, PIPE_M * PIPE_B, 1, seed=51)[0]
-    return x.to(parlab.device()), y.to(parlab.device())
-
-
-def stage_parameters(model: LabModel, s: int) -> dict[str, torch.Tensor]:
-    """Stage s's parameters, by the model's names: block s; the embedding on stage 0; the final norm and the head on
-    the last stage."""
-    mine = (f"blocks.{s}.",) + (("embed.",) if s == 0 else ()) + (("norm.", "head.") if s == P - 1 else ())
-    return {name: p for name, p in model.named_parameters() if name.startswith(mine)}
-
-
-def run_1f1b(send_forward_recv_backward, send_backward_recv_forward) -> dict:
-    """Rank code: stage s = rank s runs Megatron's 1F1B (non-interleaved) over PIPE_M micro-batches of the lab
-    model: stage s is its block s (stage 0 embeds the tokens; the last stage applies the final norm, the head and
-    the loss). Every message is one micro-batch's [b, T, H].
-
-    Warm-up and cool-down use plain blocking comm.send / comm.recv; the steady state uses your two exchange
-    functions; each call of them is recorded (the traced sends and receives it made)."""
-    s = dist.get_rank()
-    first, last = s == 0, s == P - 1
-    model = build_lab_model(PIPE_CFG, seed=50).to(parlab.device())  # every rank builds it; stage s uses its part
-    positions = torch.arange(PIPE_CFG.seq_len, device=parlab.device())
-    xs, ys = (t.chunk(PIPE_M) for t in pipe_data())  # PIPE_M micro-batches of [b, T] token ids
-    shape = (PIPE_B, PIPE_CFG.seq_len, PIPE_CFG.hidden)
-    fed, exchanges, loss_total = iter(range(PIPE_M)), [], 0.0
-    held: list[tuple[torch.Tensor, torch.Tensor]] = []  # (input, output) of micro-batches awaiting backward
-
-    def recv_forward():
-        if first:
-            return xs[next(fed)]
-        x = torch.empty(shape, dtype=torch.float64, device=parlab.device())
-        comm.recv(x, s - 1)
-        return x
-
-    def forward(x):
-        nonlocal loss_total
-        h = model.embed(x) if first else x.requires_grad_()  # [b, T, H]
-        out = model.blocks[s](h, positions)
-        if last:  # the loss of micro-batch i, scaled so that the m losses add up to the batch's mean
-            out = lab_loss(model.logits(out), ys[len(held) + done[0]]) / PIPE_M
-            loss_total += out.item()
-        held.append((x, out))
-        return out
-
-    def backward(grad):
-        x, out = held.pop(0)
-        torch.autograd.backward(out, grad)
-        done[0] += 1
-        return None if first else x.grad
-
-    def recorded(fn, *args):  # one exchange: the peer it was for, and every traced call it made
-        before = len(comm.trace_events())
-        fn(*args)
-        events = [(e.kind, e.peer, e.bytes, e.start, e.end) for e in comm.trace_events()[before:]]
-        exchanges.append({"peer": args[-1], "events": events})
-
-    done = [0]  # micro-batches whose backward is done (the last stage's targets are ys[i])
-    warmup = min(P - s - 1, PIPE_M)
-    with library_calls(LIBRARY) as called:
-        for _ in range(warmup):
-            out = forward(recv_forward())
-            comm.send(out.detach(), s + 1)  # warm-up: forward only
-        x = recv_forward() if PIPE_M > warmup else None
-        for i in range(PIPE_M - warmup):  # steady state: one forward, one backward
-            out = forward(x)
-            grad = None
-            if not last:  # send this output on, receive the gradient of the oldest output held
-                grad = torch.empty(shape, dtype=torch.float64, device=parlab.device())
-                recorded(send_forward_recv_backward, out.detach(), grad, s + 1)
-            grad_x = backward(grad)
-            if i == PIPE_M - warmup - 1:
-                if not first:
-                    comm.send(grad_x, s - 1)
-            elif first:
-                x = recv_forward()
-            else:  # send the input's gradient back, receive the next micro-batch's input
-                x = torch.empty(shape, dtype=torch.float64, device=parlab.device())
-                recorded(send_backward_recv_forward, grad_x, x, s - 1)
-        for _ in range(warmup):  # cool-down: backward only
-            grad = torch.empty(shape, dtype=torch.float64, device=parlab.device())
-            comm.recv(grad, s + 1)
-            grad_x = backward(grad)
-            if not first:
-                comm.send(grad_x, s - 1)
-    grads = {name: p.grad.detach().clone() for name, p in stage_parameters(model, s).items()}
-    return {"grads": grads, "loss": loss_total, "exchanges": exchanges, "library": called}
-
-
-def collect_pipeline_deadlock(send_forward_recv_backward, send_backward_recv_forward) -> dict:
-    results = parlab.launch(run_1f1b, P, send_forward_recv_backward, send_backward_recv_forward, **PIPELINE_LAUNCH)
-    return {"ranks": list(results)}
-
-
-def _overlapped(exchange, peer: int) -> bool:
-    """One send to `peer` and one receive from it, of one [b, T, H] each, the two in flight at the same time."""
-    nbytes = PIPE_B * PIPE_CFG.seq_len * PIPE_CFG.hidden * 8
-    sends = [e for e in exchange if e[0] == "send" and e[1] == peer and e[2] == nbytes]
-    recvs = [e for e in exchange if e[0] == "recv" and e[1] == peer and e[2] == nbytes]
-    if len(exchange) != 2 or len(sends) != 1 or len(recvs) != 1:
-        return False
-    (_, _, _, s0, s1), (_, _, _, r0, r1) = sends[0], recvs[0]
-    s1, r1 = math.inf if s1 is None else s1, math.inf if r1 is None else r1  # never waited for: still in flight
-    return s0 < r1 and r0 < s1
-
-
-def judge_pipeline_deadlock(data) -> list[str]:
-    ranks = data["ranks"]
-    model = build_lab_model(PIPE_CFG, seed=50)
-    x, y = pipe_data()
-    loss = lab_loss(model(x), y)  # the mean over the batch: the m micro-batch losses / m add up to it
-    loss.backward()
-    lines = [compare("loss of the step (last stage)", ranks[P - 1]["loss"], loss.item()).line]
-    for s in range(P):
-        reference = {name: p.grad for name, p in stage_parameters(model, s).items()}
-        lines.append(compare(f"stage {s}: its parameters' gradients", ranks[s]["grads"], reference).line)
-    for s in range(P):
-        steady = PIPE_M - min(P - s - 1, PIPE_M)  # steady-state steps of stage s
-        expected = (steady if s < P - 1 else 0) + (steady - 1 if s > 0 else 0)  # calls of the two exchanges
-        exchanges = ranks[s]["exchanges"]
-        good = sum(_overlapped(e["events"], e["peer"]) for e in exchanges)
-        what = (
-            f"stage {s}: exchanges with their send and receive in flight at once "
-            "(required: a link carries both directions at the same time)"
-        )
-        lines.append(check_equal(what, good, expected).line)
-    called = [c for res in ranks for c in res.get("library", ["(not recorded)"])]
-    lines.append(_library_line("the two exchanges", called))
-    return lines
-
-
-# ----------------------------------------------------------- part 6: ring attention's forward, grouped K/V, lse
-
-
-def pass_on(block: torch.Tensor):
-    """Start sending `block` to rank r+1 and receiving rank r-1's block into a new buffer: (incoming, works);
-    comm.wait_all(works) before reading `incoming` (or reusing `block`)."""
-    r = comm.group_rank()
-    incoming = torch.empty_like(block)
-    works = [comm.irecv(incoming, (r - 1) % P), comm.isend(block, (r + 1) % P)]
-    return incoming, works
-
-
-class _RingWithYourForward(torch.autograd.Function):
-    """The library's ring attention (parlab.schemes.sequence.ring_attention.RingAttention), causal, contiguous layout,
-    with your forward in place of its own: its backward gets the (q, k, v, out, lse) your forward returns, with each
-    K/V head repeated for its query heads (the library's backward knows no grouped heads), and the K/V gradients of
-    a group's query heads are summed back into their K/V head."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, ring_forward):
-        out, lse = ring_forward(q, k, v)
-        group = q.shape[1] // k.shape[1]
-        k_all, v_all = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [B, nq, c, hd]
-        ctx.save_for_backward(q, k_all, v_all, out, lse)
-        ctx.causal, ctx.group, ctx.layout, ctx.label, ctx.kv_group = True, None, "contiguous", "", group
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        dq, dk, dv = RingAttention.backward(ctx, dout)[:3]  # the library's: each tile's softmax from lse
-        dk, dv = (t.unflatten(1, (-1, ctx.kv_group)).sum(2) for t in (dk, dv))  # [B, nkv, c, hd]
-        return dq, dk, dv, None
-
-
-def run_ring(ring_forward) -> dict:
-    """Rank code: rank r holds tokens [r c, (r+1) c) of q, k, v; backpropagates sum(out_r * G_r)."""
-    r, c = dist.get_rank(), RING_C
-    q, k, v, g = (t[..., r * c : (r + 1) * c, :].clone() for t in attention_problem(P * c, seed=60))
-    for t in (q, k, v):
-        t.requires_grad_()
-    with library_calls(LIBRARY) as called:
-        out = _RingWithYourForward.apply(q, k, v, ring_forward)  # [1, HEADS, c, HD]
-    sent = sum(e.bytes for e in comm.trace_events() if e.kind == "send")  # in forward, traced by parlab.core.comm
-    (out * g).sum().backward()
-    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "sent": sent, "library": called}
-
-
-def collect_ring_lse(ring_forward) -> dict:
-    return {"ranks": list(parlab.launch(run_ring, P, ring_forward, **LAUNCH))}
-
-
-def judge_ring_lse(data) -> list[str]:
-    ranks = data["ranks"]
-    q, k, v, g = (t.requires_grad_() for t in attention_problem(P * RING_C, seed=60))
-    reference = gqa_attention(q, k, v)  # one device, causal, grouped K/V heads
-    (reference * g.detach()).sum().backward()
-    lines = []
-    for name, ref in [("out", reference.detach()), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)]:
-        what = "attention output" if name == "out" else f"dL/d{name[1]}"
-        side_by_side, error = _no_error(what, lambda n=name: torch.cat([ranks[r][n] for r in range(P)], dim=-2))
-        lines += error or [compare(f"{what}, the ranks' blocks in order", side_by_side, ref).line]
-    block = 2 * KV_HEADS * RING_C * HD * 8  # one K/V block [2, 1, KV_HEADS, c, HD]
-    for r in range(P):
-        sent = ranks[r]["sent"]
-        what = f"rank {r}: bytes sent in forward (P-1 K/V blocks of the {KV_HEADS} K/V heads)"
-        lines.append(check_equal(what, sent, (P - 1) * block).line)
-    lines.append(_library_line("ring_forward", [c for res in ranks for c in res.get("library", ["(not recorded)"])]))
+    for name, (label, rtol) in labels.items():
+        lines += prediction_lines(label, data[name], theory[name], rtol=rtol)
     return lines

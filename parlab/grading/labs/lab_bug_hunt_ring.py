@@ -1,0 +1,122 @@
+"""The bug hunt, part 6: a ring-attention forward for grouped K/V heads, under the library's backward.
+
+Rank r holds tokens [r c, (r+1) c) of q [B, nq, c, hd] and of k, v [B, nkv, c, hd] (contiguous layout, causal). The
+student's forward passes the K/V block round the ring (`pass_on`, K/V heads only) and returns (out, lse); the
+backward is the library's (`RingAttention.backward`, parlab/schemes/sequence/ring_attention.py), run on the
+(q, k, v, out, lse) that forward returned, with each K/V head repeated for its query heads (the library's backward
+knows no grouped heads); the K/V gradients of a group's query heads are then summed back into their K/V head.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import parlab
+from parlab.core import comm, probe
+from parlab.core.lab_model import gqa_attention
+from parlab.grading.labs.guard import library_calls
+from parlab.grading.labs.lab_bug_hunt_setup import (
+    HD,
+    LAUNCH,
+    LIBRARY,
+    RING_C,
+    RING_HEADS,
+    P,
+    _no_error,
+    attention_problem,
+    first_wrong,
+    library_verdict,
+)
+from parlab.schemes.sequence.ring_attention import RingAttention
+
+
+def pass_on(block: torch.Tensor):
+    """Start sending `block` to rank r+1 and receiving rank r-1's block into a new buffer: (incoming, works);
+    comm.wait_all(works) before reading `incoming` (or reusing `block`)."""
+    r = comm.group_rank()
+    incoming = torch.empty_like(block)
+    works = [comm.irecv(incoming, (r - 1) % P), comm.isend(block, (r + 1) % P)]
+    return incoming, works
+
+
+class _RingWithYourForward(torch.autograd.Function):
+    """The library's ring attention, causal, contiguous layout, with your forward in place of its own: its backward
+    gets the (q, k, v, out, lse) your forward returns, each K/V head repeated for its query heads, and the K/V
+    gradients of a group's query heads are summed back into their K/V head."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, ring_forward):
+        out, lse = ring_forward(q, k, v)
+        group = q.shape[1] // k.shape[1]
+        k_all, v_all = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [B, nq, c, hd]
+        ctx.save_for_backward(q, k_all, v_all, out, lse)
+        ctx.causal, ctx.group, ctx.layout, ctx.label, ctx.kv_group = True, None, "contiguous", "", group
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        dq, dk, dv = RingAttention.backward(ctx, dout)[:3]  # the library's: each tile's softmax from lse
+        dk, dv = (t.unflatten(1, (-1, ctx.kv_group)).sum(2) for t in (dk, dv))  # [B, nkv, c, hd]
+        return dq, dk, dv, None
+
+
+def run_ring(ring_forward) -> dict:
+    """Rank code: for each (nq, nkv) of RING_HEADS, rank r holds tokens [r c, (r+1) c) of q, k, v, runs your forward
+    (the bytes it sends recorded) and the library's backward from sum(out_r * G_r)."""
+    r, c = dist.get_rank(), RING_C
+    out = {}
+    for heads, kv_heads in RING_HEADS:
+        q, k, v, g = (
+            t[..., r * c : (r + 1) * c, :].clone() for t in attention_problem(heads, kv_heads, P * c, seed=60 + heads)
+        )
+        for t in (q, k, v):
+            t.requires_grad_()
+        with probe.recording(keep_sent_data=False) as calls, library_calls(LIBRARY) as called:
+            o = _RingWithYourForward.apply(q, k, v, ring_forward)  # [1, nq, c, HD]
+        (o * g).sum().backward()
+        sent = sum(int(c["bytes"]) for c in calls if c["op"] == "send")
+        out[(heads, kv_heads)] = {
+            "out": o.detach(),
+            "dq": q.grad,
+            "dk": k.grad,
+            "dv": v.grad,
+            "sent": sent,
+            "library": called,
+        }
+    return out
+
+
+def collect_ring_gqa(ring_forward) -> dict:
+    return {
+        "ranks": [
+            {str(key): value for key, value in res.items()}
+            for res in parlab.launch(run_ring, P, ring_forward, **LAUNCH)
+        ]
+    }
+
+
+def judge_ring_gqa(data) -> list[str]:
+    ranks, lines = data["ranks"], []
+    for heads, kv_heads in RING_HEADS:
+        key, shape = str((heads, kv_heads)), f"nq={heads}, nkv={kv_heads}"
+        q, k, v, g = (t.requires_grad_() for t in attention_problem(heads, kv_heads, P * RING_C, seed=60 + heads))
+        reference = gqa_attention(q, k, v)  # one device, causal, grouped K/V heads
+        (reference * g.detach()).sum().backward()
+        for name, ref in [("out", reference.detach()), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)]:
+            what = f"{shape}: " + ("attention output" if name == "out" else f"dL/d{name[1]}")
+            side_by_side, error = _no_error(
+                what, lambda n=name, key=key: torch.cat([ranks[r][key][n] for r in range(P)], dim=-2)
+            )
+            blocks = "the ranks' blocks in order"
+            lines += error or [first_wrong(what, {blocks: side_by_side}, {blocks: ref})]
+        block = 2 * kv_heads * RING_C * HD * 8  # one K/V block [2, 1, nkv, c, HD]
+        sent = [ranks[r][key]["sent"] for r in range(P)]
+        wrong = next((r for r in range(P) if sent[r] != (P - 1) * block), None)
+        what = (
+            f"{shape}: bytes each rank sends in forward (P-1 K/V blocks of the {kv_heads} K/V heads, {(P - 1) * block})"
+        )
+        lines.append(f"{what}: " + ("PASS" if wrong is None else f"rank {wrong}: received {sent[wrong]}: FAIL"))
+    called = [c for res in ranks for part in res.values() for c in part["library"]]
+    lines.append(library_verdict("ring_forward", called))
+    return lines
