@@ -23,14 +23,13 @@ def pytest_sessionstart(session) -> None:
     compileall.compile_dir(PACKAGE, quiet=1, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH, workers=1)
 
 
-# Longest first (the classic longest-processing-time rule): with a few workers (`-n 3 --dist loadfile`, the README's
+# Longest first (the classic longest-processing-time rule): with a few workers (`-n 3 --dist loadgroup`, the README's
 # command) a long file that starts last keeps one worker busy alone at the end. Seconds of each file run alone
 # (serially, on the 2-core machine; only the order matters, and a file missing here goes after these, in pytest's
 # order). pytest-xdist would reorder the files by their number of tests instead (its default, which put the
 # 2-test browser file last): that is turned off below.
 SECONDS_ALONE = {
     "test_grade_run.py": 136,
-    "test_wrong_answers.py": 78,
     "test_binder.py": 72,
     "test_launch_failures.py": 68,
     "test_browser.py": 65,
@@ -57,8 +56,35 @@ def pytest_configure(config) -> None:
         config.option.loadscopereorder = False
 
 
+# The wrong answers of each lab are a group of their own (a file of several minutes would otherwise keep one worker
+# busy alone at the end): seconds per lab's wrong answers, run alone, as above.
+WRONG_ANSWERS = "test_wrong_answers.py"
+SECONDS_PER_WRONG_ANSWER = 8
+
+
+def _group(item) -> str:
+    """The xdist group of a test (`--dist loadgroup`, the README's command): its file, as `--dist loadfile` would
+    (a module's fixtures are made once, on one worker), except that each lab's wrong answers form a group of their
+    own."""
+    path = Path(str(item.fspath))
+    if path.name == WRONG_ANSWERS and hasattr(item, "callspec"):
+        return f"{WRONG_ANSWERS}::{item.callspec.id.split('__')[0]}"
+    return str(path)
+
+
 def pytest_collection_modifyitems(session, config, items) -> None:
+    import pytest
+
+    groups: dict[str, int] = {}
+    for item in items:
+        group = _group(item)
+        item.add_marker(pytest.mark.xdist_group(group))
+        groups[group] = groups.get(group, 0) + 1
+
     def seconds(item) -> int:
+        group = _group(item)
+        if group.startswith(f"{WRONG_ANSWERS}::"):
+            return SECONDS_PER_WRONG_ANSWER * groups[group]
         return SECONDS_ALONE.get(Path(str(item.fspath)).name, 0)
 
-    items.sort(key=seconds, reverse=True)  # (stable: each file keeps its own order, the rest pytest's)
+    items.sort(key=seconds, reverse=True)  # (stable: each group keeps its own order, the rest pytest's)
