@@ -7,9 +7,10 @@
 
 # ANSWER: gqa
 class GQAttentionTP(nn.Module):
-    def __init__(self, full):
+    def __init__(self, full, enter, leave):
         super().__init__()
         cfg = self.cfg = full.cfg
+        self.enter, self.leave = enter, leave
         r, ranks = dist.get_rank(), dist.get_world_size()
         hd, per_rank = cfg.head_size, cfg.heads // ranks
         first = r * per_rank
@@ -33,9 +34,9 @@ class GQAttentionTP(nn.Module):
                 self.kv_group, self.sharers = group, len(members)
 
     def forward(self, x, positions):
+        x = self.enter(x)
         B, T, _ = x.shape
         hd = self.cfg.head_size
-        x = f(x)
 
         def heads(t):
             return t.view(B, T, -1, hd).transpose(1, 2)
@@ -43,7 +44,7 @@ class GQAttentionTP(nn.Module):
         q = apply_rope(heads(self.q(x)), positions, self.cfg.rope_base)
         k = apply_rope(heads(self.k(x)), positions, self.cfg.rope_base)
         y = gqa_attention(q, k, heads(self.v(x)))
-        return g(self.o(y.transpose(1, 2).reshape(B, T, -1)))
+        return self.leave(self.o(y.transpose(1, 2).reshape(B, T, -1)))
 
     def sync_grads(self):
         for weight in (self.k.weight, self.v.weight):

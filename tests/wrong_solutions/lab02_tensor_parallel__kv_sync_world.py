@@ -1,14 +1,16 @@
 # ruff: noqa
 # A wrong answer to labs/lab02_tensor_parallel.ipynb (the other answers are the solution's). The bug: the K/V
 # gradients are summed over all ranks, as a data-parallel gradient is, instead of over the ranks that share the head.
-# With one K/V head (nkv=1) that is the same thing; with two, ranks 0 and 1 add K/V head 1's gradient into head 0's.
+# With one K/V head (nkv=1, the sequence-parallel case) that is the same thing; with two, ranks 0 and 1 add K/V
+# head 1's gradient into head 0's.
 # EXPECT FAIL: gqa
 
 # ANSWER: gqa
 class GQAttentionTP(nn.Module):
-    def __init__(self, full):
+    def __init__(self, full, enter, leave):
         super().__init__()
         cfg = self.cfg = full.cfg
+        self.enter, self.leave = enter, leave
         r, ranks = dist.get_rank(), dist.get_world_size()
         hd, per_rank = cfg.head_size, cfg.heads // ranks
         first = r * per_rank
@@ -26,9 +28,9 @@ class GQAttentionTP(nn.Module):
         self.o = linear(full.o.weight[:, mine])
 
     def forward(self, x, positions):
+        x = self.enter(x)
         B, T, _ = x.shape
         hd = self.cfg.head_size
-        x = f(x)
 
         def heads(t):
             return t.view(B, T, -1, hd).transpose(1, 2)
@@ -36,7 +38,7 @@ class GQAttentionTP(nn.Module):
         q = apply_rope(heads(self.q(x)), positions, self.cfg.rope_base)
         k = apply_rope(heads(self.k(x)), positions, self.cfg.rope_base)
         y = gqa_attention(q, k, heads(self.v(x)))
-        return g(self.o(y.transpose(1, 2).reshape(B, T, -1)))
+        return self.leave(self.o(y.transpose(1, 2).reshape(B, T, -1)))
 
     def sync_grads(self):
         for weight in (self.k.weight, self.v.weight):
