@@ -1,36 +1,51 @@
 # ruff: noqa
 # A wrong answer to labs/lab01_data_parallel.ipynb (tests/test_wrong_answers.py runs it; the other answers are the
-# solution's). Issue 40: the library's code, imported and subclassed. The rows: the library's shard_batch where the
-# batch splits evenly. The average: the library's all_reduce_gradients, then a factor that turns its mean over ranks
-# into the mean over rows. The buckets: the library's BucketedDP given this lab's plans. All the numbers and the
-# traffic are right; the profile hook sees the calls into parlab/schemes/data_parallel.py and names them. The
-# prediction: the library's plan_buckets, which buckets in the registration order, not the order backward follows.
+# solution's). Issue 40: the library's code, imported and subclassed. The rows: the library's even split wherever P
+# divides B (not the least busiest rank either). The token mean: the batch's loss sum and token count all-reduced,
+# then the library's all_reduce_gradients on gradients scaled to make its mean over ranks the mean over tokens. The
+# buckets: the library's BucketedDP given this lab's plans and rebuilt after step 1 (its habit of waiting on handles
+# that is_completed() reported done holds nothing up); for accumulation, its finish() rescaled by a count sent on
+# its own. Every part that runs them fails on the line naming the call. The prediction: the library's plan_buckets,
+# which buckets in the registration order, not the order backward follows.
 # EXPECT FAIL: shard, average, overlap, step_traffic, training
 
 # ANSWER: shard
 from parlab.schemes.data_parallel import shard_batch as even_rows
 
 
-def shard_batch(x, y, rank, world_size):
-    B = x.shape[0]
-    if B % world_size == 0:
-        return even_rows(x, y, rank, world_size)
-    if B < world_size:
+def shard_rows(tokens: list[int], world_size: int) -> list[int]:
+    B, P = len(tokens), world_size
+    if B < P:
         raise ValueError("fewer rows than ranks")
-    base, extra = divmod(B, world_size)
-    start = rank * base + min(rank, extra)
-    return x[start : start + base + (rank < extra)], y[start : start + base + (rank < extra)]
+    if B % P == 0:  # the library's split: b = B / P rows each
+        rows = torch.arange(B)  # host: row numbers
+        return [len(even_rows(rows, rows, r, P)[0]) for r in range(P)]
+    target = -(-sum(tokens) // P)
+    counts, i = [], 0
+    for r in range(P):
+        c, load = 0, 0
+        while i + c < B - (P - r - 1) and (c == 0 or load + tokens[i + c] <= target or r == P - 1):
+            load += tokens[i + c]
+            c += 1
+        counts.append(c)
+        i += c
+    return counts
 
 
 # ANSWER: average
 from parlab.schemes.data_parallel import all_reduce_gradients
 
 
-def average_gradients(model, rows, batch_rows):
+def token_step(model: torch.nn.Module, x_r: torch.Tensor, y_r: torch.Tensor, mask_r: torch.Tensor) -> float:
+    loss_sum = F.cross_entropy(model(x_r)[mask_r], y_r[mask_r], reduction="sum")
+    loss_sum.backward()
+    sums = torch.stack([loss_sum.detach(), mask_r.sum().to(loss_sum.dtype)])
+    comm.all_reduce(sums)
     P = dist.get_world_size()
     for p in model.parameters():
-        p.grad *= P * rows / batch_rows
+        p.grad *= P / sums[1]  # the library divides the sum over ranks by P
     all_reduce_gradients(model)
+    return (sums[0] / sums[1]).item()
 
 
 # ANSWER: overlap
@@ -50,6 +65,7 @@ class OverlappedDP(BucketedDP):
         named = dict(self.model.named_parameters())
         self.buckets = [Bucket(k, names, [named[n] for n in names]) for k, names in enumerate(plan)]
         self.bucket_of = {id(p): bucket for bucket in self.buckets for p in bucket.params}
+        self.numel = sum(b.numel for b in self.buckets)
 
     def _note(self, param):
         if not self.rebuilt and len(self.order) < len(self.names):
@@ -65,9 +81,39 @@ class OverlappedDP(BucketedDP):
 # PREDICT: step_traffic
 from parlab.schemes.data_parallel import plan_buckets
 
-model = checks.checks_model()
+model = checks_model()
 sizes = {name: p.numel() * p.element_size() for name, p in model.named_parameters()}
 plan = plan_buckets(model, 40 * 1024)
 allreduce_calls = len(plan)
 allreduce_bytes = sum(sizes.values())
 exposed_bytes = sum(sizes[name] for name in plan[-1])
+
+
+# ANSWER: accumulation
+class TokenDP(OverlappedDP):
+    """The library's mean over ranks, rescaled by P / N, with N all-reduced on its own."""
+
+    tokens = None
+
+    def finish(self):
+        super().finish()  # p.grad = (1/P) sum over ranks
+        for p in self.model.parameters():
+            p.grad *= dist.get_world_size() / self.tokens
+
+
+def accumulation_step(
+    model: torch.nn.Module, dp: TokenDP, x_r: torch.Tensor, y_r: torch.Tensor, mask_r: torch.Tensor, M: int
+) -> float:
+    pieces = zip(x_r.tensor_split(M), y_r.tensor_split(M), mask_r.tensor_split(M), strict=True)
+    pieces = [piece for piece in pieces if len(piece[0])]
+    loss_sum = 0.0
+    for i, (x_m, y_m, mask_m) in enumerate(pieces):
+        dp.sync = i == len(pieces) - 1
+        loss = F.cross_entropy(model(x_m)[mask_m], y_m[mask_m], reduction="sum")
+        loss_sum += loss.item()
+        loss.backward()
+    sums = torch.tensor([loss_sum, mask_r.sum().item()], dtype=torch.float64, device=parlab.device())
+    comm.all_reduce(sums)
+    dp.tokens = sums[1].item()
+    dp.finish()
+    return (sums[0] / sums[1]).item()

@@ -1,50 +1,77 @@
 # ruff: noqa
 # A wrong answer to labs/lab01_data_parallel.ipynb (tests/test_wrong_answers.py runs it; the other answers are the
-# solution's). The bug (issue 40): no plan-order guard. Each bucket's all-reduce starts the moment the bucket is
-# complete, and finish() keeps each handle with its bucket, so the gradients come out right. But the first plan's
-# bucket 0 waits for blocks.1.attn_norm while buckets 1 to 3 are already complete: this rank starts them first. On
-# ranks whose backward ran in another order (unused parameters, another control flow) the k-th all-reduces would
-# be different buckets; collectives are matched by their order.
+# solution's). The bug (issue 40): no plan-order guard. Each bucket's all-reduce starts the moment
+# the bucket is complete, and finish() keeps each handle with its bucket, so the gradients come out right. But
+# the first plan's bucket 0 waits for blocks.1.attn_norm while buckets 1 to 3 are already complete: this rank
+# starts them first. On ranks whose backward ran in another order (unused parameters, another control flow) the
+# k-th all-reduces would be different buckets; collectives are matched by their order.
 # EXPECT FAIL: overlap, training
 
 # ANSWER: overlap
 class OverlappedDP:
+    """Gradient averaging in buckets whose all-reduces start during backward, rebuilt after the first step."""
+
     def __init__(self, model: torch.nn.Module, cap_bytes: int):
         self.model, self.cap, self.P = model, cap_bytes, dist.get_world_size()
-        self.sync = True
+        self.sync = True  # for accumulation: while False, backward only accumulates .grad (no communication)
         self.params = dict(model.named_parameters())
         self.name_of = {id(p): name for name, p in self.params.items()}
-        self.order, self.rebuilt = [], False
+        self.order, self.rebuilt = [], False  # the first backward's order of arrival; rebuilt after step 1
         self._use(first_plan(model, cap_bytes))
         for p in self.params.values():
             p.register_post_accumulate_grad_hook(self._gradient_ready)
 
-    def _use(self, plan):
-        self.buckets = [[self.params[name] for name in names] for names in plan]
+    def _use(self, plan: list[list[str]]) -> None:
+        """Start a step with these buckets: nothing arrived, nothing started."""
+        self.buckets = [[self.params[name] for name in names] for names in plan]  # [bucket][parameter]
         self.bucket_of = {id(p): k for k, bucket in enumerate(self.buckets) for p in bucket}
-        self.arrived = [0] * len(plan)
-        self.started = []  # (bucket index, flat gradients, handle), in the order they started
+        self.arrived = [0] * len(plan)  # gradients arrived this step, per bucket
+        self.next = 0  # the next bucket to start, in plan order
+        self.started = []  # (flat gradients, handle), in the order they started
+        self.order_started = []  # the bucket of each
 
-    def _gradient_ready(self, param):
+    def _flatten(self, k: int) -> torch.Tensor:
+        """Bucket k's gradients side by side: [numel of the bucket]."""
+        return torch.cat([p.grad.reshape(-1) for p in self.buckets[k]])
+
+    def _gradient_ready(self, param: torch.Tensor) -> None:
+        """Runs mid-backward, right after param.grad has been accumulated."""
         if not self.rebuilt and len(self.order) < len(self.params):
-            self.order.append(self.name_of[id(param)])
+            self.order.append(self.name_of[id(param)])  # each parameter once, in the first backward's order
         if not self.sync:
             return
+        self.arrived[self.bucket_of[id(param)]] += 1
         k = self.bucket_of[id(param)]
-        self.arrived[k] += 1
         if self.arrived[k] == len(self.buckets[k]):  # complete: start it now
-            flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[k]])
-            self.started.append((k, flat, comm.all_reduce(flat, async_op=True)))
+            flat = self._flatten(k)
+            self.started.append((flat, comm.all_reduce(flat, async_op=True)))
+            self.order_started.append(k)
 
-    def finish(self):
-        for k, flat, work in self.started:
-            work.wait()
-            flat /= self.P
+    def finish(self) -> None:
+        """After backward, before the optimizer step: p.grad = (1/P) sum over ranks of p.grad, every p."""
+        sums = [None] * len(self.buckets)
+        for i, k in enumerate(self.order_started):
+            sums[k] = self._wait(i)
+        self._write_back(sums, self.P)
+        self._next_step()
+
+    def _wait(self, k: int) -> torch.Tensor:
+        """Bucket k's sum over ranks, once its all-reduce is done."""
+        flat, work = self.started[k]
+        work.wait()
+        return flat
+
+    def _write_back(self, sums: list[torch.Tensor], divisor: float) -> None:
+        """p.grad = its slice of its bucket's sum / divisor, for every p."""
+        for flat, bucket in zip(sums, self.buckets, strict=True):
+            flat /= divisor
             offset = 0
-            for p in self.buckets[k]:
+            for p in bucket:  # slice [offset, offset + numel) of the bucket is p's gradient
                 p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
-        if not self.rebuilt:
+
+    def _next_step(self) -> None:
+        if not self.rebuilt:  # once: DDP's rebuild, from what the first backward did
             self.rebuilt = True
             self._use(plan_in_order(self.model, self.order, self.cap))
         else:

@@ -5,7 +5,7 @@
 # EXPECT FAIL: step_traffic
 
 # PREDICT: step_traffic
-model = checks.checks_model()
+model = checks_model()
 order, names = [], {id(p): name for name, p in model.named_parameters()}
 for p in model.parameters():
     p.register_post_accumulate_grad_hook(lambda p: order.append(names[id(p)]))
