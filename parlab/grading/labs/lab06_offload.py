@@ -226,7 +226,7 @@ def _analyse_step(entries: list, shards: list[int], masters: list, r: int, ratio
         others = [e for e in entries[di + 1 : mi] if e["op"] == "to_host" and _overlaps(e["dst"], de["dst"])]
         if others:
             unit["clean"] = f"another copy wrote into its gradient buffer {de['dst']} before its moments read it"
-        if abs(ue["ratio"] - ratios[k]) > 1e-9 * abs(ratios[k]):
+        if not abs(ue["ratio"] - ratios[k]) <= 1e-9 * abs(ratios[k]):  # (a NaN ratio is wrong too)
             unit["ratio"] = f"expected the whole tensor's {ratios[k]:.10g}, received {ue['ratio']:.10g}"
         units.append(unit)
     returned = next((e["pending"] for e in entries if e["op"] == "returned"), -1)
@@ -265,7 +265,7 @@ def _collectives_wrong(ranks: list, units: int) -> str | None:
     for r, res in enumerate(ranks):
         for s, calls in enumerate(res["collectives"]):
             ops = [c["op"] for c in calls]
-            if ops != ["allreduce"]:
+            if len(ops) != 1 or ops[0] not in ("allreduce", "allreduce_coalesced"):  # one call, one or more tensors
                 shown = ", ".join(ops[:4]) + (f" (+{len(ops) - 4} more)" if len(ops) > 4 else "")
                 return f"rank {r}, step {s + 1}: expected one allreduce, received {len(ops)} calls ({shown or 'none'})"
             if calls[0]["bytes"] > NORMS * units * BYTES:
