@@ -1,8 +1,9 @@
 # ruff: noqa
 # A wrong answer to labs/lab06_offload.ipynb (tests/test_wrong_answers.py runs it; the other answers are the
 # solution's). The bug: the library's host layout, a gradient buffer for every unit (a full gradient shard on the
-# host) instead of the two staging buffers the host has room for. Everything is numerically right and every copy is
-# in order; the host holds b_m S more than two buffers of the largest shard.
+# host), so that every gradient is still there when the trust ratios are known: the moments and the updates then run
+# unit by unit after one all-reduce. Everything is numerically right and every copy is in order; the host holds
+# b_m S more than two buffers of the largest shard.
 # EXPECT FAIL: serial, overlap
 
 # ANSWER: serial
@@ -15,21 +16,36 @@ def init_state(params, host, link):
     return {"units": units, "staging": [st["grad"] for st in units]}
 
 
-def offload_step(params, grads, state, link, adam, t):
-    for p, g, st in zip(params, grads, state["units"]):
+def offload_step(params, grads, state, link, lamb, t):
+    units = state["units"]
+    squares = torch.zeros(len(units), 2, dtype=torch.float64)
+    for k, (g, st) in enumerate(zip(grads, units)):
         link.to_host(g, st["grad"]).wait()
-        adam(st["master"], st["grad"], st["m"], st["v"], t)
+        lamb.moments(st["grad"], st["m"], st["v"], t)
+        squares[k, 0] = st["master"].square().sum()
+        squares[k, 1] = lamb.direction(st["m"], st["v"], t).square().sum()
+    dist.all_reduce(squares)
+    for k, (p, st) in enumerate(zip(params, units)):
+        w, u = squares[k].sqrt().tolist()
+        lamb.update(st["master"], st["m"], st["v"], t, w / u)
         link.to_device(st["master"], p).wait()
 
 
 # ANSWER: overlap
-def overlapped_step(params, grads, state, link, adam, t):
+def overlapped_step(params, grads, state, link, lamb, t):
     units = state["units"]
     downs = [link.to_host(g, st["grad"]) for g, st in zip(grads, units)]
+    squares = torch.zeros(len(units), 2, dtype=torch.float64)
+    for k, st in enumerate(units):
+        downs[k].wait()
+        lamb.moments(st["grad"], st["m"], st["v"], t)
+        squares[k, 0] = st["master"].square().sum()
+        squares[k, 1] = lamb.direction(st["m"], st["v"], t).square().sum()
+    dist.all_reduce(squares)
     ups = []
     for k, (p, st) in enumerate(zip(params, units)):
-        downs[k].wait()
-        adam(st["master"], st["grad"], st["m"], st["v"], t)
+        w, u = squares[k].sqrt().tolist()
+        lamb.update(st["master"], st["m"], st["v"], t, w / u)
         ups.append(link.to_device(st["master"], p))
     for up in ups:
         up.wait()

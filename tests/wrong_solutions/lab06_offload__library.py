@@ -1,21 +1,54 @@
 # ruff: noqa
 # A wrong answer to labs/lab06_offload.ipynb (tests/test_wrong_answers.py runs it; the other answers are the
-# solution's). Issue 40: the library's formulas, parlab.schemes.zero.theory.offload_memory. The prediction adds up
-# two of its tables (all offloaded, plus the kept units' state): the device and moved bytes come out right, the host
-# ones are the library's layout (a full gradient shard, not two staging buffers); the notebook's watch names the call
-# either way. The budget's plan takes the parameters' bytes from it: every plan is right, and the check's profile
-# hook names the call.
-# EXPECT FAIL: offload_bytes, budget
+# solution's). Issue 40: the library's code. The step takes Adam's moments with the library's adam_step at a
+# learning rate of 0 (it updates m and v in place and leaves the master as it is): the numbers are right, the guard
+# names the call (and the log misses the moments). The prediction adds up two of offload_memory's tables (all
+# offloaded, plus the kept units' state): the device and moved bytes come out right, the host ones are the library's
+# layout (a full gradient shard, not two staging buffers); the notebook's watch names the call either way. The
+# budget's plan takes the parameters' bytes from it: every plan is right, and the check's profile hook names the call.
+# EXPECT FAIL: serial, offload_bytes, budget
+
+# ANSWER: serial
+from parlab.schemes.zero.stages import adam_step
+
+
+def offload_step(params, grads, state, link, lamb, t):
+    buffer, units = state["staging"][0], state["units"]
+    squares = torch.zeros(len(units), 2, dtype=torch.float64)
+    for k, (g, st) in enumerate(zip(grads, units)):
+        grad = buffer[: len(g)]
+        link.to_host(g, grad).wait()
+        adam_step(st["master"], grad, st["m"], st["v"], t, 0.0)
+        squares[k, 0] = st["master"].square().sum()
+        squares[k, 1] = lamb.direction(st["m"], st["v"], t).square().sum()
+    dist.all_reduce(squares)
+    for k, (p, st) in enumerate(zip(params, units)):
+        w, u = squares[k].sqrt().tolist()
+        lamb.update(st["master"], st["m"], st["v"], t, w / u)
+        link.to_device(st["master"], p).wait()
+
+
+def init_state(params, host, link):
+    largest = max(len(p) for p in params)
+    staging = [host.zeros(largest) for _ in range(2)]
+    units = []
+    for p in params:
+        st = {name: host.zeros(p.numel()) for name in ("master", "m", "v")}
+        link.to_host(p, st["master"]).wait()
+        units.append(st)
+    return {"units": units, "staging": staging}
+
 
 # PREDICT: offload_bytes
 from parlab.schemes.zero.theory import offload_memory
 
 numel = {name: p.numel() for name, p in build_lab_model(LabConfig()).named_parameters()}
-kept = [n for name, n in numel.items() if "norm" in name or ".attn.k." in name or ".attn.v." in name]
-offloaded = [n for name, n in numel.items() if not ("norm" in name or ".attn.k." in name or ".attn.v." in name)]
-on_device = offload_memory(kept, 3, "none", 4, 8)["steady"]["device"]
+on_device = lambda name: "norm" in name or numel[name] == 2048
+kept = [n for name, n in numel.items() if on_device(name)]
+offloaded = [n for name, n in numel.items() if not on_device(name)]
+state = offload_memory(kept, 3, "none", 4, 8)["steady"]["device"]
 device_bytes = offload_memory(list(numel.values()), 3, "cpu", 4, 8)["steady_total"]["device"]
-device_bytes += on_device["grads"] + on_device["optimizer"]
+device_bytes += state["grads"] + state["optimizer"]
 host_bytes = offload_memory(offloaded, 3, "cpu", 4, 8)["steady_total"]["host"]
 moved_bytes = 2 * 4 * offload_memory(offloaded, 3, "cpu", 4, 8)["S"]
 

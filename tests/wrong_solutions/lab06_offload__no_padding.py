@@ -7,7 +7,7 @@
 # PREDICT: offload_bytes
 N, b_c, b_m = 3, 4, 8
 numel = {name: p.numel() for name, p in build_lab_model(LabConfig()).named_parameters()}
-kept = [name for name in numel if "norm" in name or ".attn.k." in name or ".attn.v." in name]
+kept = [name for name in numel if "norm" in name or numel[name] == 2048]
 offloaded = [n / N for name, n in numel.items() if name not in kept]
 device_bytes = b_c * sum(numel.values()) + 4 * b_m * sum(numel[name] for name in kept) / N
 host_bytes = b_m * (3 * sum(offloaded) + 2 * max(offloaded))

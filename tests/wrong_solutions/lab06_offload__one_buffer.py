@@ -1,21 +1,28 @@
 # ruff: noqa
 # A wrong answer to labs/lab06_offload.ipynb (tests/test_wrong_answers.py runs it; the other answers are the
 # solution's). The bug: the overlap through ONE staging buffer. The next unit's gradient copy is issued into the
-# buffer Adam is about to read for this unit: whether Adam sees this unit's gradient or the next one's depends on
-# how fast the copy engine is (the numbers may even come out right). The log shows the copy into the buffer between
-# the unit's own copy and its Adam.
+# buffer the moments are about to read for this unit: whether they see this unit's gradient or the next one's depends
+# on how fast the copy engine is (the numbers may even come out right). The log shows the copy into the buffer
+# between the unit's own copy and its moments.
 # EXPECT FAIL: overlap
 
 # ANSWER: overlap
-def overlapped_step(params, grads, state, link, adam, t):
+def overlapped_step(params, grads, state, link, lamb, t):
     buffer, units = state["staging"][0], state["units"]
+    squares = torch.zeros(len(units), 2, dtype=torch.float64)
     down = link.to_host(grads[0], buffer[: len(grads[0])])
-    ups = []
-    for k, (p, st) in enumerate(zip(params, units)):
+    for k, st in enumerate(units):
         down.wait()
         if k + 1 < len(grads):
             down = link.to_host(grads[k + 1], buffer[: len(grads[k + 1])])
-        adam(st["master"], buffer[: len(grads[k])], st["m"], st["v"], t)
+        lamb.moments(buffer[: len(grads[k])], st["m"], st["v"], t)
+        squares[k, 0] = st["master"].square().sum()
+        squares[k, 1] = lamb.direction(st["m"], st["v"], t).square().sum()
+    dist.all_reduce(squares)
+    ups = []
+    for k, (p, st) in enumerate(zip(params, units)):
+        w, u = squares[k].sqrt().tolist()
+        lamb.update(st["master"], st["m"], st["v"], t, w / u)
         ups.append(link.to_device(st["master"], p))
     for up in ups:
         up.wait()
