@@ -93,12 +93,12 @@ def least_nodes(
     of the first cell left chosen among every set of G - 1 others; the spans of the nodes add up, so the least for
     the cells left is a subproblem of its own (memoised on the set of cells left: a few thousand sets at 12 ranks)."""
     names = sorted(axes, key=lambda axis: -payload[axis])
-    sizes = list(axes.values())
-    cells = list(itertools.product(*(range(n) for n in sizes)))
-    drop = [list(axes).index(axis) for axis in names]
+    cells = list(itertools.product(*(range(n) for n in axes.values())))
+    group_of = [[c[:k] + c[k + 1 :] for k in (list(axes).index(axis) for axis in names)] for c in cells]
 
+    @functools.cache
     def cost(node: tuple[int, ...]) -> tuple[int, ...]:  # per axis: the groups that reach into this node
-        return tuple(len({cells[i][:k] + cells[i][k + 1 :] for i in node}) for k in drop)
+        return tuple(len(set(groups)) for groups in zip(*(group_of[i] for i in node), strict=True))
 
     @functools.cache
     def best(left: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
