@@ -6,6 +6,18 @@
 # EXPECT FAIL: step, traffic
 
 # ANSWER: step
+def kv_groups(tp_ranks: list[int], heads: int, kv_heads: int) -> dict[int, list[int]]:
+    """{K/V head j: the ranks of the tp group `tp_ranks` (global, in tp order) that hold a copy of it, in tp order}
+    for a model of `heads` query heads on `kv_heads` K/V heads (a helper: the checks do not call it)."""
+    T = len(tp_ranks)
+    holders = {j: [] for j in range(kv_heads)}
+    for t, rank in enumerate(tp_ranks):
+        first, last = t * heads // T, (t + 1) * heads // T - 1  # its query heads
+        for j in range(first * kv_heads // heads, last * kv_heads // heads + 1):  # the K/V heads they read
+            holders[j].append(rank)
+    return holders
+
+
 def tp_block(h: torch.Tensor, w: dict, mesh, positions: torch.Tensor) -> torch.Tensor:
     """One lab-model block (parlab.core.lab_model.LabBlock) on this rank's pieces `w` (its query heads, the K/V
     heads they read, its FFN rows). h: [b, T, H], the same on every rank of the tp group; positions: [T], the

@@ -1,40 +1,46 @@
 # ruff: noqa
 # A wrong answer to labs/lab07_hybrid.ipynb (the other answers are the solution's). The library's code called:
-# the GPU's place on the nodes counted with parlab.core.mesh.mesh_rank (the mesh's own mixed-radix arithmetic),
-# which part 1 asks the student to write. Every placement is right; the check sees the call and fails the part,
-# naming it.
+# the mesh's coordinates counted with parlab.core.mesh.mesh_coords (the mesh's own mixed-radix arithmetic), which
+# part 1 asks the student to write. Every placement is right; the check sees the call and fails the part, naming it.
 # EXPECT FAIL: groups
 
 # ANSWER: groups
 def place(axes: dict[str, int], gpus: int, numbering: str, payload: dict[str, float]) -> list:
     """The mesh as nested lists in the order of `axes` ({name: size}): mesh[i][j]... the global rank at those
     coordinates, on nodes of `gpus` GPUs numbered "block" or "cyclic"; payload: bytes per rank and step by axis."""
-    inner = sorted(axes, key=lambda axis: -payload[axis])  # the heaviest axis varies fastest within a node
-    world = math.prod(axes.values())
-    nodes = world // gpus
+    import functools
+    import itertools
 
-    def rank_at(coords: dict[str, int]) -> int:
-        from parlab.core.mesh import mesh_rank
+    sizes = list(axes.values())
+    from parlab.core.mesh import mesh_coords
 
-        gpu_index = mesh_rank(coords, {axis: axes[axis] for axis in reversed(inner)})
-        node, gpu = divmod(gpu_index, gpus)
-        return node * gpus + gpu if numbering == "block" else gpu * nodes + node  # the launcher's number for it
+    cells = [tuple(mesh_coords(r, axes).values()) for r in range(math.prod(sizes))]  # the library's row-major count
+    heaviest_first = sorted(range(len(sizes)), key=lambda k: -payload[list(axes)[k]])
+
+    def reach(node: tuple) -> tuple:  # per axis, heaviest first: how many of its groups have a GPU in this node
+        return tuple(len({cells[i][:k] + cells[i][k + 1 :] for i in node}) for k in heaviest_first)
+
+    @functools.cache
+    def fill(left: tuple) -> tuple:  # the least spans (heaviest axis first) of the cells `left`, and their nodes
+        if not left:
+            return (0,) * len(sizes), ()
+        options = []
+        for mates in itertools.combinations(left[1:], gpus - 1):  # the first cell's node: any G - 1 of the others
+            spans, nodes = fill(tuple(i for i in left[1:] if i not in mates))
+            node = (left[0], *mates)  # the spans of the nodes add up: the rest is the same problem, smaller
+            options.append((tuple(a + b for a, b in zip(reach(node), spans)), (node, *nodes)))
+        return min(options)
+
+    _, nodes = fill(tuple(range(len(cells))))
+    count = len(cells) // gpus
+    rank_of = {}
+    for n, node in enumerate(nodes):
+        for slot, cell in enumerate(node):  # the launcher's number for GPU `slot` of node n
+            rank_of[cells[cell]] = n * gpus + slot if numbering == "block" else slot * count + n
 
     def build(prefix: list[int]) -> list | int:  # nested lists, one level per axis, in the order of `axes`
-        if len(prefix) == len(axes):
-            return rank_at(dict(zip(axes, prefix)))
-        return [build(prefix + [i]) for i in range(list(axes.values())[len(prefix)])]
+        if len(prefix) == len(sizes):
+            return rank_of[tuple(prefix)]
+        return [build(prefix + [i]) for i in range(sizes[len(prefix)])]
 
     return build([])
-
-
-def kv_groups(tp_ranks: list[int], heads: int, kv_heads: int) -> dict[int, list[int]]:
-    """{K/V head j: the ranks of the tp group `tp_ranks` (global, in tp order) that hold a copy of it, in tp order}
-    for a model of `heads` query heads on `kv_heads` K/V heads."""
-    T = len(tp_ranks)
-    holders = {j: [] for j in range(kv_heads)}
-    for t, rank in enumerate(tp_ranks):
-        first, last = t * heads // T, (t + 1) * heads // T - 1  # its query heads
-        for j in range(first * kv_heads // heads, last * kv_heads // heads + 1):  # the K/V heads they read
-            holders[j].append(rank)
-    return holders

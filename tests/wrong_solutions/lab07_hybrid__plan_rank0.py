@@ -32,7 +32,7 @@ def local_shapes(cfg, axes: dict[str, int], rank: int) -> dict[str, tuple[int, .
         shapes[p + "mlp.down.weight"] = (H, F // T)
     if s == S - 1:
         shapes["norm.weight"] = (H,)
-        shapes["head.weight"] = (V // T, H)
+        shapes["embed.weight" if cfg.tied else "head.weight"] = (V // T, H)  # tied: its own copy (one stage: the same)
     return shapes
 
 
@@ -64,6 +64,8 @@ def wire_bytes(cfg, axes: dict[str, int], rank: int, zero: int) -> float:
 
     sent = 4 * blocks * ring(T) * message  # g forward, f backward, of attention and of the MLP, in each block
     sent += ((s < S - 1) + (s > 0)) * message  # an activation forward, a gradient back
+    if cfg.tied and S > 1 and s in (0, S - 1):  # the two copies of the tied rows, summed: a ring of 2 sends all
+        sent += cfg.vocab_size // T * cfg.hidden * e
     holders = kv_groups(list(range(T)), nq, nkv)
     for j in range(t * nq // T * nkv // nq, ((t + 1) * nq // T - 1) * nkv // nq + 1):  # my K/V heads
         sent += blocks * 2 * ring(len(holders[j])) * hd * cfg.hidden * e  # their K and V rows

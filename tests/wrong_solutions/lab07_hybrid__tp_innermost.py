@@ -1,8 +1,8 @@
 # ruff: noqa
-# A wrong answer to labs/lab07_hybrid.ipynb (the other answers are the solution's). The bug: the textbook rule
-# "tp inside a node, then dp, pp across" applied whatever the payloads say. Where dp moves more bytes than tp (as in
-# this lab's own step, and in the pairs of 2 GPUs where only one axis fits in a node) its groups cross nodes that
-# the heaviest axis should have kept.
+# A wrong answer to labs/lab07_hybrid.ipynb (the other answers are the solution's). The bug: the textbook
+# rule "tp inside a node, then dp, pp across" applied whatever the payloads say. Where dp moves more bytes than tp (as
+# in this lab's own step at 8 rows, and in the pairs of 2 GPUs where only one axis fits in a node) its groups cross
+# nodes that the heaviest axis should have kept.
 # EXPECT FAIL: groups
 
 # ANSWER: groups
@@ -26,15 +26,3 @@ def place(axes: dict[str, int], gpus: int, numbering: str, payload: dict[str, fl
         return [build(prefix + [i]) for i in range(list(axes.values())[len(prefix)])]
 
     return build([])
-
-
-def kv_groups(tp_ranks: list[int], heads: int, kv_heads: int) -> dict[int, list[int]]:
-    """{K/V head j: the ranks of the tp group `tp_ranks` (global, in tp order) that hold a copy of it, in tp order}
-    for a model of `heads` query heads on `kv_heads` K/V heads."""
-    T = len(tp_ranks)
-    holders = {j: [] for j in range(kv_heads)}
-    for t, rank in enumerate(tp_ranks):
-        first, last = t * heads // T, (t + 1) * heads // T - 1  # its query heads
-        for j in range(first * kv_heads // heads, last * kv_heads // heads + 1):  # the K/V heads they read
-            holders[j].append(rank)
-    return holders

@@ -1,6 +1,7 @@
-"""Lab 07's checks: a mesh placed on nodes (and the ranks that share each K/V head), one hybrid training step of the
-lab model's blocks with each collective on its group, the bytes that cross between nodes, and the plan (layout and
-ZeRO stage) that fits a memory budget with the fewest bytes sent (see parlab/grading for collect_/judge_).
+"""Lab 07's checks: a mesh placed on nodes with the fewest nodes under each axis' groups, one hybrid training step of
+the lab model's blocks with each collective on its group (the ranks that share a K/V head among them), the bytes
+that cross between nodes, and the plan (layout and ZeRO stage) that fits a memory budget with the fewest bytes sent,
+for the model untied and tied (see parlab/grading for collect_/judge_).
 
 The model is the labs' own (parlab/core/lab_model.py) with 12 query heads on 3 K/V heads, so that a tp of 2 or 4
 cuts a K/V head's query heads between two tp places: both hold a copy, its gradient a partial sum on each. Its
@@ -30,6 +31,8 @@ from parlab.grading.labs.lab07_layout import (
     CFG,
     KINDS,
     STEP_MESHES,
+    TIED,
+    TRAFFIC_BATCH,
     TRAFFIC_MESH,
     ZERO_STAGES,
     B,
@@ -40,10 +43,9 @@ from parlab.grading.labs.lab07_layout import (
     kv_holders,
     layout,
     layouts_of,
-    memory_at_scale_theory,
+    least_nodes,
     mesh_groups,
     node_of,
-    placement,
     row_major_group,
     spans,
     step_theory,
@@ -75,8 +77,11 @@ WHAT = "the library's hybrid code or the checks' reference"
 MESH_CODE = "core/mesh.py"
 LATER = tuple(entry for entry in LIBRARY if entry != MESH_CODE)  # parts 2 and 3
 
-# Part 1: placements of 8 live ranks (torch's DeviceMesh builds their groups from your mesh), then larger ones
-# checked in the grader. Each: (axes, GPUs per node, the launcher's numbering, payload per rank and step by axis).
+# Part 1: placements of 8 live ranks (torch's DeviceMesh builds their groups from your mesh), then more, checked in
+# the grader against its exact search (lab07_layout.least_nodes). Each: (axes, GPUs per node, the launcher's
+# numbering, payload per rank and step by axis). In the first five the sizes nest (the textbook rule, heaviest axis
+# fastest, is the least); in the last five they do not, and it is not: a heavy group must straddle nodes, and which
+# of its pieces share a node decides the next axis' count.
 LIVE_PLACEMENTS = [
     ({"dp": 2, "pp": 2, "tp": 2}, 4, "cyclic", {"tp": 300, "dp": 200, "pp": 10}),
     ({"pp": 2, "dp": 2, "tp": 2}, 2, "block", {"dp": 300, "tp": 200, "pp": 10}),  # dp heaviest: dp on the pairs
@@ -84,50 +89,57 @@ LIVE_PLACEMENTS = [
 ]
 MORE_PLACEMENTS = [
     ({"dp": 2, "pp": 3, "tp": 2}, 4, "block", {"tp": 300, "dp": 200, "pp": 10}),
-    ({"pp": 2, "tp": 4, "dp": 2}, 8, "cyclic", {"tp": 300, "dp": 200, "pp": 10}),
-    ({"dp": 4, "pp": 2, "tp": 3}, 6, "cyclic", {"tp": 300, "pp": 200, "dp": 10}),
-    ({"tp": 2, "dp": 2, "pp": 4}, 4, "block", {"pp": 300, "tp": 200, "dp": 10}),
-    ({"dp": 4, "tp": 4}, 8, "block", {"dp": 300, "tp": 200}),
-]
-KV_CASES = [  # (a tp group's global ranks in tp order, query heads, K/V heads)
-    ([0, 1], 12, 3),  # the lab model on tp 2: K/V head 1 on both
-    ([0, 2, 4, 6], 12, 3),  # tp 4, tp slowest: a chain, K/V head j on places j and j+1
-    ([3, 7, 11], 12, 3),  # tp 3: a K/V head each, nobody shares
-    ([0, 1, 2, 3, 4, 5], 12, 3),  # tp 6: pairs
-    (list(range(12)), 12, 3),  # tp 12: fours
-    ([5, 1], 8, 2),  # tp order is not rank order
-    ([0, 1, 2], 24, 8),  # Llama 3.2 3B (24 query heads, 8 K/V) on 3 GPUs
-    ([8, 9, 10, 11, 12], 10, 2),  # 5 places: K/V head 0 on places 0-2, head 1 on 2-4
-    (list(range(8)), 8, 1),  # multi-query: one head on all
+    ({"dp": 2, "pp": 2, "tp": 3}, 6, "cyclic", {"tp": 300, "pp": 200, "dp": 10}),
+    ({"dp": 2, "tp": 3}, 2, "block", {"tp": 300, "dp": 200}),  # heaviest fastest: (4, 6); the least (4, 5)
+    ({"tp": 3, "dp": 2, "pp": 2}, 2, "cyclic", {"tp": 300, "dp": 200, "pp": 10}),  # (8, 12, 12); (8, 10, 12)
+    ({"dp": 2, "pp": 3, "tp": 2}, 3, "cyclic", {"tp": 300, "dp": 200, "pp": 10}),  # (8, 10, 12); (8, 10, 10)
+    ({"dp": 6, "tp": 2}, 4, "block", {"dp": 300, "tp": 200}),  # (4, 12); (4, 10)
+    ({"tp": 3, "dp": 4}, 4, "cyclic", {"tp": 300, "dp": 200}),  # (6, 9); (6, 8)
 ]
 
-# Part 3: the plans. (world, budget in bytes); the ones of 8 ranks also run on live ranks.
-PLAN_CASES = [(8, 480_000), (8, 490_000), (8, 600_000), (8, 2_000_000), (8, 400_000), (12, 300_000), (6, 600_000)]
-PLAN_WORLDS = (6, 8, 12)  # every layout of these sizes, every ZeRO stage: your counts against the theory
+# Part 3: the plans, (model, ranks, budget in bytes); the ones of 8 ranks also run on live ranks. With its head
+# tied the model saves the head on one stage and pays the two copies' sum on two: at 440,000 bytes on 8 ranks the
+# tied model fits tp 2 where the untied one needs dp 8; on 6 ranks at 590,000 only the tied one fits at all.
+PLAN_CASES = [
+    (TIED, 8, 480_000),
+    (TIED, 8, 490_000),
+    (TIED, 8, 600_000),
+    (TIED, 8, 2_000_000),
+    (TIED, 8, 440_000),
+    (CFG, 8, 440_000),
+    (TIED, 8, 400_000),
+    (TIED, 12, 300_000),
+    (CFG, 6, 590_000),
+    (TIED, 6, 590_000),
+]
+PLAN_WORLDS = (6, 8, 12)  # every layout of these sizes, every ZeRO stage, untied and tied: your counts, the theory
+PLAN_MODELS = (CFG, TIED)
 
 
 STRUCTURAL = {
     "groups": "your placement of three meshes on 8 live ranks (2 nodes of 4 numbered cyclically, 4 pairs numbered "
-    "node by node, dp heavier than tp) handed to torch's DeviceMesh as its mesh, and five larger ones (12 to 24 "
-    "ranks, nodes of 4, 6 and 8): the nodes each axis' groups span, heaviest axis first, against the least "
-    "(a FAIL names the axis, the expected and received count and a group that spans too many); kv_groups for nine "
-    "tp groups (a K/V head on two places, a chain, pairs, fours, none shared, tp order not rank order, Llama 3.2 "
-    "3B on 3 GPUs, 5 places); no call into parlab.core.mesh",
+    "node by node with dp heavier than tp, dp x tp with dp heavier) handed to torch's DeviceMesh as its mesh, and "
+    "seven more of 6 to 12 ranks on nodes of 2, 3, 4 and 6, five of them with sizes that do not nest (a group of 3 "
+    "on nodes of 2 or 4, of 6 on nodes of 4, of 2 on nodes of 3), where the heaviest axis varied fastest is not the "
+    "least: the nodes each axis' groups span, heaviest axis first, against the least (the grader's exact search "
+    "over every way to fill the nodes; a FAIL names the axis, the expected and received count and a group that "
+    "spans too many); no call into parlab.core.mesh",
     "step": "your step on 8 live ranks for dp-pp-tp (2 stages, tp 2) and tp-dp-pp (tp 4, slowest): the loss and "
     "every rank's gradient slices against one device (float64); every call it makes into torch.distributed, "
     "recorded at the process group with that group's ranks: each rank's all-reduce bytes on each group of ranks "
-    "(tp, dp, each K/V head's holders) and its sends and receives on pp equal the theory's (a FAIL names the first "
-    "rank and group with expected and received), nothing else; no call into the library's hybrid code",
-    "traffic": "the predicted bytes that leave node 0 in one step of dp-pp-tp on 2 nodes of 4 GPUs numbered "
-    "cyclically, with torch's row-major mesh and with your placement, against the grader's theory (1%) and against "
-    "the bytes your step handed to its groups (each all-reduce a ring in its group's order)",
+    "(tp, dp, each K/V head's holders, which your step works out and creates) and its sends and receives on pp "
+    "equal the theory's (a FAIL names the first rank and group with expected and received), nothing else; no call "
+    "into the library's hybrid code",
+    "traffic": "the predicted bytes that leave node 0 in one step of dp-pp-tp with twice the step check's batch "
+    "(B = 16), on 4 nodes of 2 GPUs numbered cyclically, with torch's row-major mesh and with the placement of "
+    "part 1 for that step's payloads, against the grader's theory (1%) and against the bytes your step, run at "
+    "that batch, handed to its groups (each all-reduce a ring in its group's order)",
     "plan": "local_shapes, state_bytes and wire_bytes for every rank of every layout of 6, 8 and 12 ranks and every "
-    "ZeRO stage against the theory; choose for seven (ranks, budget), one with no plan that fits, against the "
-    "grader's enumeration; the plans you chose for 8 ranks run on live ranks (the library's ZeRO over dp on the "
-    "pieces dealt out): every rank's tensors and bytes equal yours, the busiest within the budget",
-    "memory_at_scale": "the predicted model-state GB of the busiest GPU and of a GPU of the last stage of Llama 3 "
-    "405B's sizes on TP 8 x PP 16 x DP 128 (first and last stage one block short) with ZeRO-1, against the "
-    "grader's count of what each rank holds (the same layout as part 3), 1%",
+    "ZeRO stage, for the model untied and tied (the tied matrix's copy on the last stage, the copies' sum), "
+    "against the theory; choose for ten (model, ranks, budget), two with no plan that fits, one where tying "
+    "changes the plan, one decided by the memory tie-break, against the grader's enumeration; the plans you chose "
+    "for 8 ranks run on live ranks (the library's ZeRO over dp on the pieces dealt out): every rank's tensors and "
+    "bytes equal yours, the busiest within the budget",
 }
 
 
@@ -199,10 +211,10 @@ def deal(cfg: LabConfig, axes: dict[str, int], rank: int, full: dict[str, torch.
     return pieces
 
 
-def lab_weights() -> dict[str, torch.Tensor]:
+def lab_weights(cfg: LabConfig = CFG) -> dict[str, torch.Tensor]:
     """The lab model's full weights, seeded: the same on every rank."""
     # host: the seeded model; each rank copies its pieces onto its device (deal)
-    return {name: p.detach() for name, p in build_lab_model(CFG, 0).named_parameters()}
+    return {name: p.detach() for name, p in build_lab_model(cfg, 0).named_parameters()}
 
 
 # ----------------------------------------------------------------------------------------- part 1: groups
@@ -252,26 +264,18 @@ def torch_mesh_groups(cases: list) -> list:
     return out
 
 
-def _holders(value) -> dict | str:
-    try:
-        return {int(j): [int(r) for r in ranks] for j, ranks in dict(value).items()}
-    except (TypeError, ValueError, AttributeError) as exc:
-        return f"{type(value).__name__}: {exc}"[:80]
-
-
-def collect_groups(place, kv_groups) -> dict:
+def collect_groups(place) -> dict:
     with library_calls(LIBRARY) as called:
         meshes = [
             _as_mesh(place(dict(axes), gpus, numbering, dict(payload)))
             for axes, gpus, numbering, payload in LIVE_PLACEMENTS + MORE_PLACEMENTS
         ]
-        kv = [_holders(kv_groups(list(ranks), heads, kv_heads)) for ranks, heads, kv_heads in KV_CASES]
     live = [
         (case[0], None if _mesh_problem(mesh, case[0]) else mesh)
         for case, mesh in zip(LIVE_PLACEMENTS, meshes, strict=False)
     ]
     torch_says = list(parlab.launch(torch_mesh_groups, WORLD, live, **LAUNCH))
-    return {"meshes": meshes, "torch": torch_says, "kv": kv, "library": list(called)}
+    return {"meshes": meshes, "torch": torch_says, "library": list(called)}
 
 
 def placement_line(case, groups: dict[str, list[list[int]]]) -> str:
@@ -280,12 +284,11 @@ def placement_line(case, groups: dict[str, list[list[int]]]) -> str:
     axes, gpus, numbering, payload = case
     world = math.prod(axes.values())
     what = f"{_describe(case)}: nodes spanned by each axis' groups, heaviest axis first"
-    best = placement(axes, gpus, numbering, payload)
-    for axis in sorted(axes, key=lambda a: -payload[a]):
-        least = spans(mesh_groups(best, axes, axis), gpus, numbering)
+    fewest, _ = least_nodes(axes, gpus, payload)
+    for axis, least in zip(sorted(axes, key=lambda a: -payload[a]), fewest, strict=True):
         got = spans(groups[axis], gpus, numbering)
         if got < least:
-            break  # fewer than the grader's placement: at least as good
+            break  # fewer than the grader's exact search (it cannot be): at least as good
         if got > least:
             wide = max(groups[axis], key=lambda g: len({node_of(r, world, gpus, numbering) for r in g}))
             nodes = sorted({node_of(r, world, gpus, numbering) for r in wide})
@@ -312,11 +315,6 @@ def judge_groups(data) -> list[str]:
         else:
             groups = {axis: mesh_groups(mesh, axes, axis) for axis in axes}
         lines.append(placement_line(case, groups))
-    items = []
-    for (ranks, heads, kv_heads), got in zip(KV_CASES, data["kv"], strict=True):
-        label = f"tp group {ranks}, {heads} query heads on {kv_heads} K/V heads"
-        items.append((label, kv_holders(ranks, heads, kv_heads), got))
-    lines.append(first_difference("kv_groups: each K/V head's holders in nine tp groups", items))
     lines.append(library_line("groups", data["library"], "parlab's mesh, " + WHAT))
     return lines
 
@@ -352,10 +350,11 @@ def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((out - target) ** 2).sum(dim=-1).mean()
 
 
-def full_batch(seed: int = 1, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch x: [B, T, H] (an embedding's output) and its target [B, T, H], the same on every rank."""
+def full_batch(seed: int = 1, device=None, rows: int = B) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch x: [rows, T, H] (an embedding's output) and its target [rows, T, H], the same on every
+    rank (rows: B = 8 in the step's check, 16 in the traffic check)."""
     gen = torch.Generator().manual_seed(seed)
-    shape = (B, CFG.seq_len, CFG.hidden)
+    shape = (rows, CFG.seq_len, CFG.hidden)
     x, target = (torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(2))  # host: the seeded draw
     return x.to(device or "cpu"), target.to(device or "cpu")
 
@@ -368,13 +367,14 @@ def stage_blocks(axes: dict[str, int], rank: int, full: dict[str, torch.Tensor])
     return ids, blocks
 
 
-def run_step(hybrid_step, layouts: list[dict[str, int]]) -> list[dict]:
-    """Rank code: for each layout, build the mesh, deal out the blocks, run your step once, recording every call."""
+def run_step(hybrid_step, layouts: list[dict[str, int]], rows: int = B) -> list[dict]:
+    """Rank code: for each layout, build the mesh, deal out the blocks, run your step once on a global batch of
+    `rows` rows, recording every call."""
     full, out = lab_weights(), []
     for axes in layouts:
         mesh = DeviceMesh(axes)
         ids, blocks = stage_blocks(axes, mesh.rank, full)
-        x, target = full_batch(device=parlab.device())
+        x, target = full_batch(device=parlab.device(), rows=rows)
         x.requires_grad_()  # x stands for an embedding's output: its gradient is wanted too
         with recording() as calls, library_calls(LATER) as called:
             loss = hybrid_step(mesh, blocks, x, target)
@@ -530,11 +530,10 @@ def judge_step(data) -> list[str]:
 # ------------------------------------------------------------------------------------ traffic prediction
 
 PREDICTED = ("naive_bytes", "placed_bytes")
+_TRAFFIC = f"dp=2 x pp=2 x tp=2, B = {TRAFFIC_BATCH}, on 4 nodes of 2, cyclic numbering"
 LABELS = {
-    "naive_bytes": "dp=2 x pp=2 x tp=2 on 2 nodes of 4, cyclic numbering, torch's row-major mesh: bytes leaving "
-    "node 0 in one step",
-    "placed_bytes": "dp=2 x pp=2 x tp=2 on 2 nodes of 4, cyclic numbering, your placement: bytes leaving node 0 in "
-    "one step",
+    "naive_bytes": f"{_TRAFFIC}, torch's row-major mesh: bytes leaving node 0 in one step",
+    "placed_bytes": f"{_TRAFFIC}, part 1's placement: bytes leaving node 0 in one step",
 }
 
 
@@ -547,7 +546,7 @@ def measured_calls(result: dict, axes: dict[str, int], rank: int) -> dict:
 
 
 def collect_traffic(predicted: dict, hybrid_step) -> dict:
-    ranks = parlab.launch(run_step, WORLD, hybrid_step, [TRAFFIC_MESH], **LAUNCH)
+    ranks = parlab.launch(run_step, WORLD, hybrid_step, [TRAFFIC_MESH], TRAFFIC_BATCH, **LAUNCH)
     calls = [measured_calls(rank[0], TRAFFIC_MESH, r) for r, rank in enumerate(ranks)]
     return {"predicted": {k: plain(predicted.get(k)) for k in PREDICTED}, "calls": calls}
 
@@ -583,18 +582,18 @@ def held_module(pieces: dict[str, torch.Tensor]) -> nn.Module:
 
 
 def measure_states(plans: list) -> list:
-    """Rank code: for each (layout, ZeRO stage) (None: skipped alike on every rank), the pieces this rank holds and
-    the bytes of its parameters, gradients and optimizer states (Adam: master, m, v) counted from the tensors it
-    holds: the library's ZeRO over the dp group on the pieces, or, with no ZeRO, the pieces, their gradients and
-    three optimizer tensors each."""
-    full, out = lab_weights(), []
+    """Rank code: for each (model, layout, ZeRO stage) (None: skipped alike on every rank), the pieces this rank
+    holds and the bytes of its parameters, gradients and optimizer states (Adam: master, m, v) counted from the
+    tensors it holds: the library's ZeRO over the dp group on the pieces, or, with no ZeRO, the pieces, their
+    gradients and three optimizer tensors each."""
+    out = []
     for plan in plans:
         if plan is None:
             out.append(None)
             continue
-        axes, zero = plan
+        cfg, axes, zero = plan
         mesh = DeviceMesh(axes)
-        pieces = deal(CFG, axes, mesh.rank, full)
+        pieces = deal(cfg, axes, mesh.rank, lab_weights(cfg))
         if zero and axes["dp"] > 1:
             sharded = ZeRO(held_module(pieces), zero, lr=0.01, group=mesh.group("dp"))
             held = sharded.held()
@@ -644,33 +643,37 @@ def _plan_text(plan) -> str:
     return f"{_shape(axes)}, ZeRO {zero}"
 
 
+def _model(cfg: LabConfig) -> str:
+    return "tied" if cfg.tied else "untied"
+
+
 def collect_plan(local_shapes, state_bytes, wire_bytes, choose) -> dict:
     yours = {}
-    layouts = [(world, axes) for world in PLAN_WORLDS for axes in layouts_of(world)]  # outside the guard: ours
+    layouts = [(cfg, world, axes) for cfg in PLAN_MODELS for world in PLAN_WORLDS for axes in layouts_of(world)]
     with library_calls(LATER) as called:
-        for world, axes in layouts:
+        for cfg, world, axes in layouts:
             for r in range(world):
                 stages = [z for z in ZERO_STAGES if z == 0 or axes["dp"] > 1]
-                yours[f"{_shape(axes)} {r}"] = {
-                    "shapes": _as_shapes(local_shapes(CFG, dict(axes), r)),
-                    "states": {z: _as_states(state_bytes(CFG, dict(axes), r, z)) for z in stages},
-                    "wire": {z: plain(wire_bytes(CFG, dict(axes), r, z)) for z in stages},
+                yours[f"{_model(cfg)} {_shape(axes)} {r}"] = {
+                    "shapes": _as_shapes(local_shapes(cfg, dict(axes), r)),
+                    "states": {z: _as_states(state_bytes(cfg, dict(axes), r, z)) for z in stages},
+                    "wire": {z: plain(wire_bytes(cfg, dict(axes), r, z)) for z in stages},
                 }
-        choices = [_as_plan(choose(CFG, world, budget), world) for world, budget in PLAN_CASES]
+        choices = [_as_plan(choose(cfg, world, budget), world) for cfg, world, budget in PLAN_CASES]
         runs = [
-            plan if world == WORLD and isinstance(plan, tuple) else None
-            for (world, _), plan in zip(PLAN_CASES, choices, strict=True)
+            (cfg, *plan) if world == WORLD and isinstance(plan, tuple) else None
+            for (cfg, world, _), plan in zip(PLAN_CASES, choices, strict=True)
         ]
         counted = {
             i: [
                 {
-                    "shapes": _as_shapes(local_shapes(CFG, dict(plan[0]), r)),
-                    "states": _as_states(state_bytes(CFG, dict(plan[0]), r, plan[1])),
+                    "shapes": _as_shapes(local_shapes(run[0], dict(run[1]), r)),
+                    "states": _as_states(state_bytes(run[0], dict(run[1]), r, run[2])),
                 }
                 for r in range(WORLD)
             ]
-            for i, plan in enumerate(runs)
-            if plan is not None
+            for i, run in enumerate(runs)
+            if run is not None
         }
     measured = list(parlab.launch(measure_states, WORLD, runs, **LAUNCH))
     return {"yours": yours, "choices": choices, "counted": counted, "measured": measured, "library": list(called)}
@@ -696,33 +699,37 @@ def _state_items(rank_label: str, expected: dict, received) -> list[tuple[str, o
 
 def judge_plan(data) -> list[str]:
     lines, shapes, states, wires = [], [], [], []
-    for world in PLAN_WORLDS:
-        for axes in layouts_of(world):
-            for r in range(world):
-                mine = data["yours"][f"{_shape(axes)} {r}"]
-                label = f"{_shape(axes)} {_where(r, axes)}"
-                shapes += _shape_items(label, held_shapes(CFG, axes, r), mine["shapes"])
-                for z, got in mine["states"].items():
-                    states += _state_items(f"{label}, ZeRO {z}", held_states(CFG, axes, r, z), got)
-                    wires.append((f"{label}, ZeRO {z}", wire_bytes(CFG, axes, r, z), mine["wire"][z]))
-    what = "every layout of 6, 8 and 12 ranks"
+    for cfg in PLAN_MODELS:
+        for world in PLAN_WORLDS:
+            for axes in layouts_of(world):
+                for r in range(world):
+                    mine = data["yours"][f"{_model(cfg)} {_shape(axes)} {r}"]
+                    label = f"{_model(cfg)}, {_shape(axes)} {_where(r, axes)}"
+                    shapes += _shape_items(label, held_shapes(cfg, axes, r), mine["shapes"])
+                    for z, got in mine["states"].items():
+                        states += _state_items(f"{label}, ZeRO {z}", held_states(cfg, axes, r, z), got)
+                        wires.append((f"{label}, ZeRO {z}", wire_bytes(cfg, axes, r, z), mine["wire"][z]))
+    what = "every layout of 6, 8 and 12 ranks, untied and tied"
     lines.append(first_difference(f"local_shapes, {what}: every rank's tensors and shapes", shapes))
     lines.append(first_difference(f"state_bytes, {what}, ZeRO 0 to 3: every rank's bytes", states))
     lines.append(first_difference(f"wire_bytes, {what}, ZeRO 0 to 3: every rank's bytes sent in a step", wires))
-    for (world, budget), got in zip(PLAN_CASES, data["choices"], strict=True):
-        best = best_plan(world, budget)
-        what = f"choose, {world} ranks, {budget:,} bytes a rank: the plan that fits with the fewest bytes sent"
+    for (cfg, world, budget), got in zip(PLAN_CASES, data["choices"], strict=True):
+        best = best_plan(world, budget, cfg)
+        what = (
+            f"choose, {_model(cfg)}, {world} ranks, {budget:,} bytes a rank: the plan that fits with the fewest "
+            "bytes sent"
+        )
         ok = got == best if best is None or isinstance(got, str) or got is None else (got[0], got[1]) == best
         if ok:
             lines.append(f"{what}: PASS")
         else:
             lines.append(f"{what}: expected {_plan_text(best)}, received {_plan_text(got)}: FAIL")
-    for i, ((world, budget), got) in enumerate(zip(PLAN_CASES, data["choices"], strict=True)):
+    for i, ((cfg, world, budget), got) in enumerate(zip(PLAN_CASES, data["choices"], strict=True)):
         if world != WORLD:
             continue
-        what = f"your plan for {budget:,} bytes a rank, on 8 live ranks (the library's ZeRO over dp)"
+        what = f"your plan, {_model(cfg)}, {budget:,} bytes a rank, on 8 live ranks (the library's ZeRO over dp)"
         if got is None or isinstance(got, str):
-            fits = best_plan(world, budget) is None and got is None
+            fits = best_plan(world, budget, cfg) is None and got is None
             lines.append(
                 f"{what}: {'no plan, nothing to run' if fits else 'no plan to run'}: {'PASS' if fits else 'FAIL'}"
             )
@@ -739,23 +746,4 @@ def judge_plan(data) -> list[str]:
             line = f"{what}: the busiest rank holds {heaviest:,} bytes, over the budget: FAIL"
         lines.append(line)
     lines.append(library_line("plan", data["library"], WHAT))
-    return lines
-
-
-# ---------------------------------------------------------------------------------- the prediction at scale
-
-
-def collect_memory_at_scale(gb_busiest, gb_last) -> dict:
-    return {"predicted": {"gb_busiest": plain(gb_busiest), "gb_last": plain(gb_last)}}
-
-
-def judge_memory_at_scale(data) -> list[str]:
-    theory = memory_at_scale_theory()
-    what = "Llama 3 405B's sizes, TP 8 x PP 16 x DP 128 + ZeRO-1: GB of model states"
-    lines = prediction_lines(
-        f"{what} on the busiest GPU", data["predicted"]["gb_busiest"], theory["gb_busiest"], rtol=0.01
-    )
-    lines += prediction_lines(
-        f"{what} on a GPU of the last stage", data["predicted"]["gb_last"], theory["gb_last"], rtol=0.01
-    )
     return lines

@@ -1,9 +1,8 @@
-"""Lab 07's reference: where the mesh's ranks sit on the nodes, which ranks share each K/V head, what each rank of
-a dp x pp x tp mesh holds of the lab model, what it sends in a step, the plan that fits a memory budget, and every
-count the predictions make.
+"""Lab 07's reference: where the mesh's ranks sit on the nodes, what each rank of a dp x pp x tp mesh holds of the
+lab model, what it sends in a step, the plan that fits a memory budget, and every count the prediction makes.
 
 The checks of parlab/grading/labs/lab07_hybrid.py place, deal, count and choose with the functions here. They are
-the answers of parts 1 and 3 and of the predictions, so this file is on the lab's `LIBRARY`: an answer that calls
+the answers of parts 1 and 3 and of the prediction, so this file is on the lab's `LIBRARY`: an answer that calls
 into it is a FAIL line naming the call.
 
 The lab model here has nq = 12 query heads and nkv = 3 K/V heads: query head h reads K/V head h // 4. Its
@@ -15,6 +14,9 @@ tensor-parallel layout (Megatron's, for grouped-query attention), rank t of T on
                    copies' gradients are summed over the ranks that hold it, that head's "K/V group")
     gate, up, down rows [t F/T, (t+1) F/T) of gate and up, the same columns of down
     embed, head    rows [t V/T, (t+1) V/T) (vocabulary-parallel); the RMSNorm gains whole on every rank
+    tied head      (cfg.tied) the head is embed.weight: with more than one stage the last stage keeps its own copy
+                   of its rows (Megatron's), and the two copies' gradients are summed by the first and the last
+                   stage's ranks of the same (dp, tp) place
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ import torch
 from parlab.core.lab_model import LabConfig, LabModel
 from parlab.core.mesh import mesh_coords
 
-# The lab model at the lab's size: 12 query heads of 4 numbers on 3 K/V heads, 4 blocks; float64.
+# The lab model at the lab's size: 12 query heads of 4 numbers on 3 K/V heads, 4 blocks; float64. Part 3 plans it
+# untied (CFG) and with its head tied to its embedding (TIED, as Llama 3.2 1B and 3B are).
 CFG = LabConfig(vocab_size=96, seq_len=8, hidden=48, heads=12, kv_heads=3, ffn=96, layers=4)
+TIED = LabConfig(vocab_size=96, seq_len=8, hidden=48, heads=12, kv_heads=3, ffn=96, layers=4, tied=True)
 B = 8  # the step's global batch: x, target [B, T, H] (T = CFG.seq_len); a replica trains on B / D rows
 
 # Part 2 (the step): two layouts of 8 live ranks. In the first a K/V head straddles the two tp places; in the
@@ -41,15 +45,11 @@ STEP_MESHES = [
 KINDS = ("params", "grads", "optimizer")
 ZERO_STAGES = (0, 1, 2, 3)
 
-# The traffic prediction: part 2's first mesh on 2 nodes of 4 GPUs whose launcher numbers the ranks cyclically.
+# The traffic prediction: part 2's first mesh with twice the check's batch, on 4 nodes of 2 GPUs whose launcher
+# numbers the ranks cyclically. At this batch tp hands over more than dp (at the check's batch, less): only one axis'
+# groups fit in a node of 2, and which one is the payloads' call.
 TRAFFIC_MESH = STEP_MESHES[0]
-TRAFFIC_GPUS, TRAFFIC_NUMBERING = 4, "cyclic"
-
-# The prediction at scale: Llama 3 405B's sizes, on 16,384 GPUs as TP 8 x PP 16 x DP 128 (pp slowest), 126 blocks
-# with the first and the last stage one block short (7; the others 8), ZeRO-1 over dp, mixed precision.
-LLAMA = LabConfig(vocab_size=128256, seq_len=8192, hidden=16384, heads=128, kv_heads=8, ffn=53248, layers=126)
-LLAMA_AXES = {"pp": 16, "dp": 128, "tp": 8}
-MIXED = (2, 2, 12)  # bytes per parameter: bf16 weights, bf16 gradients, fp32 master, m and v
+TRAFFIC_GPUS, TRAFFIC_NUMBERING, TRAFFIC_BATCH = 2, "cyclic", 16
 
 # ------------------------------------------------------------------------------------------------ the heads
 
@@ -81,22 +81,54 @@ def node_of(rank: int, world: int, gpus: int, numbering: str) -> int:
     return rank // gpus if numbering == "block" else rank % (world // gpus)
 
 
+def least_nodes(
+    axes: dict[str, int], gpus: int, payload: dict[str, float]
+) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """The least spans, heaviest axis first (the nodes each axis' groups span, added up over its groups, compared
+    as a tuple: the heaviest axis' first), and nodes that reach it: each node a tuple of cells (indices of the
+    coordinates in row-major order of `axes`).
+
+    An exact search, not a rule: heaviest axis fastest is the least only when the sizes nest (2 x 3 with the 3
+    heavier on nodes of 2 spans (4, 6) that way, (4, 5) at best). The cells are dealt out node by node, the node
+    of the first cell left chosen among every set of G - 1 others; the spans of the nodes add up, so the least for
+    the cells left is a subproblem of its own (memoised on the set of cells left: a few thousand sets at 12 ranks)."""
+    names = sorted(axes, key=lambda axis: -payload[axis])
+    cells = list(itertools.product(*(range(n) for n in axes.values())))
+    group_of = [[c[:k] + c[k + 1 :] for k in (list(axes).index(axis) for axis in names)] for c in cells]
+
+    @functools.cache
+    def cost(node: tuple[int, ...]) -> tuple[int, ...]:  # per axis: the groups that reach into this node
+        return tuple(len(set(groups)) for groups in zip(*(group_of[i] for i in node), strict=True))
+
+    @functools.cache
+    def best(left: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+        if not left:
+            return (0,) * len(names), ()
+        first, others = left[0], left[1:]
+        found = None
+        for mates in itertools.combinations(others, gpus - 1):
+            node = (first, *mates)
+            spans, nodes = best(tuple(i for i in others if i not in mates))
+            total = tuple(x + y for x, y in zip(cost(node), spans, strict=True))
+            if found is None or total < found[0]:
+                found = (total, (node, *nodes))
+        return found
+
+    return best(tuple(range(len(cells))))
+
+
 def placement(axes: dict[str, int], gpus: int, numbering: str, payload: dict[str, float]) -> list:
-    """The mesh (nested lists in the order of `axes`: mesh[i][j][k] the global rank at those coordinates) that
-    keeps the groups of the axis with the largest payload on as few nodes as possible, then the next axis', ...:
-    count the GPUs node by node with the heaviest axis fastest, then translate each GPU into the launcher's rank."""
-    inner_first = sorted(axes, key=lambda axis: -payload[axis])
+    """The mesh (nested lists in the order of `axes`: mesh[i][j][k] the global rank at those coordinates) whose
+    groups span the fewest nodes, the heaviest axis' first (least_nodes), each node's GPUs given the launcher's
+    numbers: node n holds ranks nG .. nG + G - 1 ("block") or n, n + N, n + 2N, ... ("cyclic")."""
     world = math.prod(axes.values())
     nodes = world // gpus
-    grid = torch.empty(tuple(axes.values()), dtype=torch.long)  # host: rank numbers, no data
-    for coords in itertools.product(*(range(n) for n in axes.values())):
-        at = dict(zip(axes, coords, strict=True))
-        position = 0  # the GPU's place counted node by node, the heaviest axis fastest
-        for axis in reversed(inner_first):
-            position = position * axes[axis] + at[axis]
-        node, gpu = divmod(position, gpus)
-        grid[coords] = node * gpus + gpu if numbering == "block" else gpu * nodes + node
-    return grid.tolist()
+    _, chosen = least_nodes(axes, gpus, payload)
+    grid = torch.empty(world, dtype=torch.long)  # host: rank numbers, no data
+    for n, node in enumerate(chosen):
+        for slot, cell in enumerate(node):
+            grid[cell] = n * gpus + slot if numbering == "block" else slot * nodes + n
+    return grid.view(*axes.values()).tolist()
 
 
 def mesh_groups(mesh, axes: dict[str, int], axis: str) -> list[list[int]]:
@@ -129,17 +161,11 @@ def full_shapes(cfg: LabConfig) -> dict[str, tuple[int, ...]]:
 
 
 def stage_blocks(layers: int, S: int, s: int) -> range:
-    """The blocks of pipeline stage s of S: L/S each, or, when S does not divide L but divides L + 2, one fewer on
-    the first and on the last stage (Llama 3's balance: those stages also hold the embedding and the head)."""
-    if layers % S == 0:
-        per = layers // S
-        return range(s * per, (s + 1) * per)
-    if S > 2 and (layers + 2) % S == 0:
-        per = (layers + 2) // S
-        start = 0 if s == 0 else s * per - 1
-        stop = (s + 1) * per - 1 - (s == S - 1)
-        return range(start, stop)
-    raise ValueError(f"{layers} blocks do not split over {S} stages")
+    """The blocks of pipeline stage s of S: L/S consecutive ones."""
+    if layers % S:
+        raise ValueError(f"{layers} blocks do not split over {S} stages")
+    per = layers // S
+    return range(s * per, (s + 1) * per)
 
 
 def layout(cfg: LabConfig, axes: dict[str, int], rank: int) -> dict[str, tuple[int, int, int] | None]:
@@ -170,8 +196,7 @@ def layout(cfg: LabConfig, axes: dict[str, int], rank: int) -> dict[str, tuple[i
         }
     if s == S - 1:
         held["norm.weight"] = None
-        if not cfg.tied:
-            held["head.weight"] = vocab
+        held["embed.weight" if cfg.tied else "head.weight"] = vocab  # tied, S > 1: the last stage's own copy
     return held
 
 
@@ -195,12 +220,12 @@ def _exact(x: float) -> int | float:
     return int(x) if float(x).is_integer() else x
 
 
-def held_states(cfg: LabConfig, axes: dict[str, int], rank: int, zero: int, bytes_per=None) -> dict[str, int | float]:
+def held_states(cfg: LabConfig, axes: dict[str, int], rank: int, zero: int) -> dict[str, int | float]:
     """Bytes of parameters, gradients and optimizer states `rank` holds with ZeRO stage `zero` (0 = none) over its
-    dp group: stage 1 shares out the optimizer states, 2 the gradients too, 3 the parameters too. bytes_per:
-    (param, grad, optimizer) bytes per number; default the model's dtype with Adam's master, m and v in it."""
+    dp group: stage 1 shares out the optimizer states, 2 the gradients too, 3 the parameters too; all in the
+    model's dtype, Adam's master weights, m and v among the optimizer states."""
     psi, D = held_numel(cfg, axes, rank), axes.get("dp", 1)
-    p, g, k = bytes_per or (cfg.dtype_bytes, cfg.dtype_bytes, 3 * cfg.dtype_bytes)
+    p, g, k = cfg.dtype_bytes, cfg.dtype_bytes, 3 * cfg.dtype_bytes
     return {
         "params": _exact(psi * p / (D if zero >= 3 else 1)),
         "grads": _exact(psi * g / (D if zero >= 2 else 1)),
@@ -265,9 +290,11 @@ def ring(n: int) -> float:
 
 def wire_bytes(cfg: LabConfig, axes: dict[str, int], rank: int, zero: int, batch: int = B) -> int | float:
     """The bytes `rank` sends on the wire in one step of the plan: part 2's step (the blocks' f and g, the K/V
-    sums, the pipeline's sends) and the synchronisation over dp of the gradients of everything it holds (ZeRO 0:
-    an all-reduce; 1 and 2: a reduce-scatter and an all-gather of the updated parameters; 3: an all-gather before
-    the forward, another before the backward, a reduce-scatter), ring algorithms."""
+    sums, the pipeline's sends), the sum of a tied head's two copies (an all-reduce of the whole [V/T, H] gradient
+    piece on the first and the last stage's ranks of the same (dp, tp) place) and the synchronisation over dp of
+    the gradients of everything it holds (ZeRO 0: an all-reduce; 1 and 2: a reduce-scatter and an all-gather of
+    the updated parameters; 3: an all-gather before the forward, another before the backward, a reduce-scatter),
+    ring algorithms. The embedding lookup's and the loss's own tp collectives are not counted."""
     c, e = mesh_coords(rank, axes), cfg.dtype_bytes
     S, D, T = axes.get("pp", 1), axes.get("dp", 1), axes.get("tp", 1)
     s, t = c.get("pp", 0), c.get("tp", 0)
@@ -277,6 +304,8 @@ def wire_bytes(cfg: LabConfig, axes: dict[str, int], rank: int, zero: int, batch
     holders = kv_holders(list(range(T)), cfg.heads, cfg.kv_heads)
     for j in kv_span(t, T, cfg.heads, cfg.kv_heads):
         sent += blocks * 2 * ring(len(holders[j])) * cfg.head_size * cfg.hidden * e
+    if cfg.tied and S > 1 and s in (0, S - 1):  # the two copies of the tied matrix: a ring of 2
+        sent += ring(2) * cfg.vocab_size // T * cfg.hidden * e
     gathers_and_scatters = {0: 2, 1: 2, 2: 2, 3: 3}[zero]  # in units of (D-1)/D of the rank's gradient bytes
     sent += gathers_and_scatters * (D - 1) / D * held_numel(cfg, axes, rank) * e
     return _exact(sent)
@@ -316,13 +345,14 @@ def busiest(cfg: LabConfig, axes: dict[str, int], zero: int, batch: int = B) -> 
 
 
 def best_plan(world: int, budget: float, cfg: LabConfig = CFG, batch: int = B):
-    """The plan whose every rank's model states fit in `budget` bytes and whose busiest rank sends the fewest
-    bytes in a step; among equals the one whose busiest rank holds the least. None when no plan fits."""
+    """The plan whose every rank's model states fit in `budget` bytes and whose rank that sends the most sends the
+    fewest bytes in a step; of plans that send the same, the one whose rank that holds the most holds the least;
+    then the lowest ZeRO stage, the fewest stages. None when no plan fits."""
     scored = []
     for axes, zero in plans_of(world, cfg, batch):
         sent, held = busiest(cfg, axes, zero, batch)
         if held <= budget:
-            scored.append(((sent, held), axes, zero))
+            scored.append(((round(sent, 6), held, zero, axes["pp"]), axes, zero))
     if not scored:
         return None
     scored.sort(key=lambda item: item[0])
@@ -332,10 +362,10 @@ def best_plan(world: int, budget: float, cfg: LabConfig = CFG, batch: int = B):
 # ------------------------------------------------------------------------------------------- the predictions
 
 
-def step_payload(axes: dict[str, int], rank: int) -> dict[str, int]:
+def step_payload(axes: dict[str, int], rank: int, batch: int = B) -> dict[str, int]:
     """`rank`'s payload per axis in part 2's step (the K/V sums on the tp ranks counted with tp; a pp rank's
     sends): the table part 1 places by."""
-    theory = step_theory(axes, rank)
+    theory = step_theory(axes, rank, batch=batch)
     out = {}
     for axis in axes:
         if axis == "pp":
@@ -361,19 +391,21 @@ def crossing_bytes(calls: list[dict], node: list[int]) -> float:
     return _exact(out)
 
 
-def theory_calls(axes: dict[str, int], rank: int) -> dict:
+def theory_calls(axes: dict[str, int], rank: int, batch: int = B) -> dict:
     """step_theory's calls of `rank` in crossing_bytes' form (each send with its global peer)."""
-    theory, pp = step_theory(axes, rank), row_major_group(rank, axes, "pp")
+    theory, pp = step_theory(axes, rank, batch=batch), row_major_group(rank, axes, "pp")
     s = pp.index(rank)
     return {"allreduce": theory["allreduce"], "sends": [(pp[s + st], n) for op, st, n in theory["pp"] if op == "send"]}
 
 
 def traffic_nodes() -> dict[str, list[int]]:
     """The node of each rank of the prediction's row-major mesh: torch's row-major mesh laid over the launcher's
-    cyclic numbering ("naive"), and part 1's placement for the step's own payloads ("placed")."""
+    cyclic numbering ("naive"), and part 1's placement for the step's own payloads at the prediction's batch
+    ("placed")."""
     axes, world = TRAFFIC_MESH, math.prod(TRAFFIC_MESH.values())
     naive = [node_of(r, world, TRAFFIC_GPUS, TRAFFIC_NUMBERING) for r in range(world)]
-    mesh = torch.tensor(placement(axes, TRAFFIC_GPUS, TRAFFIC_NUMBERING, step_payload(axes, 0)))  # host: ranks
+    payload = step_payload(axes, 0, TRAFFIC_BATCH)
+    mesh = torch.tensor(placement(axes, TRAFFIC_GPUS, TRAFFIC_NUMBERING, payload))  # host: rank numbers
     placed = [
         node_of(int(mesh[tuple(mesh_coords(r, axes).values())]), world, TRAFFIC_GPUS, TRAFFIC_NUMBERING)
         for r in range(world)
@@ -382,8 +414,9 @@ def traffic_nodes() -> dict[str, list[int]]:
 
 
 def traffic_theory() -> dict:
-    """The prediction's theory: the bytes that leave node 0 in one step, naive and placed."""
-    calls = [theory_calls(TRAFFIC_MESH, r) for r in range(math.prod(TRAFFIC_MESH.values()))]
+    """The prediction's theory: the bytes that leave node 0 in one step at the prediction's batch, naive and
+    placed."""
+    calls = [theory_calls(TRAFFIC_MESH, r, TRAFFIC_BATCH) for r in range(math.prod(TRAFFIC_MESH.values()))]
     nodes = traffic_nodes()
     return {
         "naive_bytes": crossing_bytes(calls, nodes["naive"]),
@@ -391,14 +424,4 @@ def traffic_theory() -> dict:
     }
 
 
-def memory_at_scale_theory() -> dict:
-    """The model-state GB of the busiest GPU and of a GPU of the last stage of the Llama-like model on LLAMA_AXES,
-    ZeRO-1 over dp, mixed precision (the tp ranks of a stage hold alike: one K/V head each)."""
-    axes, per_stage = LLAMA_AXES, []
-    for s in range(axes["pp"]):
-        rank = s * axes["dp"] * axes["tp"]  # (pp s, dp 0, tp 0)
-        per_stage.append(sum(held_states(LLAMA, axes, rank, 1, MIXED).values()) / 1e9)
-    return {"gb_busiest": max(per_stage), "gb_last": per_stage[-1]}
-
-
-THEORY = {"traffic": traffic_theory, "memory_at_scale": memory_at_scale_theory}
+THEORY = {"traffic": traffic_theory}
