@@ -1,20 +1,36 @@
 # ruff: noqa
 # A wrong answer to labs/lab08_parameter_server.ipynb (tests/test_wrong_answers.py grades it; the other answers are the
-# solution's). The bug: the synchronous server applies each gradient as it arrives, N updates per step instead of
-# one with the mean (lesson 08's "N x K updates" slip): it steps N times too far. The messages and their order are
-# a synchronous server's; the parameters and the losses are not one device's.
-# EXPECT FAIL: sync
+# solution's). The bug: the backup-worker server counts the first A gradients that arrive, whatever version they were
+# computed on (TensorFlow's first SyncReplicasOptimizer had to tag gradients with their step for this reason). A late
+# gradient, computed on an older version, then makes part of the next update. The messages and the replies keep the
+# rules; the replay of the rule (late gradients dropped) does not give the server's parameters.
+# EXPECT FAIL: backup
 
-# ANSWER: sync
-def sync_server(theta, steps, lr):
-    N = dist.get_world_size() - 1
+# ANSWER: backup
+def backup_server(theta, workers, take, updates, lr):
+    m, v = torch.zeros_like(theta), torch.zeros_like(theta)
+    version, counted, running = 0, [], set(workers)
+
+    def pull(w):
+        mark = version if version < updates else -1
+        comm.send(torch.cat([theta, theta.new_tensor([mark])]), w)
+        if mark == -1:
+            running.discard(w)
+
+    for w in workers:
+        pull(w)
     g = torch.empty_like(theta)
-    for _ in range(steps):
-        for w in range(1, N + 1):
-            comm.send(theta, w)
-        for w in range(1, N + 1):
-            comm.recv(g, w)
-            theta = theta - lr * g
-    for w in range(1, N + 1):
-        comm.send(theta, w)
+    while running:
+        w = comm.recv(g, None)
+        if version == updates:
+            pull(w)
+            continue
+        counted.append((w, g.clone()))  # no look at what it was computed on
+        if len(counted) < take:
+            continue
+        adam_step(theta, torch.stack([c for _, c in counted]).mean(dim=0), m, v, version + 1, lr)
+        version += 1
+        for u, _ in counted:
+            pull(u)
+        counted = []
     return theta

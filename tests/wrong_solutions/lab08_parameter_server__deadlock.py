@@ -9,13 +9,16 @@
 def ssp_server(theta, steps, lr, s):
     N = dist.get_world_size() - 1
     pushes = {w: 0 for w in range(1, N + 1)}
+    read, version = dict.fromkeys(pushes, 0), 0
     for w in pushes:
         comm.send(theta, w)
     g = torch.empty_like(theta)
     for _ in range(N * steps):
         w = comm.recv(g, None)
-        theta = theta - lr * g
+        theta = theta - lr / (1 + version - read[w]) * g
+        version += 1
         pushes[w] += 1
         if pushes[w] - min(pushes.values()) <= s:  # only the worker that pushed
             comm.send(theta, w)
+            read[w] = version
     return theta

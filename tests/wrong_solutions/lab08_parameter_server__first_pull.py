@@ -7,16 +7,19 @@
 
 # ANSWER: staleness
 def staleness(log):
-    version, pulled, waiting, taus = 0, {}, [], []
-    for what, w in log:
+    version, pulled, read, waiting, latest, taus = 0, {}, {}, [], {}, []
+    for what, x in log:
         if what == "pull":
-            pulled.setdefault(w, version)  # kept until the worker pushes: its first pull
+            pulled.setdefault(x, version)  # kept until the worker pushes: its first pull
         elif what == "push":
-            waiting.append((len(taus), pulled.pop(w)))
+            latest[x], read[len(taus)] = len(taus), pulled.pop(x)
+            waiting.append(len(taus))
             taus.append(None)
+        elif what == "drop":
+            waiting.remove(latest.pop(x))
         elif what == "update":
-            for i, r in waiting:
-                taus[i] = version - r
-            waiting = []
+            for i in waiting[:x]:
+                taus[i] = version - read[i]
+            waiting = waiting[x:]
             version += 1
     return taus

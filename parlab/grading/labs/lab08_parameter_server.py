@@ -1,22 +1,24 @@
-"""Lab 08's checks: a synchronous parameter server, a parameter server sharded over three servers by a placement the
-student designs, a prediction of the round-robin placement's busiest link, the staleness of the gradients a server
-applied (read from its log), and a server with bounded staleness, on live ranks (see parlab/grading).
+"""Lab 08's checks: a synchronous server with a backup worker (the first A gradients of each version count, the late
+ones are dropped), the staleness of every gradient in server logs whose updates do not apply every gradient received,
+a bounded-staleness (SSP) server with a staleness-aware learning rate, and sharded servers that replicate their
+shards so that a backup takes over a failed server exactly, with a prediction of that run's traffic; on live ranks
+(see parlab/grading).
 
 Every run trains the labs' model (parlab.core.lab_model: Psi = 22,688 float64 parameters in 21 tensors of very
 different sizes: the grouped-query K/V projections are half the Q projection, the RMSNorm gains 32 values).
 
-- sync, ssp: rank 0 runs the student's server on the flat parameter vector theta [Psi]; ranks 1..N run parlab's
-  worker (parlab.schemes.parameter_server.run_worker: K times pull theta, compute the gradient of its b = B/N rows,
-  push it; then one last pull). Worker 3 is a straggler in the SSP check.
-- sharded: ranks 0..S-1 run the student's server, each on the tensors the student's placement gives it; ranks
-  S..S+N-1 run the student's worker, which pulls every server's shard and pushes each server its part of the
-  gradient.
+- backup: rank 0 runs the student's server on the flat parameters theta [Psi] with Adam; ranks 1..N run this module's
+  `backup_worker` (each pull carries theta_v and its version v; v = -1 stops the worker).
+- ssp: rank 0 runs the student's server with SGD; ranks 1..N run parlab's worker (parlab.schemes.parameter_server.
+  run_worker: K times pull, gradient of its b = B/N rows, push; then one last pull), worker 3 a straggler.
+- sharded, failover_bytes: ranks 0..S-1 run the student's server on their shard with Adam, each the backup of the
+  shard before its own; ranks S..S+N-1 run the student's worker. A server may fail after a given step.
 
-What a server did is read from its process-group calls (parlab.core.probe: every send and receive, in program order,
-with its peer and bytes); what it computed is checked against one device (SGD on the whole batch), or, for the
-asynchronous server, by replaying the run on one device in the order it applied the gradients. Calls into the
-library's parameter server (parlab/schemes/parameter_server.py, lesson 08's helpers) or into this module (the judges'
-references) are seen and fail the part (parlab/grading/labs/guard.py).
+What a server did is read from its process-group calls (parlab.core.probe) and from parlab.core.comm's trace (every
+send and receive, in program order, with its peer and bytes); what it computed is checked against one device (Adam on
+the whole batch), or, for a server whose order depends on timing, by replaying on one device the run's own order under
+the part's rule. Calls into the library's parameter server (parlab/schemes/parameter_server.py, lesson 08's helpers)
+or into this module (the judges' references) are seen and fail the part (parlab/grading/labs/guard.py).
 
 Every launch stops after LAUNCH["timeout"] seconds: a server that never answers a worker is reported then, with what
 each rank was waiting in.
@@ -33,57 +35,77 @@ import torch.distributed as dist
 import parlab
 from parlab.core import comm, probe
 from parlab.core.check import compare
-from parlab.core.lab_model import LabConfig, build_lab_model, lab_batches, lab_loss, train_lab_single_device
+from parlab.core.lab_model import LabConfig, build_lab_model, lab_batches, lab_loss
 from parlab.grading.labs import prediction_lines, run_check
 from parlab.grading.labs.guard import library_calls, library_line
-from parlab.schemes.data_parallel import shard_batch
-from parlab.schemes.parameter_server import (
-    grads_to_vector,
-    params_to_vector,
-    run_worker,
-    train_parameter_server,
-    vector_to_params,
-)
+from parlab.grading.labs.lab08_setup import adam_step
+from parlab.schemes.parameter_server import run_worker, train_parameter_server
 
 LAUNCH = {"timeout": 15, "echo": False}  # a correct run takes 1-4 s; a server that never answers is stopped at 15 s
 # What the answers must not call: lesson 08's servers and helpers, and this module (the judges' own references).
 LIBRARY = ("schemes/parameter_server.py", "lessons/parameter_server.py", "grading/labs/lab08_parameter_server.py")
 CFG = LabConfig()  # the lab model: float64, Psi = 22,688 parameters in 21 tensors
-P, B, STEPS, LR = 4, 6, 3, 0.1  # ranks (rank 0 serves, 3 workers), global batch rows, steps, SGD's learning rate
-N = P - 1  # workers
-BATCHES = lab_batches(CFG, B, STEPS, seed=0)  # [(x, y)], x, y: [B, T]: a worker trains on its b = B/N rows
-STRAGGLER, SLOWDOWN = 3, 3.0  # worker 3 takes 3 x its compute time every step
-SERVERS = 3  # the sharded server: ranks 0..2 serve, ranks 3..5 work (N = 3 workers)
-BALANCE = 0.34  # no server may hold more than 34% of the parameters (an even split: 33.3%)
-SSP_STEPS, SSP_BOUNDS = 4, (0, 1)  # the bounded-staleness check: K = 4 steps, at s = 0 and s = 1
+N, B = 3, 6  # workers, global batch rows (b = 2 rows per worker)
+ADAM_LR = 0.01  # parts 1 and 4: the servers' Adam (lab08_setup.adam_step)
+LR = 0.1  # part 3: SGD's learning rate, before the staleness scaling
+
+# Part 1: A = TAKE of the N gradients computed on a version make its update; U updates in a run.
+TAKE = 2
+BACKUP_RUNS = {
+    "race": {"updates": 6, "late": None, "delay": 0.0, "seed": 3},  # three equal workers: whoever comes third is late
+    "straggler": {"updates": 4, "late": 3, "delay": 0.25, "seed": 4},  # worker 3 idles 0.25 s before every push
+}
+
+# Part 3: SSP with worker 3 a straggler, K = 4 steps, at s = 0 and s = 1; lr / (1 + tau).
+STRAGGLER, SLOWDOWN = 3, 3.0
+SSP_STEPS, SSP_BOUNDS = 4, (0, 1)
 SSP_BATCHES = lab_batches(CFG, B, SSP_STEPS, seed=1)
 
+# Part 4: S = 3 servers (ranks 0..2), N = 3 workers (ranks 3..5), K = 4 steps. Server j serves shard j and is the
+# backup of shard j - 1 (mod S). FAILURES: (server, t): it fails after t steps (its steps 0..t-1 done, replication
+# included); then its backup serves its shard. The plan of the check: layer by layer; of the prediction: round-robin.
+SERVERS, STEPS = 3, 4
+FAILURES = (None, (1, 2), (2, 4))
+PREDICTED_FAILURE = (1, 2)
+SHARD_BATCHES = lab_batches(CFG, B, STEPS, seed=0)
+
 STRUCTURAL = {
-    "sync": "3 workers, 3 steps of SGD on the lab model: the server's parameters (a FAIL names the first wrong "
-    "tensor), every worker's last pull and the mean loss of each step equal one device on the whole batch "
-    "(sync = large-batch SGD); the server sent theta to each worker K+1 times and received K gradients from each, "
-    "G bytes each, never sent theta_{v+1} before it had all N gradients of step v, and called no library collective "
-    "and nothing of parlab's parameter server",
-    "placement": "the placement puts each of the lab model's 21 tensors on one of 3 servers (a FAIL names the first "
-    "tensor without one), and no server holds more than 34% of the parameters (a FAIL names the busiest server and "
-    "its share); nothing of parlab's parameter server called",
-    "sharded": "with the student's placement, 3 servers and 3 workers: every server sends each worker its whole "
-    "shard K+1 times and receives K gradients of it, one message each, of exactly its shard's bytes, and no other "
-    "messages; no server sends version v+1 before all N gradients of step v; every server's tensors, every worker's "
-    "parameters after its last pull and each step's mean loss equal one device (a FAIL names the first wrong "
-    "tensor); every message through parlab.core.comm, no library collective, nothing of parlab's parameter server",
-    "round_robin": "the predicted bytes through the busiest server's link (exact) and its cut against one server "
-    "(within 1%) for the lab model's tensors dealt round-robin over 3 servers, from the tensors' sizes; the "
-    "student's own sharded server run with that placement measured beside them (shown, not scored)",
-    "staleness": "the staleness of every gradient in the logs of real runs (parlab's synchronous and asynchronous "
-    "servers with a straggler) and of three written logs (one with an update between a worker's two pulls, so that "
-    "its first and last pulls differ), against the judge's own reading of each log; nothing of parlab's parameter "
-    "server or this module called",
-    "ssp": "at s = 0 and s = 1 with a straggler: the one-device replay of the run in the server's order equals the "
-    "server's final parameters, the loss of every gradient and every worker's last pull; every reply to a worker's "
-    "c-th push was sent once, after that push, when every worker had pushed at least c - s gradients, and at the "
-    "first receive it could (no reply held longer); N x K gradients applied, K per worker; a server that never "
-    "answers is stopped within the 15 s launch timeout, naming what each rank waits in",
+    "backup": "two runs of 3 workers, 2 gradients counted per version (Adam on the server, U = 6 and U = 4 "
+    "updates), the second with worker 3 late every time: the server's messages (pulls of (theta, version) to "
+    "the workers, gradients back, nothing else), every gradient received and every worker stopped; walked with the "
+    "rule in the server's own order: every pull carried the version current when it was sent (-1 once U updates "
+    "were made), no pull sent before the worker had a version it had not computed on (a counted gradient's worker "
+    "waits for the update), none held past the server's next receive; the server's parameters, every gradient's "
+    "loss and every worker's last parameters equal the one-device replay of the updates the rule makes (a FAIL "
+    "names the first wrong tensor); no library collective, every message through parlab.core.comm, nothing of "
+    "parlab's parameter server or this module called",
+    "staleness": "the staleness of every gradient (None for one never applied) in the logs of real runs "
+    "(parlab's synchronous and asynchronous servers with a straggler) and of four written logs: at most 2 "
+    "gradients an update (the version a gradient arrives at is not the one it is applied to), a worker that pulls "
+    "twice with an update between before it pushes (its first and last pulls differ), a backup worker's dropped "
+    "gradients and gradients left unapplied at the end, four workers and one update per gradient; against the "
+    "judge's own reading of each log (a FAIL names the log, the gradient, expected and received); nothing of "
+    "parlab's parameter server or this module called",
+    "ssp": "at s = 0 and s = 1 with a straggler: the one-device replay of the run in the server's order, each "
+    "gradient applied with lr / (1 + tau) (tau from the version the worker was sent, whenever that was sent), equals "
+    "the server's final parameters, the loss of every gradient and every worker's last pull; every reply to a "
+    "worker's c-th push was sent once, after that push, when every worker had pushed at least c - s gradients, and "
+    "at the first receive it could (no reply held longer); N x K gradients applied, K per worker; a server that "
+    "never answers is stopped within the 15 s launch timeout, naming what each rank waits in",
+    "sharded": "3 servers and 3 workers, the plan layer by layer, 4 steps of Adam, three runs: no failure, server "
+    "1 failing after 2 steps, server 2 after 4 (before the last pull): every server's messages with each "
+    "worker (one message per shard it serves, each pull and push of exactly that shard's bytes, the failed "
+    "server's shard served by its backup from the step after its failure) and with the other servers (to its "
+    "backup one message of exactly its shard's bytes a step, none to or from a failed server, nothing else), "
+    "synchronous per shard (a FAIL names the server, the peer, the sizes expected and found); every shard's final "
+    "parameters on the server that serves it, every worker's parameters after its last pull and each step's mean "
+    "loss equal one device's Adam on the whole batch (a FAIL names the run and the first wrong tensor or step); every "
+    "message through parlab.core.comm, no library collective, nothing of parlab's parameter server or this module "
+    "called",
+    "failover_bytes": "the predicted bytes through the busiest server's link and the bytes sent from server to "
+    "server, over the run, exact, for the lab model's tensors dealt round-robin over 3 servers, 3 workers, 4 steps "
+    "and server 1 failing after 2 steps, from the tensors' sizes; the student's own sharded run of that setting "
+    "measured beside them (shown, not scored)",
 }
 
 
@@ -92,9 +114,38 @@ def run(check: str, *answers) -> None:
     run_check(__name__, check, *answers)
 
 
+# ------------------------------------------------------------------------------------------- shared helpers
+
+
 def next_token_loss(model, x, y) -> torch.Tensor:
     """The lab model's mean next-token loss of rows x: [b, T] (y: x shifted by one)."""
     return lab_loss(model(x), y)
+
+
+def flat_params(model) -> torch.Tensor:
+    """The model's parameters side by side, in named_parameters() order: a new tensor [Psi]."""
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def flat_grads(model) -> torch.Tensor:
+    """The model's gradients side by side: a new tensor [Psi]."""
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+def set_params(model, vector: torch.Tensor) -> None:
+    """Copy a [Psi] vector into the model's parameters (the inverse of flat_params)."""
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(vector[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def rows_of(batch, worker: int, workers: int):
+    """Worker w's rows (w = 1..N) of a global batch (x, y) [B, T]: rows [(w-1)b, wb), b = B/N."""
+    x, y = batch
+    b = x.shape[0] // workers
+    return x[(worker - 1) * b : worker * b], y[(worker - 1) * b : worker * b]  # [b, T] each
 
 
 def _library_line(what: str, called: list[str]) -> str:
@@ -109,30 +160,10 @@ def _calls(calls: list[dict]) -> list[list]:
     return [[c["op"], int(c["peer"]), int(c["bytes"])] for c in calls]
 
 
-# ------------------------------------------------------------------------------------------------ one device
-
-
-def tensor_names() -> list[tuple[str, int]]:
+@functools.lru_cache(maxsize=1)
+def tensor_names() -> tuple[tuple[str, int], ...]:
     """The lab model's tensors, in named_parameters() order: (name, numel)."""
-    return [(n, p.numel()) for n, p in build_lab_model(CFG).named_parameters()]
-
-
-def first_wrong_tensor(what: str, got: dict, expected: dict, against: str = "single device") -> str:
-    """got and expected by tensor name: one verdict; a FAIL names the first wrong (or missing) tensor."""
-    verdict = compare(what, got, expected, against=against)
-    if verdict.passed:
-        return verdict.line
-    for name, want in expected.items():
-        have = got.get(name)
-        if not isinstance(have, torch.Tensor) or have.shape != want.shape:
-            came = "nothing" if have is None else f"shape {list(getattr(have, 'shape', []))}"
-            return f"{what}: {name}: expected shape {list(want.shape)}, received {came}: FAIL"
-        err = (have.to(torch.float64) - want).abs().max().item()
-        if not err <= 1e-10:
-            i = int((have.to(torch.float64) - want).abs().flatten().argmax())
-            expected_value, received = want.flatten()[i].item(), have.flatten()[i].item()
-            return f"{what}: {name}, element {i}: expected {expected_value:.6g}, received {received:.6g}: FAIL"
-    return verdict.line
+    return tuple((n, p.numel()) for n, p in build_lab_model(CFG).named_parameters())
 
 
 def by_name(vector: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -144,31 +175,27 @@ def by_name(vector: torch.Tensor) -> dict[str, torch.Tensor]:
     return out
 
 
-def gradient_at(theta: torch.Tensor, batch, worker: int | None = None) -> tuple[torch.Tensor, float]:
-    """The gradient [Psi] and the loss of the lab model at parameters theta on a batch's rows (worker w's, or all)."""
-    model = build_lab_model(CFG)
-    vector_to_params(theta, model)
-    x, y = batch
-    if worker is not None:
-        x, y = shard_batch(x, y, worker - 1, N)  # [b, T]
-    loss = next_token_loss(model, x, y)
-    loss.backward()
-    return grads_to_vector(model), loss.item()
-
-
-@functools.lru_cache(maxsize=1)  # the same reference for every notebook graded
-def one_device() -> tuple[dict[str, torch.Tensor], list[float]]:
-    """One device, the whole batch, K steps of SGD: the parameters after them, by name, and the loss of each step."""
-    result = train_lab_single_device(CFG, BATCHES, optimizer="sgd", lr=LR)
-    return result.params, result.losses
-
-
-def flat(params: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Parameters by name -> one [Psi] vector, in named_parameters() order (params_to_vector's)."""
-    return torch.cat([params[n].reshape(-1) for n, _ in tensor_names()])
-
-
-# ------------------------------------------------------------------------------------ 1 · the synchronous server
+def first_wrong_tensor(what: str, got: dict, expected: dict, against: str = "single device") -> str:
+    """got and expected by tensor name: one verdict; a FAIL names the first wrong (or missing) tensor."""
+    got = {n: t.reshape(-1) if isinstance(t, torch.Tensor) else t for n, t in got.items()}
+    expected = {n: t.reshape(-1) for n, t in expected.items()}
+    for name, want in expected.items():
+        have = got.get(name)
+        if not isinstance(have, torch.Tensor) or have.numel() != want.numel():
+            came = "nothing" if have is None else f"{getattr(have, 'numel', lambda: '?')()} values"
+            return f"{what}: {name}: expected {want.numel()} values, received {came}: FAIL"
+    verdict = compare(what, [got[n] for n in expected], list(expected.values()), against=against)
+    if verdict.passed:
+        return verdict.line
+    for name, want in expected.items():
+        diff = (got[name].to(torch.float64) - want).abs()
+        if not diff.max().item() <= 1e-10:
+            i = int(diff.nan_to_num(float("inf")).argmax())
+            return (
+                f"{what}: {name}, element {i}: expected {want[i].item():.6g}, received {got[name][i].item():.6g} "
+                f"(max |err| {diff.max().item():.1e}): FAIL"
+            )
+    return verdict.line
 
 
 def recorded(fn, *args) -> dict:
@@ -194,26 +221,6 @@ def through_comm_line(what: str, record: dict) -> str:
     return f"{what}: every message through parlab.core.comm: {'PASS' if ok else found}"
 
 
-def run_server_and_workers(server, batches, *args) -> dict:
-    """Rank code: rank 0 calls server(theta_0, K, LR, *args) on the flat parameters [Psi] and returns its final
-    theta and its calls; ranks 1..N run parlab's worker (worker STRAGGLER slowed by SLOWDOWN when args are given)."""
-    rank = dist.get_rank()
-    model = build_lab_model(CFG).to(parlab.device())  # theta_0, the same on every rank
-    if rank == 0:
-        record = recorded(server, params_to_vector(model), len(batches), LR, *args)
-        theta = record.pop("out")
-        return {**record, "theta": theta.detach().cpu().clone() if isinstance(theta, torch.Tensor) else None}
-    slowdown = SLOWDOWN if rank == STRAGGLER and args else 1.0
-    batches = [(x.to(parlab.device()), y.to(parlab.device())) for x, y in batches]
-    out = run_worker(model, batches, slowdown=slowdown, loss_fn=next_token_loss)
-    losses = torch.tensor(out["losses"], dtype=torch.float64)  # host: plain numbers, returned to the parent
-    return {"losses": losses, "theta": params_to_vector(model).cpu()}
-
-
-def collect_sync(sync_server) -> dict:
-    return {"ranks": list(parlab.launch(run_server_and_workers, P, sync_server, BATCHES, **LAUNCH))}
-
-
 def collective_line(what: str, calls_per_rank: list[list]) -> str:
     found = [(r, sorted({op for op, _, _ in calls if op not in probe.P2P})) for r, calls in enumerate(calls_per_rank)]
     found = [f"rank {r} called {ops}" for r, ops in found if ops]
@@ -222,320 +229,292 @@ def collective_line(what: str, calls_per_rank: list[list]) -> str:
     )
 
 
-def traffic_line(what: str, messages: list, workers: list[int], pulls: int, pushes: int, size: int) -> str:
-    """A server's messages with each worker: `pulls` sends and `pushes` receives of `size` bytes each, and no message
-    with anyone else; a FAIL names the first worker whose messages differ, expected and found."""
-    strangers = sorted({peer for _, peer, _ in messages if peer not in workers})
-    if strangers:
-        return f"{what}: expected messages with workers {workers} only, found some with ranks {strangers}: FAIL"
-    for w in workers:
-        for op, count, kind in (("send", pulls, "sends"), ("recv", pushes, "receives")):
-            sizes = [b for o, peer, b in messages if peer == w and o == op]
-            if sizes != [size] * count:
-                found = f"{len(sizes)} of {sorted(set(sizes))} bytes" if sizes else "none"
-                return f"{what}: worker {w}: expected {count} {kind} of {size} bytes, found {found}: FAIL"
-    return f"{what}: PASS"
+def _host(value) -> torch.Tensor | None:
+    return value.detach().cpu().clone() if isinstance(value, torch.Tensor) else None
 
 
-def synchrony_line(what: str, messages: list, workers: list[int]) -> str:
-    """The j-th send to any worker comes after j gradients from every worker (in the server's program order)."""
-    pushes, sends = dict.fromkeys(workers, 0), dict.fromkeys(workers, 0)
-    for op, peer, _ in messages:
-        if op == "recv" and peer in pushes:
-            pushes[peer] += 1
-        elif op == "send" and peer in sends:
-            if min(pushes.values()) < sends[peer]:
-                lagging = min(pushes, key=pushes.get)
-                return (
-                    f"{what}: send {sends[peer]} to worker {peer}: expected after {sends[peer]} gradients from every "
-                    f"worker, found it after {pushes[lagging]} from worker {lagging}: FAIL"
+# ------------------------------------------------------------------------- 1 · a synchronous server with a backup
+
+
+def backup_worker(model, batches, delay: float = 0.0) -> dict:
+    """Part 1's worker (ranks 1..N; rank 0 serves). A pull is one message [Psi + 1]: theta_v, then its version v.
+    While v >= 0: the gradient of this worker's b rows of batches[v] at theta_v, `delay` seconds idle (a late
+    worker), then the push, one message [Psi]; and the next pull. A pull with v = -1 is the stop: its theta is the
+    server's last version, loaded into the model, and the worker returns.
+
+    Returns the versions it pulled (the last one -1), the loss of each gradient it pushed, and its final parameters."""
+    rank, workers = dist.get_rank(), dist.get_world_size() - 1
+    theta = flat_params(model)  # [Psi]
+    pulled = torch.empty(theta.numel() + 1, dtype=theta.dtype, device=theta.device)  # [Psi + 1]: theta_v, v
+    versions, losses = [], []
+    while True:
+        comm.recv(pulled, 0, label="pull")
+        set_params(model, pulled[:-1])
+        v = int(pulled[-1].item())
+        versions.append(v)
+        if v == -1:
+            break
+        if not 0 <= v < len(batches):
+            raise ValueError(f"worker {rank} pulled version {v}: a version is 0..{len(batches) - 1}, or -1 to stop")
+        x, y = rows_of(batches[v], rank, workers)  # [b, T] each
+        model.zero_grad(set_to_none=True)
+        loss = next_token_loss(model, x, y)
+        loss.backward()
+        losses.append(loss.item())
+        time.sleep(delay)
+        comm.send(flat_grads(model), 0, label=f"push (version {v})")  # g [Psi]
+    return {"versions": versions, "losses": losses, "theta": flat_params(model).cpu()}
+
+
+def _backup_rank(backup_server) -> dict:
+    """Rank code: the two runs of BACKUP_RUNS one after the other, each from theta_0."""
+    rank, out = dist.get_rank(), {}
+    for tag, run_ in BACKUP_RUNS.items():
+        batches = lab_batches(CFG, B, run_["updates"], seed=run_["seed"], device=parlab.device())
+        model = build_lab_model(CFG).to(parlab.device())
+        comm.barrier()  # the runs do not overlap
+        if rank == 0:
+            workers = list(range(1, N + 1))
+            record = recorded(backup_server, flat_params(model), workers, TAKE, run_["updates"], ADAM_LR)
+            out[tag] = {**record, "out": _host(record["out"])}
+        else:
+            out[tag] = backup_worker(model, batches, run_["delay"] if rank == run_["late"] else 0.0)
+    return out
+
+
+def collect_backup(backup_server) -> dict:
+    return {"ranks": list(parlab.launch(_backup_rank, N + 1, backup_server, **LAUNCH))}
+
+
+def backup_rule(messages: list, versions: dict[int, list[int]], updates: int) -> dict:
+    """Walk the server's messages in its program order under part 1's rule.
+
+    versions[w]: the versions worker w pulled, in order; its c-th gradient was computed on versions[w][c]. A gradient
+    counts when it was computed on the current version and fewer than U updates were made; the TAKE-th counted makes
+    the update. A pull becomes due when the worker has a version it has not computed on: at the start, when its
+    gradient is dropped, when the update its gradient counted in is made (after U updates: the stop, -1).
+    Returns the updates made (each a list of (worker, gradient number)) and the first breach of each property."""
+    workers = sorted(versions)
+    version, counting, made = 0, [], []
+    sent, got = dict.fromkeys(workers, 0), dict.fromkeys(workers, 0)
+    due = dict.fromkeys(workers, 0)  # w -> the receives made when its next pull became due; None: not due
+    receives, breach = 0, {"version": None, "early": None, "held": None}
+    for kind, w, _ in messages:
+        if w not in due:
+            continue  # not a worker: the traffic line says so
+        if kind == "recv":
+            late = [u for u in workers if due[u] is not None]
+            if late and breach["held"] is None:
+                u = late[0]
+                breach["held"] = (
+                    f"worker {u}'s pull {sent[u]}: due after receive {due[u]}, still unsent at receive {receives + 1}"
                 )
-            sends[peer] += 1
-    return f"{what}: PASS"
+            receives += 1
+            c = got[w]
+            got[w] += 1
+            r = versions[w][c] if c < len(versions[w]) else None
+            if r == version and version < updates:
+                counting.append((w, c))
+                if len(counting) == TAKE:
+                    made.append(counting)
+                    version += 1
+                    for u, _ in counting:
+                        due[u] = receives
+                    counting = []
+            else:
+                due[w] = receives  # dropped: a newer version (or the stop) is there for it
+            continue
+        c = sent[w]
+        sent[w] += 1
+        carried = versions[w][c] if c < len(versions[w]) else None
+        expected = version if version < updates else -1
+        if due[w] is None and breach["early"] is None:
+            why = (
+                f"its gradient {got[w] - 1} waited for update {version + 1}"
+                if any(u == w for u, _ in counting)
+                else f"its gradient {c - 1} had not arrived"
+            )
+            breach["early"] = f"worker {w}'s pull {c} sent while {why}"
+        if carried != expected and breach["version"] is None:
+            breach["version"] = f"worker {w}'s pull {c}: expected version {expected}, received {carried}"
+        due[w] = None
+    unsent = [u for u in workers if due[u] is not None]
+    if unsent and breach["held"] is None:
+        breach["held"] = f"worker {unsent[0]}'s pull {sent[unsent[0]]}: due after receive {due[unsent[0]]}, never sent"
+    return {"made": made, "breach": breach}
 
 
-def judge_sync(data) -> list[str]:
-    ranks = data["ranks"]
-    server, workers = ranks[0], ranks[1:]
-    params, losses = one_device()
-    K, G, theta_k = STEPS, flat(params).numel() * 8, flat(params)
-    mean_loss = torch.stack([w["losses"] for w in workers]).mean(dim=0)  # each worker's loss: the mean of b rows
-    got = by_name(server["theta"]) if isinstance(server["theta"], torch.Tensor) else {}
-    messages, everyone = server["messages"], list(range(1, P))
-    return [
-        first_wrong_tensor(f"server: parameters after {K} steps", got, by_name(theta_k)),
-        compare(
-            "loss of each step, the mean over the workers",
-            mean_loss,
-            torch.tensor(losses, dtype=torch.float64),  # host: the reference on one device
-        ).line,
-        compare("every worker's last pull", [w["theta"] for w in workers], [theta_k] * N).line,
-        collective_line("server", [server["calls"]]),
-        through_comm_line("server", server),
-        traffic_line(
-            "server: theta to each worker K+1 times, a gradient from each K times", messages, everyone, K + 1, K, G
+def gradient_at(theta: torch.Tensor, rows) -> tuple[torch.Tensor, float]:
+    """The gradient [Psi] and the loss of the lab model at parameters theta on rows (x, y) [b, T]."""
+    model = build_lab_model(CFG)
+    set_params(model, theta)
+    loss = next_token_loss(model, *rows)
+    loss.backward()
+    return flat_grads(model), loss.item()
+
+
+def replay_backup(made: list, batches) -> list[torch.Tensor]:
+    """theta_0, theta_1, ...: one Adam step per update the rule made, with the mean of its counted gradients, each
+    computed at the version it counted for on its worker's rows of that version's batch."""
+    theta = flat_params(build_lab_model(CFG))
+    m, v = torch.zeros_like(theta), torch.zeros_like(theta)
+    thetas = [theta.clone()]
+    for u, counted in enumerate(made):
+        grads = [gradient_at(thetas[u], rows_of(batches[u], w, N))[0] for w, _ in counted]
+        adam_step(theta, torch.stack(grads).mean(dim=0), m, v, u + 1, ADAM_LR)
+        thetas.append(theta.clone())
+    return thetas
+
+
+def _judge_backup_run(tag: str, ranks: list[dict]) -> list[str]:
+    run_, server, workers = BACKUP_RUNS[tag], ranks[0], ranks[1:]
+    U, psi = run_["updates"], sum(n for _, n in tensor_names())
+    tag = f"{tag} (U = {U})"
+    lines = [collective_line(f"{tag}: server", [server["calls"]]), through_comm_line(f"{tag}: server", server)]
+    if not lines[-1].endswith(": PASS"):  # the sender of a receive from any rank is known only from parlab's trace
+        return [*lines, _library_line(f"{tag}: server", server["library"])]
+    messages, ids = server["messages"], list(range(1, N + 1))
+    what = f"{tag}: messages: pulls of (theta, version) to the workers, their gradients back, nothing else"
+    wrong = next(
+        (
+            (kind, peer, size)
+            for kind, peer, size in messages
+            if peer not in ids or size != (psi + 1 if kind == "send" else psi) * 8
         ),
-        synchrony_line("server: no theta_{v+1} sent before all N gradients of step v", messages, everyone),
-        _library_line("server", server["library"]),
-    ]
-
-
-# --------------------------------------------------------------------------------- 2 · the sharded server
-
-
-def shard_workers() -> list[int]:
-    return list(range(SERVERS, SERVERS + N))
-
-
-def run_sharded(plan: dict[str, int], sharded_server, sharded_worker, batches) -> dict:
-    """Rank code: ranks 0..S-1 call sharded_server(shard, workers, K, LR) with the tensors `plan` gives them (name ->
-    tensor, in named_parameters order); ranks S..S+N-1 call sharded_worker(model, rows, plan) with their b rows of
-    every batch. Returns each rank's record (recorded()), and the server's tensors or the worker's losses and
-    parameters after its last pull."""
-    rank, workers = dist.get_rank(), shard_workers()
-    model = build_lab_model(CFG).to(parlab.device())  # theta_0 on every rank
-    if rank < SERVERS:
-        shard = {n: p.detach().clone() for n, p in model.named_parameters() if plan[n] == rank}
-        record = recorded(sharded_server, shard, workers, len(batches), LR)
-        out = record.pop("out")
-        tensors = {n: t.detach().cpu().clone() for n, t in out.items()} if isinstance(out, dict) else {}
-        return {**record, "tensors": tensors}
-    i = workers.index(rank)
-    rows = [shard_batch(x.to(parlab.device()), y.to(parlab.device()), i, N) for x, y in batches]  # [b, T] each
-    record = recorded(sharded_worker, model, rows, dict(plan))
-    losses = record.pop("out")
-    return {
-        **record,
-        "losses": torch.tensor([float(v) for v in losses], dtype=torch.float64),  # host: returned to the parent
-        "params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
-    }
-
-
-def _plan_of(placement, servers: int) -> tuple[dict | None, list[str]]:
-    """The student's placement, called in the kernel under the library hook: (plan or None, the library calls)."""
-    sizes = dict(tensor_names())
-    with library_calls(LIBRARY) as called:
-        plan = placement(dict(sizes), servers)
-    try:
-        plan = {str(n): int(s) for n, s in dict(plan).items()}
-    except (TypeError, ValueError):
-        plan = None
-    return plan, list(called)
-
-
-def _valid(plan) -> bool:
-    names = {n for n, _ in tensor_names()}
-    return isinstance(plan, dict) and set(plan) == names and all(0 <= s < SERVERS for s in plan.values())
-
-
-def collect_placement(placement) -> dict:
-    plan, called = _plan_of(placement, SERVERS)
-    return {"plan": plan, "library": called}
-
-
-def collect_sharded(placement, sharded_server, sharded_worker) -> dict:
-    plan, _ = _plan_of(placement, SERVERS)
-    data = {"plan": plan, "ranks": None}
-    if _valid(plan):  # an invalid plan has nothing to run (the placement check says what is wrong with it)
-        world = SERVERS + N
-        data["ranks"] = list(parlab.launch(run_sharded, world, plan, sharded_server, sharded_worker, BATCHES, **LAUNCH))
-    return data
-
-
-def placement_lines(plan) -> list[str]:
-    names = [n for n, _ in tensor_names()]
-    what = f"placement: every tensor of the lab model on one of the {SERVERS} servers"
-    if not isinstance(plan, dict):
-        return [f"{what}: expected a dict name -> server, received {type(plan).__name__}: FAIL"]
-    missing = [n for n in names if n not in plan]
-    bad = [(n, s) for n, s in plan.items() if n not in names or not 0 <= s < SERVERS]
-    if missing:
-        return [f"{what}: expected a server for {missing[0]}, found none ({len(missing)} tensors missing): FAIL"]
-    if bad:
-        return [
-            f"{what}: {bad[0][0]}: expected a tensor of the model on server 0..{SERVERS - 1}, found {bad[0][1]}: FAIL"
-        ]
-    load = [sum(numel for n, numel in tensor_names() if plan[n] == s) for s in range(SERVERS)]
-    total, busiest = sum(load), max(range(SERVERS), key=lambda s: load[s])
-    share = f"placement: no server holds more than {BALANCE:.0%} of the parameters"
-    if load[busiest] > BALANCE * total:
-        return [
-            f"{what}: PASS",
-            f"{share}: server {busiest} holds {load[busiest]:,} of {total:,} ({load[busiest] / total:.1%}): FAIL",
-        ]
-    return [f"{what}: PASS", f"{share}: PASS"]
-
-
-def workers_line(what: str, got: list[dict], reference: dict) -> str:
-    """Every worker's parameters against one device; a FAIL names the first wrong worker and tensor."""
-    verdict = compare(what, got, [reference] * len(got))
-    if verdict.passed:
-        return verdict.line
-    for w, params in zip(shard_workers(), got, strict=True):
-        line = first_wrong_tensor(f"{what}: worker {w}", params, reference)
-        if line.endswith(": FAIL"):
-            return line
-    return verdict.line
-
-
-def judge_placement(data) -> list[str]:
-    return [*placement_lines(data["plan"]), _library_line("placement", data["library"])]
-
-
-def judge_sharded(data) -> list[str]:
-    plan, ranks = data["plan"], data["ranks"]
-    if ranks is None:
-        return ["sharded training: not run: your placement is not a valid plan (see the placement check): FAIL"]
-    workers, K, lines = shard_workers(), STEPS, []
-    servers, trainers = ranks[:SERVERS], ranks[SERVERS:]
-    reference, losses = one_device()
-    lines.append(collective_line("every rank", [res["calls"] for res in ranks]))
-    unseen = [through_comm_line(f"every rank: rank {r}", res) for r, res in enumerate(ranks)]
-    unseen = [line for line in unseen if line.endswith(": FAIL")]
-    lines.append(unseen[0] if unseen else "every rank: every message through parlab.core.comm: PASS")
-    for j, res in enumerate(servers):
-        size = sum(numel for n, numel in tensor_names() if plan[n] == j) * 8
-        what = f"server {j}: its shard to each worker K+1 times, its gradient from each K times, one message each"
-        lines.append(traffic_line(what, res["messages"], workers, K + 1, K, size))
-        what = f"server {j}: no version v+1 sent before all N gradients of step v"
-        lines.append(synchrony_line(what, res["messages"], workers))
-    strays = [
-        (w, peer) for w, res in zip(workers, trainers, strict=True) for _, peer, _ in res["messages"] if peer >= SERVERS
-    ]
-    what = "workers: messages with the servers only"
-    lines.append(
-        f"{what}: PASS"
-        if not strays
-        else f"{what}: worker {strays[0][0]}: expected servers, found rank {strays[0][1]}: FAIL"
+        None,
     )
-    held = {n: t for res in servers for n, t in res["tensors"].items()}
-    lines.append(first_wrong_tensor(f"servers' tensors after {K} steps", held, reference))
-    mean_loss = torch.stack([res["losses"] for res in trainers]).mean(dim=0)
+    if wrong is None:
+        lines.append(f"{what}: PASS")
+    else:
+        kind, peer, size = wrong
+        want = f"{(psi + 1) * 8:,} bytes to a worker" if kind == "send" else f"{psi * 8:,} bytes from a worker"
+        lines.append(f"{what}: expected a {kind} of {want}, found a {kind} of {size:,} bytes with rank {peer}: FAIL")
+    versions = {w: list(res["versions"]) for w, res in zip(ids, workers, strict=True)}
+    counts = {
+        w: (sum(k == "send" and p == w for k, p, _ in messages), sum(k == "recv" and p == w for k, p, _ in messages))
+        for w in ids
+    }
+    what = f"{tag}: every gradient received, every worker's last pull the stop (-1)"
+    bad = [
+        (w, sends, recvs)
+        for w, (sends, recvs) in counts.items()
+        if recvs != len(workers[w - 1]["losses"]) or sends != recvs + 1 or versions[w][-1:] != [-1]
+    ]
+    if bad:
+        w, sends, recvs = bad[0]
+        lines.append(
+            f"{what}: worker {w}: expected {len(workers[w - 1]['losses'])} gradients received and one more pull, "
+            f"the last -1; found {recvs} received, {sends} pulls, the last {versions[w][-1:]}: FAIL"
+        )
+    else:
+        lines.append(f"{what}: PASS")
+    rule = backup_rule(messages, versions, U)
+    for key, what in (
+        ("version", "every pull carried the version current when it was sent (-1 once U updates were made)"),
+        ("early", "no pull sent before its worker had a version it had not computed on"),
+        ("held", "no pull held past the server's next receive"),
+    ):
+        found = rule["breach"][key]
+        lines.append(f"{tag}: {what}: {'PASS' if found is None else found + ': FAIL'}")
+    made, batches = rule["made"], lab_batches(CFG, B, U, seed=run_["seed"])
+    if len(made) < U:
+        lines.append(f"{tag}: the rule's updates: expected {U}, the server's order makes {len(made)}: FAIL")
+        return [*lines, _library_line(f"{tag}: server", server["library"])]
+    thetas, against = replay_backup(made, batches), "one-device replay of the rule"
+    got = by_name(server["out"]) if isinstance(server["out"], torch.Tensor) else {}
+    lines.append(first_wrong_tensor(f"{tag}: server's parameters after {U} updates", got, by_name(thetas[-1]), against))
+    ours, theirs = [], []
+    for w in ids:
+        for c, loss in enumerate(workers[w - 1]["losses"]):
+            r = versions[w][c]
+            ours.append(loss)
+            theirs.append(gradient_at(thetas[r], rows_of(batches[r], w, N))[1] if 0 <= r <= U else float("nan"))
     lines.append(
         compare(
-            "loss of each step, the mean over the workers",
-            mean_loss,
-            torch.tensor(losses, dtype=torch.float64),  # host: the reference on one device
+            f"{tag}: the loss of every gradient, as the workers computed it",
+            torch.tensor(ours, dtype=torch.float64),  # host: what the workers computed, judged here
+            torch.tensor(theirs, dtype=torch.float64),  # host: the reference on one device
+            against=against,
         ).line
     )
     lines.append(
-        workers_line("every worker's parameters after its last pull", [res["params"] for res in trainers], reference)
+        compare(
+            f"{tag}: every worker's parameters after its stop",
+            [res["theta"] for res in workers],
+            [thetas[-1]] * N,
+            against=against,
+        ).line
     )
-    lines.append(_library_line("servers and workers", [n for res in ranks for n in res["library"]]))
+    lines.append(_library_line(f"{tag}: server", server["library"]))
     return lines
 
 
-# ------------------------------------------------------------------- the prediction: round-robin over 3 servers
-
-
-def round_robin_plan(servers: int = SERVERS) -> dict[str, int]:
-    """Tensor i of named_parameters() on server i mod S."""
-    return {name: i % servers for i, (name, _) in enumerate(tensor_names())}
-
-
-def round_robin_theory() -> dict[str, float]:
-    """The busiest server's link over the whole run (its shard to each of N workers K+1 times, K gradients back, 8
-    bytes a value) and the factor by which that is less than one server's (part 1's)."""
-    plan, sizes = round_robin_plan(), dict(tensor_names())
-    load = [sum(sizes[n] for n in sizes if plan[n] == s) for s in range(SERVERS)]
-    per_value = N * (2 * STEPS + 1) * 8
-    return {"busiest_bytes": per_value * max(load), "cut": sum(load) / max(load)}
-
-
-THEORY = {"round_robin": round_robin_theory}
-
-
-def _plain(value):
-    try:
-        return float(value.item() if hasattr(value, "item") else value) if not isinstance(value, bool) else repr(value)
-    except (TypeError, ValueError, RuntimeError, OverflowError):
-        return repr(value)[:40]
-
-
-def collect_round_robin(busiest_bytes, cut, sharded_server, sharded_worker) -> dict:
-    """The predictions as numbers, and (shown, not scored) the busiest server's link measured in the student's own
-    sharded server run with the round-robin placement."""
-    data = {"predicted": {"busiest_bytes": _plain(busiest_bytes), "cut": _plain(cut)}, "measured": None, "note": ""}
-    try:
-        world = SERVERS + N
-        ranks = parlab.launch(run_sharded, world, round_robin_plan(), sharded_server, sharded_worker, BATCHES, **LAUNCH)
-        data["measured"] = max(sum(b for _, _, b in ranks[j]["messages"]) for j in range(SERVERS))
-    except Exception as exc:  # the prediction is graded all the same; only the measurement is missing
-        data["note"] = f"your sharded server did not run ({type(exc).__name__}): nothing measured"
-    return data
-
-
-def judge_round_robin(data) -> list[str]:
-    theory, predicted = round_robin_theory(), data["predicted"]
-    lines = prediction_lines(
-        "round-robin over 3 servers: bytes through the busiest server's link in the run",
-        predicted["busiest_bytes"],
-        theory["busiest_bytes"],
-        rtol=0,
-    )
-    lines += prediction_lines(
-        "round-robin over 3 servers: one server's bytes / the busiest server's",
-        predicted["cut"],
-        theory["cut"],
-        rtol=0.01,
-    )
-    if data.get("measured") is not None:
-        lines.append(
-            f"measured in your sharded server with the round-robin placement: the busiest link {data['measured']:,.0f} "
-            "bytes"
-        )
-    if data.get("note"):
-        lines.append(data["note"])
+def judge_backup(data) -> list[str]:
+    ranks = data["ranks"]
+    lines = []
+    for tag in BACKUP_RUNS:
+        lines += _judge_backup_run(tag, [r[tag] for r in ranks])
     return lines
 
 
-# ---------------------------------------------------------------------------- 4 · staleness, from a server's log
+# ---------------------------------------------------------------------------- 2 · staleness, from a server's log
 
 
 def server_log(messages: list, updates: list[int] | None = None) -> list[tuple[str, int]]:
     """A server's log from its traced messages: ("pull", w) for theta sent to w, ("push", w) for a gradient
-    received from w, ("update", 0) where the server applied an update. updates: after how many messages each
-    update came (None: one update right after every gradient received, as an asynchronous server does)."""
-    log = []
+    received from w, ("update", n) where the server applied one update with n gradients. updates: after how many
+    messages each update came, each applying every gradient received since the previous one (None: one update of
+    one gradient right after every gradient received, as an asynchronous server does)."""
+    log, waiting = [], 0
     for i, (kind, peer, _) in enumerate(messages):
         log.append(("pull" if kind == "send" else "push", int(peer)))
+        waiting += kind == "recv"
         if updates is None and kind == "recv":
-            log.append(("update", 0))
-        elif updates is not None:
-            log += [("update", 0)] * updates.count(i + 1)
+            log.append(("update", 1))
+            waiting = 0
+        elif updates is not None and i + 1 in updates and waiting:
+            log.append(("update", waiting))
+            waiting = 0
     return log
 
 
-def read_staleness(log: list[tuple[str, int]]) -> list[int]:
-    """The judge's reading of a log: for each push, in order, (version it was applied at) - (version pulled last)."""
-    version, pulled, waiting, out = 0, {}, [], []
-    for what, w in log:
+def read_staleness(log: list[tuple[str, int]]) -> list[int | None]:
+    """The judge's reading of a log: for each push, in order, (version it was applied to) - (version its worker
+    pulled last before it), or None for a gradient dropped or never applied."""
+    version, pulled, waiting, latest, read, out = 0, {}, [], {}, {}, []
+    for what, x in log:
         if what == "pull":
-            pulled[w] = version
+            pulled[x] = version
         elif what == "push":
+            latest[x], read[len(out)] = len(out), pulled[x]
             waiting.append(len(out))
-            out.append(pulled[w])
+            out.append(None)
+        elif what == "drop":
+            waiting.remove(latest.pop(x))
         elif what == "update":
-            for i in waiting:
-                out[i] = version - out[i]
-            waiting, version = [], version + 1
+            for i in waiting[:x]:
+                out[i] = version - read[i]
+            waiting, version = waiting[x:], version + 1
     return out
 
 
 WRITTEN_LOGS = {
-    "two gradients per update, a pull between them": [
+    # The server applies at most 2 gradients an update, the oldest first: worker 3's first gradient waits one update.
+    "at most 2 gradients an update, the oldest first": [
+        *[("pull", w) for w in (1, 2, 3)],
+        *[("push", w) for w in (1, 2, 3)],
+        ("update", 2),
         ("pull", 1),
         ("pull", 2),
-        ("push", 2),
-        ("pull", 2),
         ("push", 1),
-        ("update", 0),
-        ("push", 2),
+        ("update", 2),
         ("pull", 1),
-        ("update", 0),
-        ("pull", 2),
+        ("pull", 3),
+        ("push", 2),
+        ("push", 3),
+        ("update", 1),
         ("push", 1),
-        ("update", 0),
+        ("update", 2),
     ],
     # Worker 1 pulls version 0, then version 1 after worker 2's update, and only then pushes: its gradient was
     # computed on what it pulled last (version 1), not on the first pull since its last push (version 0).
@@ -543,23 +522,46 @@ WRITTEN_LOGS = {
         ("pull", 1),
         ("pull", 2),
         ("push", 2),
-        ("update", 0),
+        ("update", 1),
         ("pull", 2),
         ("pull", 1),
         ("push", 2),
-        ("update", 0),
+        ("update", 1),
         ("pull", 2),
         ("push", 1),
-        ("update", 0),
+        ("update", 1),
         ("push", 2),
-        ("update", 0),
+        ("update", 1),
     ],
-    "four workers, one slow": [
+    # A backup worker's server: 2 of 3 gradients per update; a late gradient is dropped; the log ends with two
+    # gradients received and no update after them.
+    "late gradients dropped, two left unapplied at the end": [
+        *[("pull", w) for w in (1, 2, 3)],
+        ("push", 2),
+        ("push", 1),
+        ("update", 2),
+        ("pull", 2),
+        ("pull", 1),
+        ("push", 3),
+        ("drop", 3),
+        ("pull", 3),
+        ("push", 1),
+        ("push", 3),
+        ("update", 2),
+        ("pull", 1),
+        ("pull", 3),
+        ("push", 2),
+        ("drop", 2),
+        ("pull", 2),
+        ("push", 3),
+        ("push", 2),
+    ],
+    "four workers, one slow, one gradient an update": [
         *[("pull", w) for w in (1, 2, 3, 4)],
-        *[e for w in (1, 2, 3) for e in (("push", w), ("update", 0), ("pull", w))],
-        *[e for w in (2, 1, 3, 2) for e in (("push", w), ("update", 0), ("pull", w))],
+        *[e for w in (1, 2, 3) for e in (("push", w), ("update", 1), ("pull", w))],
+        *[e for w in (2, 1, 3, 2) for e in (("push", w), ("update", 1), ("pull", w))],
         ("push", 4),
-        ("update", 0),
+        ("update", 1),
     ],
 }
 
@@ -593,7 +595,7 @@ def _library_runs(batches) -> dict:
 
 
 def collect_staleness(staleness) -> dict:
-    runs = parlab.launch(_library_runs, P, BATCHES, **LAUNCH)[0]
+    runs = parlab.launch(_library_runs, N + 1, lab_batches(CFG, B, 3, seed=0), **LAUNCH)[0]
     logs = {
         f"parlab's synchronous server, worker {STRAGGLER} a straggler": server_log(**runs["sync"]),
         f"parlab's asynchronous server, worker {STRAGGLER} a straggler": server_log(**runs["async"]),
@@ -606,7 +608,7 @@ def collect_staleness(staleness) -> dict:
             with library_calls(LIBRARY) as seen:  # only the student's function inside
                 taus = staleness(entries)
             called += seen
-            answers[what] = [int(x) for x in taus]
+            answers[what] = [None if t is None else int(t) for t in taus]
         except Exception as error:  # one log's error fails that log's line, not the others
             answers[what] = f"{type(error).__name__}: {error}"
     return {
@@ -627,8 +629,8 @@ def judge_staleness(data) -> list[str]:
             lines.append(f"{what}: the staleness of each of the {n} gradients: PASS")
         else:
             first = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), min(len(got), n))
-            mine = got[first] if first < len(got) else "none"
-            theirs = expected[first] if first < n else "none"
+            mine = got[first] if first < len(got) else "nothing"
+            theirs = expected[first] if first < n else "nothing"
             lines.append(
                 f"{what}: the staleness of each of the {n} gradients ({len(got)} given; gradient {first}: "
                 f"expected {theirs}, received {mine}): FAIL"
@@ -637,38 +639,58 @@ def judge_staleness(data) -> list[str]:
     return lines
 
 
-# ------------------------------------------------------------------------------------ 5 · bounded staleness
+# ------------------------------------------------------------------------------------ 3 · bounded staleness
+
+
+def run_server_and_workers(server, batches, *args) -> dict:
+    """Rank code: rank 0 calls server(theta_0, K, LR, *args) on the flat parameters [Psi] and returns its final
+    theta and its calls; ranks 1..N run parlab's worker (worker STRAGGLER slowed by SLOWDOWN)."""
+    rank = dist.get_rank()
+    model = build_lab_model(CFG).to(parlab.device())  # theta_0, the same on every rank
+    if rank == 0:
+        record = recorded(server, flat_params(model), len(batches), LR, *args)
+        return {**record, "theta": _host(record.pop("out"))}
+    slowdown = SLOWDOWN if rank == STRAGGLER else 1.0
+    batches = [(x.to(parlab.device()), y.to(parlab.device())) for x, y in batches]
+    out = run_worker(model, batches, slowdown=slowdown, loss_fn=next_token_loss)
+    losses = torch.tensor(out["losses"], dtype=torch.float64)  # host: plain numbers, returned to the parent
+    return {"losses": losses, "theta": flat_params(model).cpu()}
 
 
 def run_ssp(ssp_server, batches) -> dict:
     """Rank code: the server with each staleness bound s in SSP_BOUNDS, one run after the other."""
-    return {s: run_server_and_workers(ssp_server, batches, s) for s in SSP_BOUNDS}
+    out = {}
+    for s in SSP_BOUNDS:
+        comm.barrier()  # the runs do not overlap
+        out[s] = run_server_and_workers(ssp_server, batches, s)
+    return out
 
 
 def collect_ssp(ssp_server) -> dict:
-    results = parlab.launch(run_ssp, P, ssp_server, SSP_BATCHES, **LAUNCH)
+    results = parlab.launch(run_ssp, N + 1, ssp_server, SSP_BATCHES, **LAUNCH)
     return {"runs": {str(s): [r[s] for r in results] for s in SSP_BOUNDS}}
 
 
 def replay(order: list[int], reads: dict[tuple[int, int], int]) -> dict:
     """The run on one device: gradient u is worker order[u]'s c-th (its rows of batch c), computed at theta_r,
-    r = reads[(w, c)], applied to theta_u. Returns every version theta_v and the loss of every gradient."""
-    theta, versions, losses, done = params_to_vector(build_lab_model(CFG)), [], {}, {}
-    for w in order:
+    r = reads[(w, c)], applied to theta_u with lr / (1 + tau), tau = u - r. Returns every version theta_v and the
+    loss of every gradient."""
+    theta, versions, losses, done = flat_params(build_lab_model(CFG)), [], {}, {}
+    for u, w in enumerate(order):
         versions.append(theta)
         c = done.get(w, 0)
         r = reads.get((w, c))
         if r is None or r >= len(versions):
             return {"error": f"worker {w}'s gradient {c} was computed on parameters not yet sent"}
-        g, losses[(w, c)] = gradient_at(versions[r], SSP_BATCHES[c], w)
-        theta = theta - LR * g
+        g, losses[(w, c)] = gradient_at(versions[r], rows_of(SSP_BATCHES[c], w, N))
+        theta = theta - LR / (1 + u - r) * g
         done[w] = c + 1
     versions.append(theta)
     return {"versions": versions, "losses": losses}
 
 
-def _applied(order: list[int], reads: dict) -> list[tuple[int, tuple[int, int]]]:
-    """(version it was applied at, (worker, its gradient number)) of each gradient, in the server's order."""
+def _applied(order: list[int]) -> list[tuple[int, tuple[int, int]]]:
+    """(version it was applied to, (worker, its gradient number)) of each gradient, in the server's order."""
     done, out = {}, []
     for v, w in enumerate(order):
         c = done.get(w, 0)
@@ -683,6 +705,7 @@ def _judge_ssp_run(s: int, ranks: list[dict]) -> list[str]:
     lines = [collective_line(f"{tag}: server", [server["calls"]]), through_comm_line(f"{tag}: server", server)]
     if not lines[-1].endswith(": PASS"):  # the sender of a receive from any rank is known only from parlab's trace
         return lines
+    P = N + 1
     order = [int(peer) for kind, peer, _ in messages if kind == "recv"]
     per_worker = [order.count(w) for w in range(1, P)]
     verdict = "PASS" if per_worker == [K] * N else f"found {per_worker}: FAIL"
@@ -735,11 +758,16 @@ def _judge_ssp_run(s: int, ranks: list[dict]) -> list[str]:
     theirs = [result["losses"][(w, c)] for w in range(1, P) for c in range(K)]
     theirs = torch.tensor(theirs, dtype=torch.float64)  # host: the reference on one device
     last = [versions[reads[(w, K)]] for w in range(1, P)]
-    tau = [reads_at - reads[(w, c)] for reads_at, (w, c) in _applied(order, reads)]
+    tau = [at - reads[(w, c)] for at, (w, c) in _applied(order)]
     bound = (N - 1) * (2 * s + 1)
     got = by_name(server["theta"]) if isinstance(server["theta"], torch.Tensor) else {}
     lines += [
-        first_wrong_tensor(f"{tag}: server's parameters after {N * K} gradients", got, by_name(versions[-1]), against),
+        first_wrong_tensor(
+            f"{tag}: server's parameters after {N * K} gradients, each with lr / (1 + tau)",
+            got,
+            by_name(versions[-1]),
+            against,
+        ),
         compare(
             f"{tag}: loss of each of the {N * K} gradients, as the workers computed it", ours, theirs, against=against
         ).line,
@@ -759,6 +787,297 @@ def judge_ssp(data) -> list[str]:
     return lines
 
 
+# ------------------------------------------------------------- 4 · sharded servers that take over a failed one
+
+
+def layer_plan() -> dict[str, int]:
+    """The check's plan: the embedding and block 0 on server 0, block 1 on server 1, the final norm and the head on
+    server 2 (three shards of different sizes)."""
+    return {
+        n: 0 if n.startswith(("embed", "blocks.0.")) else 1 if n.startswith("blocks.1.") else 2
+        for n, _ in tensor_names()
+    }
+
+
+def round_robin_plan() -> dict[str, int]:
+    """Tensor i of named_parameters() on server i mod S."""
+    return {name: i % SERVERS for i, (name, _) in enumerate(tensor_names())}
+
+
+def served(plan: dict[str, int], failure, step: int) -> dict[int, list[int]]:
+    """Which shards each live server serves at `step` (step K: the last pull): its own, and a failed server's once
+    that one has failed (its backup, the next server)."""
+    F, t = failure if failure else (None, STEPS + 1)
+    out = {}
+    for j in range(SERVERS):
+        if j == F and step >= t:
+            continue
+        out[j] = [j] + ([F] if F is not None and step >= t and j == (F + 1) % SERVERS else [])
+    return out
+
+
+def expected_messages(plan: dict[str, int], failure) -> dict[int, dict[tuple[str, int], list[int]]]:
+    """For every server: (op, peer) -> the sizes in bytes of its messages with that peer, sorted. Workers: every
+    shard's pull (K + 1 times) and push (K times) with whichever server serves it; servers: each step, one message of
+    its shard's bytes to its backup while both are alive (the fewest that let the backup take over exactly)."""
+    sizes = {j: 8 * sum(n for name, n in tensor_names() if plan[name] == j) for j in range(SERVERS)}
+    F, t = failure if failure else (None, STEPS + 1)
+    out = {j: {} for j in range(SERVERS)}
+
+    def add(j, op, peer, size):
+        out[j].setdefault((op, peer), []).append(size)
+
+    for step in range(STEPS + 1):
+        for j, shards in served(plan, failure, step).items():
+            for w in range(SERVERS, SERVERS + N):
+                for k in shards:
+                    add(j, "send", w, sizes[k])
+                    if step < STEPS:
+                        add(j, "recv", w, sizes[k])
+        if step == STEPS:
+            break
+        for j in range(SERVERS):
+            backup = (j + 1) % SERVERS
+            if (j != F or step < t) and (backup != F or step < t):
+                add(j, "send", backup, sizes[j])
+                add(backup, "recv", j, sizes[j])
+    return {j: {key: sorted(v) for key, v in ops.items()} for j, ops in out.items()}
+
+
+def _sharded_once(plan, failure, sharded_server, sharded_worker, batches) -> dict:
+    """Rank code: one run. Ranks 0..S-1 call sharded_server(shard, backup, S, workers, K, ADAM_LR, failure) with
+    their own tensors and a copy of the tensors of the shard before theirs (name -> tensor, in named_parameters
+    order, at theta_0); ranks S..S+N-1 call sharded_worker(model, rows, plan, failure) with their b rows of every
+    batch."""
+    rank, workers = dist.get_rank(), list(range(SERVERS, SERVERS + N))
+    model = build_lab_model(CFG).to(parlab.device())  # theta_0 on every rank
+    if rank < SERVERS:
+        mine = {n: p.detach().clone() for n, p in model.named_parameters() if plan[n] == rank}
+        before = (rank - 1) % SERVERS
+        backup = {n: p.detach().clone() for n, p in model.named_parameters() if plan[n] == before}
+        record = recorded(sharded_server, mine, backup, SERVERS, workers, len(batches), ADAM_LR, failure)
+        out = record.pop("out")
+        tensors = {str(n): t.detach().cpu().clone() for n, t in out.items()} if isinstance(out, dict) else {}
+        return {**record, "tensors": tensors}
+    rows = [rows_of((x.to(parlab.device()), y.to(parlab.device())), rank - SERVERS + 1, N) for x, y in batches]
+    record = recorded(sharded_worker, model, rows, dict(plan), failure)
+    losses = record.pop("out")
+    return {
+        **record,
+        "losses": torch.tensor([float(v) for v in losses], dtype=torch.float64),  # host: returned to the parent
+        "params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
+    }
+
+
+def run_sharded(plan, failures, sharded_server, sharded_worker, batches) -> dict:
+    """Rank code: one run per failure, one after the other."""
+    out = {}
+    for failure in failures:
+        comm.barrier()  # the runs do not overlap
+        out[str(failure)] = _sharded_once(plan, failure, sharded_server, sharded_worker, batches)
+    return out
+
+
+def collect_sharded(sharded_server, sharded_worker) -> dict:
+    world = SERVERS + N
+    ranks = parlab.launch(
+        run_sharded, world, layer_plan(), FAILURES, sharded_server, sharded_worker, SHARD_BATCHES, **LAUNCH
+    )
+    return {"runs": {str(f): [r[str(f)] for r in ranks] for f in FAILURES}}
+
+
+@functools.lru_cache(maxsize=1)  # the same reference for every notebook graded
+def one_device() -> tuple[dict[str, torch.Tensor], list[float]]:
+    """One device, the whole batch, K steps of Adam (torch.optim.Adam's arithmetic, lab08_setup.adam_step): the
+    parameters after them, by name, and each step's loss."""
+    model = build_lab_model(CFG)
+    theta = flat_params(model)
+    m, v, losses = torch.zeros_like(theta), torch.zeros_like(theta), []
+    for step, batch in enumerate(SHARD_BATCHES):
+        set_params(model, theta)
+        model.zero_grad(set_to_none=True)
+        loss = next_token_loss(model, *batch)  # the mean over all B rows
+        loss.backward()
+        losses.append(loss.item())
+        adam_step(theta, flat_grads(model), m, v, step + 1, ADAM_LR)
+    set_params(model, theta)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, losses
+
+
+def _messages_line(what: str, ranks: list[dict], plan, failure) -> str:
+    """Every server's messages with every peer against expected_messages; a FAIL names the first pair that
+    differs, expected and found."""
+    expected = expected_messages(plan, failure)
+    for j in range(SERVERS):
+        found = {}
+        for kind, peer, size in ranks[j]["messages"]:
+            found.setdefault((kind, peer), []).append(size)
+        for key in sorted(set(found) | set(expected[j]), key=lambda k: (k[1], k[0])):
+            want, have = expected[j].get(key, []), sorted(found.get(key, []))
+            kind, peer = key
+            if have != want:
+                other = f"server {peer}" if peer < SERVERS else f"worker {peer}" if peer >= 0 else "any rank"
+                other = f"sends to {other}" if kind == "send" else f"receives from {other}"
+                return f"{what}: server {j}, {other}: expected {_sizes(want)}, found {_sizes(have)}: FAIL"
+    strays = [(r, p) for r in range(SERVERS, SERVERS + N) for _, p, _ in ranks[r]["messages"] if p >= SERVERS]
+    if strays:
+        worker, peer = strays[0]
+        return f"{what}: worker {worker}: expected messages with servers only, found one with rank {peer}: FAIL"
+    return f"{what}: PASS"
+
+
+def _sizes(sizes: list[int]) -> str:
+    if not sizes:
+        return "none"
+    counts = {}
+    for size in sizes:
+        counts[size] = counts.get(size, 0) + 1
+    return ", ".join(f"{k} x {size:,} bytes" for size, k in sorted(counts.items()))
+
+
+def _synchrony_line(what: str, ranks: list[dict], plan, failure) -> str:
+    """Per shard, on every server that serves it: the j-th pull of that shard sent to any worker after j pushes
+    of it from every worker (its messages with the workers told apart by their size)."""
+    sizes = {k: 8 * sum(n for name, n in tensor_names() if plan[name] == k) for k in range(SERVERS)}
+    workers = list(range(SERVERS, SERVERS + N))
+    for j in range(SERVERS):
+        for k in range(SERVERS):
+            stream = [(op, p) for op, p, b in ranks[j]["messages"] if p in workers and b == sizes[k]]
+            pushes, sends = dict.fromkeys(workers, 0), dict.fromkeys(workers, 0)
+            for op, peer in stream:
+                if op == "recv":
+                    pushes[peer] += 1
+                    continue
+                if min(pushes.values()) < sends[peer]:
+                    return (
+                        f"{what}: server {j}, shard {k}: pull {sends[peer]} to worker {peer} sent after "
+                        f"{min(pushes.values())} pushes of the slowest worker, expected after {sends[peer]}: FAIL"
+                    )
+                sends[peer] += 1
+    return f"{what}: PASS"
+
+
+def _judge_sharded_run(failure, ranks: list[dict], plan) -> list[str]:
+    tag = "no failure" if failure is None else f"server {failure[0]} fails after {failure[1]} steps"
+    reference, losses = one_device()
+    lines = [collective_line(f"{tag}: every rank", [res["calls"] for res in ranks])]
+    unseen = [through_comm_line(f"{tag}: rank {r}", res) for r, res in enumerate(ranks)]
+    unseen = [line for line in unseen if line.endswith(": FAIL")]
+    lines.append(unseen[0] if unseen else f"{tag}: every rank: every message through parlab.core.comm: PASS")
+    what = f"{tag}: every server's messages: each shard's pulls and pushes where it is served; to its backup"
+    lines.append(_messages_line(what, ranks, plan, failure))
+    lines.append(
+        _synchrony_line(f"{tag}: no version v+1 of a shard sent before all N gradients of step v", ranks, plan, failure)
+    )
+    final = served(plan, failure, STEPS)
+    server_of = {n: j for j, shards in final.items() for n in plan if plan[n] in shards}  # who serves n at the end
+    held = {
+        f"{n} (server {j})": t
+        for j, shards in final.items()
+        for n, t in ranks[j]["tensors"].items()
+        if plan.get(n) in shards
+    }
+    reference_held = {f"{n} (server {server_of[n]})": t for n, t in reference.items()}
+    lines.append(
+        first_wrong_tensor(
+            f"{tag}: every shard's parameters after {STEPS} steps, on the server serving it", held, reference_held
+        )
+    )
+    mean_loss = torch.stack([ranks[r]["losses"] for r in range(SERVERS, SERVERS + N)]).mean(dim=0)
+    expected_loss = torch.tensor(losses, dtype=torch.float64)  # host: the reference on one device
+    verdict = compare(f"{tag}: loss of each step, the mean over the workers", mean_loss, expected_loss)
+    if not verdict.passed and mean_loss.shape == expected_loss.shape:  # the first step computed on wrong parameters
+        k = int(((mean_loss - expected_loss).abs() > 1e-10).nonzero()[0])
+        verdict = (
+            f"{verdict.what}: step {k} (the first on wrong parameters): expected {expected_loss[k].item():.6g}, "
+            f"received {mean_loss[k].item():.6g}: FAIL"
+        )
+    lines.append(str(verdict))
+    what = f"{tag}: every worker's parameters after its last pull"
+    verdict = compare(what, [ranks[r]["params"] for r in range(SERVERS, SERVERS + N)], [reference] * N)
+    wrong = [
+        first_wrong_tensor(f"{tag}: worker {r}'s parameters after its last pull", ranks[r]["params"], reference)
+        for r in range(SERVERS, SERVERS + N)
+    ]
+    lines.append(verdict.line if verdict.passed else next((x for x in wrong if x.endswith(": FAIL")), verdict.line))
+    lines.append(_library_line(f"{tag}: servers and workers", [n for res in ranks for n in res["library"]]))
+    return lines
+
+
+def judge_sharded(data) -> list[str]:
+    lines = []
+    for failure in FAILURES:
+        lines += _judge_sharded_run(failure, data["runs"][str(failure)], layer_plan())
+    return lines
+
+
+# ------------------------------------------------------------------ the prediction: round-robin, server 1 fails
+
+
+def failover_theory() -> dict[str, float]:
+    """Round-robin over 3 servers, N workers, K steps, server 1 failing after 2 steps: the bytes through the busiest
+    server's link over the run (sent and received, with workers and servers) and the bytes servers send each other."""
+    plan = round_robin_plan()
+    link, between = dict.fromkeys(range(SERVERS), 0), 0
+    for j, ops in expected_messages(plan, PREDICTED_FAILURE).items():
+        for (op, peer), sizes in ops.items():
+            link[j] += sum(sizes)
+            between += sum(sizes) if op == "send" and peer < SERVERS else 0
+    return {"busiest_bytes": max(link.values()), "replication_bytes": between}
+
+
+THEORY = {"failover_bytes": failover_theory}
+
+
+def _plain(value):
+    try:
+        return float(value.item() if hasattr(value, "item") else value) if not isinstance(value, bool) else repr(value)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        return repr(value)[:40]
+
+
+def collect_failover_bytes(busiest_bytes, replication_bytes, sharded_server, sharded_worker) -> dict:
+    """The predictions as numbers, and (shown, not scored) what the student's own sharded servers moved in that run."""
+    data = {
+        "predicted": {"busiest_bytes": _plain(busiest_bytes), "replication_bytes": _plain(replication_bytes)},
+        "measured": None,
+        "note": "",
+    }
+    try:
+        world, failures = SERVERS + N, (PREDICTED_FAILURE,)
+        args = (round_robin_plan(), failures, sharded_server, sharded_worker, SHARD_BATCHES)
+        ranks = [r[str(PREDICTED_FAILURE)] for r in parlab.launch(run_sharded, world, *args, **LAUNCH)]
+        link = [sum(b for _, _, b in ranks[j]["messages"]) for j in range(SERVERS)]
+        between = sum(b for j in range(SERVERS) for k, p, b in ranks[j]["messages"] if k == "send" and 0 <= p < SERVERS)
+        data["measured"] = {"busiest_bytes": max(link), "replication_bytes": between}
+    except Exception as exc:  # the prediction is graded all the same; only the measurement is missing
+        data["note"] = f"your sharded servers did not run ({type(exc).__name__}): nothing measured"
+    return data
+
+
+def judge_failover_bytes(data) -> list[str]:
+    theory, predicted = failover_theory(), data["predicted"]
+    labels = {
+        "busiest_bytes": "round-robin, server 1 failing after 2 steps: bytes through the busiest server's link",
+        "replication_bytes": "round-robin, server 1 failing after 2 steps: bytes sent from server to server",
+    }
+    lines = []
+    for key, label in labels.items():
+        lines += prediction_lines(label, predicted[key], theory[key], rtol=0)
+    measured, right = (
+        data.get("measured"),
+        all(line.endswith(": PASS") for line in lines if line.endswith("FAIL") or line.endswith("PASS")),
+    )
+    if measured is not None and right:  # what the student's own servers moved: shown once the predictions are right
+        lines.append(
+            f"measured in your sharded run of that setting: the busiest link {measured['busiest_bytes']:,.0f} bytes, "
+            f"server to server {measured['replication_bytes']:,.0f} bytes"
+        )
+    if data.get("note"):
+        lines.append(data["note"])
+    return lines
+
+
 # ---- not graded: what each mode does about a straggler (the lab's last cell)
 
 
@@ -771,7 +1090,7 @@ def _straggler_rank(ssp_server, s: int, batches, slowdown: float) -> dict:
         start, first = time.perf_counter(), len(comm.trace_events())
         if mode.startswith("ssp"):
             if rank == 0:
-                ssp_server(params_to_vector(model), len(batches), LR, s)
+                ssp_server(flat_params(model), len(batches), LR, s)
             else:
                 run_worker(model, batches, slowdown=slowdown if rank == STRAGGLER else 1.0, loss_fn=next_token_loss)
         else:
@@ -794,4 +1113,4 @@ def straggler_runs(ssp_server, s: int = 1, steps: int = 6, slowdown: float = 6.0
     """Not graded: parlab's synchronous and asynchronous servers and your ssp_server(s), one after the other, with
     worker STRAGGLER `slowdown` x slower; per mode, the server's log and its seconds (measured, not repeatable)."""
     batches = lab_batches(CFG, B, steps, seed=2)
-    return parlab.launch(_straggler_rank, P, ssp_server, s, batches, slowdown, **LAUNCH)[0]
+    return parlab.launch(_straggler_rank, N + 1, ssp_server, s, batches, slowdown, **LAUNCH)[0]
