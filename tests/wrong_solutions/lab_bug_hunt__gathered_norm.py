@@ -1,35 +1,37 @@
 # ruff: noqa
-# A wrong answer to labs/lab_bug_hunt.ipynb (the other answers are the solution's). The bug: part 4's norm computed
-# from the whole averaged gradient, all-reduced for the purpose: the norm and every parameter are right, but each
-# rank now receives the matrices' whole gradient every step, which ZeRO's reduce-scatter exists to avoid: the bytes
-# all-reduced catch it.
+# A wrong answer to labs/lab_bug_hunt.ipynb (the other answers are the solution's).
+# The bug: part 4's norm computed from the whole averaged gradient, all-reduced over all ranks for the
+# purpose: the norm and every parameter are right, but each rank now receives the matrices' whole gradient every
+# step, which sharding exists to avoid: the bytes all-reduced over all ranks catch it.
 # EXPECT FAIL: zero_clip
 
 # ANSWER: zero_step
-def zero_step(flat_param, flat_grad, gains, state, step):
-    P, r = comm.group_size(), comm.group_rank()
-    S = math.ceil(flat_param.numel() / P)
-    pad = P * S - flat_param.numel()
+def zero_step(flat_param, flat_grad, gains, state, step, shard_group, replica_group):
+    N, G = comm.group_size(), comm.group_size(shard_group)
+    r = comm.group_rank(shard_group)
+    S = math.ceil(flat_param.numel() / G)
+    pad = G * S - flat_param.numel()
     if not state:
         state["master"] = F.pad(flat_param, (0, pad))[r * S : (r + 1) * S].clone()
         state["m"], state["v"] = torch.zeros_like(state["master"]), torch.zeros_like(state["master"])
         state["gains_m"] = [torch.zeros_like(g) for g in gains]
         state["gains_v"] = [torch.zeros_like(g) for g in gains]
     grad = torch.empty_like(state["master"])
-    comm.reduce_scatter_tensor(grad, F.pad(flat_grad, (0, pad)))
-    grad /= P
+    comm.reduce_scatter_tensor(grad, F.pad(flat_grad, (0, pad)), group=shard_group)
+    comm.all_reduce(grad, group=replica_group)
+    grad /= N
     for g in gains:
         comm.all_reduce(g.grad)
-        g.grad /= P
+        g.grad /= N
     whole = flat_grad.clone()
     comm.all_reduce(whole)
-    whole /= P
+    whole /= N
     squares = whole.pow(2).sum() + sum(g.grad.pow(2).sum() for g in gains)
     state["grad_norm"] = squares.sqrt()
     coef = clip_coefficient(state["grad_norm"])
     adam_step(state["master"], grad * coef, state["m"], state["v"], step, ZERO_LR)
     for g, m, v in zip(gains, state["gains_m"], state["gains_v"]):
         adam_step(g.data, g.grad * coef, m, v, step, ZERO_LR)
-    gathered = torch.empty(P * S, dtype=flat_param.dtype, device=flat_param.device)
-    comm.all_gather_into_tensor(gathered, state["master"])
+    gathered = torch.empty(G * S, dtype=flat_param.dtype, device=flat_param.device)
+    comm.all_gather_into_tensor(gathered, state["master"], group=shard_group)
     flat_param.copy_(gathered[: flat_param.numel()])

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 import parlab
 from parlab.core import comm, probe
+from parlab.core.check import compare
 from parlab.core.lab_model import gqa_attention
 from parlab.grading.labs.guard import library_calls
 from parlab.grading.labs.lab_bug_hunt_setup import (
@@ -25,7 +26,6 @@ from parlab.grading.labs.lab_bug_hunt_setup import (
     P,
     _no_error,
     attention_problem,
-    first_wrong,
     library_verdict,
 )
 from parlab.schemes.sequence.ring_attention import RingAttention
@@ -103,13 +103,20 @@ def judge_ring_gqa(data) -> list[str]:
         q, k, v, g = (t.requires_grad_() for t in attention_problem(heads, kv_heads, P * RING_C, seed=60 + heads))
         reference = gqa_attention(q, k, v)  # one device, causal, grouped K/V heads
         (reference * g.detach()).sum().backward()
-        for name, ref in [("out", reference.detach()), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)]:
-            what = f"{shape}: " + ("attention output" if name == "out" else f"dL/d{name[1]}")
-            side_by_side, error = _no_error(
-                what, lambda n=name, key=key: torch.cat([ranks[r][key][n] for r in range(P)], dim=-2)
-            )
-            blocks = "the ranks' blocks in order"
-            lines += error or [first_wrong(what, {blocks: side_by_side}, {blocks: ref})]
+        expected = {"out": reference.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+        side_by_side, error = _no_error(  # the ranks' blocks of tokens in order: [1, heads, T, HD]
+            shape,
+            lambda key=key, names=tuple(expected): {
+                n: torch.cat([ranks[r][key][n] for r in range(P)], dim=-2) for n in names
+            },
+        )
+        if error:
+            lines += error
+        else:
+            lines.append(compare(f"{shape}: the attention output", side_by_side["out"], expected["out"]).line)
+            grads = {n: side_by_side[n] for n in ("dq", "dk", "dv")}
+            what = f"{shape}: dL/dq, dL/dk and dL/dv (the library's backward)"
+            lines.append(compare(what, grads, {n: expected[n] for n in grads}).line)
         block = 2 * kv_heads * RING_C * HD * 8  # one K/V block [2, 1, nkv, c, HD]
         sent = [ranks[r][key]["sent"] for r in range(P)]
         wrong = next((r for r in range(P) if sent[r] != (P - 1) * block), None)

@@ -4,8 +4,6 @@ optimizer step) and the small helpers the judges share."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
 
@@ -33,34 +31,39 @@ LAUNCH = {"timeout": 60, "echo": False}  # a hang (a collective some rank never 
 PIPELINE_LAUNCH = {"timeout": 10, "echo": False}  # the pipeline part: a hang fails well within a cell's 20 s
 P = 4  # ranks, in every part
 IGNORE = -100  # the target of a token the loss leaves out (torch's cross_entropy ignore_index)
+PAD = 0  # the input id a padded position holds (part 1)
 
-# Part 1, data parallel: the lab model, a global batch of B_DP documents padded to T, M micro-batches per rank.
+# Part 1, data parallel: the lab model trained DP_STEPS SGD steps, each on a global batch of B_DP documents padded to
+# T (document i of each batch has DP_LENGTHS[i] real targets, the rows dealt out in another order each step), M
+# micro-batches per rank.
 DP_CFG = LabConfig(vocab_size=32, seq_len=8, hidden=16, heads=4, kv_heads=2, ffn=24, layers=2)
-B_DP, M = 16, 2
-# The real targets of each document of the batch (the rest of its T targets are IGNORE).
+B_DP, M, DP_STEPS, DP_LR = 16, 2, 3, 0.5
 DP_LENGTHS = (8, 3, 5, 8, 2, 8, 6, 1, 7, 7, 4, 2, 8, 5, 3, 6)
-# Part 2, tensor parallel: the MLP sublayer of the lab model's block 0 (RMSNorm, SwiGLU, residual), x: [BATCH, T_TP, H].
-TP_CFG = LabConfig(vocab_size=32, seq_len=8, hidden=8, heads=2, kv_heads=1, ffn=16, layers=1)
-BATCH, T_TP = 2, 3
+# Part 2, tensor parallel: the lab model's block (nq = P query heads, nkv = 2 K/V heads, SwiGLU width F) on P ranks,
+# TP_STEPS SGD steps on the mean squared error of its output, x: [BATCH, T_TP, H].
+TP_CFG = LabConfig(vocab_size=32, seq_len=8, hidden=8, heads=4, kv_heads=2, ffn=16, layers=1)
+BATCH, T_TP, TP_STEPS, TP_LR = 2, 4, 3, 0.5
 # Part 3, the zigzag layout: ZZ_B sequences of each length in ZIGZAG_T (2P chunks of T / 2P tokens).
 ZIGZAG_T = (16, 24)
 ZZ_B = 2
 ZZ_CFG = LabConfig(vocab_size=32, seq_len=24, hidden=8, heads=2, kv_heads=1, ffn=16, layers=1)  # the loss shown
-# Part 4, ZeRO with clipping: a lab model whose matrices hold PSI_M = 642 numbers (not a multiple of 4: the last shard
-# is padded) and whose RMSNorm gains 18; Adam with ZERO_LR for ZERO_STEPS steps, the gradient clipped at MAX_NORM.
+# Part 4, hybrid sharding with clipping: the lab model's matrices (PSI_M = 642 numbers) sharded over groups of
+# SHARD ranks, replicated over the P / SHARD groups (rank r in shard group r // SHARD); its RMSNorm gains (18
+# numbers) replicated on every rank; Adam with ZERO_LR for ZERO_STEPS steps, the gradient clipped at MAX_NORM.
 ZERO_CFG = LabConfig(vocab_size=29, seq_len=8, hidden=6, heads=3, kv_heads=1, ffn=11, layers=1)
+SHARD = 2
 B_ZERO, ZERO_STEPS, ZERO_LR, MAX_NORM = 8, 3, 0.05, 0.05
-# The prediction: a Llama-3-8B-sized lab model (untied head) on PREDICT_N ranks, and the norms of a gradient.
+# The prediction: a Llama-3-8B-sized lab model (untied head) on PREDICT_N ranks in shard groups of PREDICT_SHARD, and
+# the norms of the two parts of an averaged gradient.
 PREDICT_CFG = {"vocab": 128256, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "layers": 32}
-PREDICT_N = 96
-PREDICT_NORMS = {"matrices": 3.0, "gains": 0.25}  # the norms of the averaged gradient's two parts
-# Part 5, pipeline: the lab model with one block per stage; PIPE_B sequences per micro-batch; for each m in PIPE_MS,
-# PIPE_STEPS[m] steps of m micro-batches (the loader holds one step more than that); the m of one launch together.
-PIPE_CFG = LabConfig(vocab_size=32, seq_len=8, hidden=16, heads=4, kv_heads=2, ffn=24, layers=P)
-PIPE_B = 2
-PIPE_LAUNCHES = ((4, 3), (2,))
+PREDICT_N, PREDICT_SHARD = 384, 96
+PREDICT_NORMS = {"matrices": 3.0, "gains": 0.25}
+# Part 5, pipeline: the lab model with a tied LM head, one block per stage; PIPE_B sequences per micro-batch; for each
+# m, PIPE_STEPS SGD steps of m micro-batches (the loader holds one step more than that); the m of one launch together.
+PIPE_CFG = LabConfig(vocab_size=32, seq_len=8, hidden=16, heads=4, kv_heads=2, ffn=24, layers=P, tied=True)
+PIPE_B, PIPE_STEPS, PIPE_LR = 2, 2, 0.5
+PIPE_LAUNCHES = ((4, 3), (2, 1))
 PIPE_MS = tuple(m for ms in PIPE_LAUNCHES for m in ms)
-PIPE_STEPS = {4: 1, 3: 2, 2: 2}  # steps of each m: from the second one on, a loader that ran ahead shows
 # Part 6, ring attention: q [1, nq, P c, HD], k and v [1, nkv, P c, HD], for each (nq, nkv) in RING_HEADS.
 RING_HEADS = ((4, 4), (6, 2))
 HD, RING_C = 4, 3
@@ -91,31 +94,60 @@ def library_verdict(part: str, called: list[str]) -> str:
     return library_line(part, called, "the library's implementation of the scheme")
 
 
-def first_wrong(what: str, got, expected: dict[str, torch.Tensor], names: str = "tensor") -> str:
-    """One verdict on tensors by name: compare(...).line when it passes; a FAIL names the first wrong tensor and its
-    worst element, with the expected and the received value."""
-    verdict = compare(what, got, expected)
+# The process-group methods (parlab.core.probe's "op") of each collective, whichever torch.distributed call made it.
+REDUCE_SCATTER = ("reduce_scatter_single", "reduce_scatter", "reduce_scatter_tensor_coalesced", "_reduce_scatter_base")
+ALL_GATHER = ("all_gather_single", "allgather", "allgather_into_tensor_coalesced", "_allgather_base")
+ALL_REDUCE = ("allreduce", "allreduce_coalesced")
+
+
+def summed(ops: tuple[str, ...]):
+    """The bytes of one step's calls of these process-group methods: step {op: bytes} -> int."""
+    return lambda step: sum(step.get(op, 0) for op in ops)
+
+
+def bytes_line(what: str, received: list, least: int, most: int) -> str:
+    """One verdict over the ranks: each rank's bytes (or each of its steps' bytes, a list) in [least, most]; a FAIL
+    names the first rank (and step) that is not."""
+    bound = f"{least}" if least == most else f"from {least} to {most}"
+    for r, got in enumerate(received):
+        for step, value in enumerate(got if isinstance(got, list) else [got]):
+            if not least <= value <= most:
+                where = f"rank {r}, step {step + 1}" if isinstance(got, list) else f"rank {r}"
+                return f"{what}: {where}: expected {bound}, received {value}: FAIL"
+    return f"{what}: {bound} on every rank: PASS"
+
+
+def digits_apart(a: float, b: float) -> tuple[str, str]:
+    """Two numbers printed with as many decimals as it takes to tell them apart (6 at least)."""
+    for d in range(6, 17):
+        x, y = f"{a:.{d}f}", f"{b:.{d}f}"
+        if x != y:
+            return x, y
+    return f"{a!r}", f"{b!r}"
+
+
+def curve_line(what: str, got, expected: list[float], step: str = "step") -> str:
+    """One verdict on a curve, a number per step (the loss, the norm a run logs): compare's line when every step
+    matches one device's; else the first step that does not, with what one device had there and what came."""
+    try:
+        values = [float(v) for v in got]
+    except (TypeError, ValueError):
+        return f"{what}: expected {len(expected)} numbers, received {type(got).__name__}: FAIL"
+    if len(values) != len(expected):
+        return f"{what}: expected {len(expected)} numbers, received {len(values)}: FAIL"
+    as_tensor = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731  host: the judge's numbers
+    verdict = compare(what, as_tensor(values), as_tensor(expected))
     if verdict.passed:
         return verdict.line
-    if not isinstance(got, dict):
-        return f"{what}: expected a dict of tensors by {names}, received {type(got).__name__}: FAIL"
-    for name, want in expected.items():
-        have = got.get(name)
-        if not isinstance(have, torch.Tensor) or have.shape != want.shape:
-            came = "nothing" if have is None else f"shape {list(getattr(have, 'shape', []))}"
-            return f"{what}: {name}: expected shape {list(want.shape)}, received {came}: FAIL"
-        diff = (have.to(torch.float64) - want).abs()
-        if not diff.max().item() <= verdict.tol:
-            i = int(torch.nan_to_num(diff, nan=math.inf).flatten().argmax())
-            index = (
-                [int(j) for j in torch.unravel_index(torch.tensor(i), want.shape)] if want.dim() else []
-            )  # host: an index
-            where = f"element {index}" if index else "value"
-            return (
-                f"{what}: {name}, {where}: expected {want.flatten()[i].item():.6g}, "
-                f"received {have.flatten()[i].item():.6g}: FAIL"
-            )
-    return verdict.line
+    k = next(i for i, (a, b) in enumerate(zip(values, expected, strict=True)) if not abs(a - b) <= verdict.tol)
+    want, came = digits_apart(expected[k], values[k])
+    return f"{what}: {step} {k + 1}: expected {want} (one device), received {came}: FAIL"
+
+
+def every_rank(what: str, got: list, expected) -> str:
+    """One verdict on what every rank holds (parameters, outputs) against one device's: compare's line, the largest
+    error over every rank and tensor, naming none of them (the symptom, not its place)."""
+    return compare(what, got, [expected] * len(got)).line
 
 
 def attention_problem(heads: int, kv_heads: int, T: int, seed: int) -> tuple[torch.Tensor, ...]:
