@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from parlab.lessons.slides import add_slides, is_live, main, slide_types, slides
+from parlab.lessons.slides import SCREEN_PX, add_slides, cell_height, is_live, main, nbval_tags, slide_types, slides
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -80,3 +80,48 @@ def test_the_command_writes_once_then_checks_clean(tmp_path, capsys):
     after = json.loads(text)
     assert [c["source"] for c in after["cells"]] == [c["source"] for c in before["cells"]]
     assert text.endswith("}\n") and after["cells"][0]["metadata"]["slideshow"] == {"slide_type": "slide"}
+
+
+def test_nbval_markers_become_tags_and_tall_cells_start_their_own_subslide():
+    figure = {"output_type": "display_data", "data": {"application/vnd.plotly.v1+json": {"layout": {"height": 500}}}}
+    cells = [
+        _cell("markdown", "# 42 · A lesson"),
+        _cell("code", "# NBVAL_IGNORE_OUTPUT\nshow(run())"),
+        _cell("markdown", "## 1 · A tall figure"),
+        {**_cell("code", "draw()"), "outputs": [figure]},
+        _cell("markdown", "One line under it."),
+        _cell("markdown", "A long explanation.\n\n" + "word " * 400),  # would pass the screen under the figure
+    ]
+    nb = add_slides({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    assert nb["cells"][1]["source"] == "show(run())" and nb["cells"][1]["metadata"]["tags"] == ["nbval-ignore-output"]
+    assert nbval_tags(cells[1]) == ["nbval-ignore-output"] and add_slides(nb) == nb
+    assert slide_types(nb["cells"]) == ["slide", "-", "slide", "-", "fragment", "subslide"]
+    assert cell_height(nb["cells"][3]) > 500
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_every_slide_opens_with_its_heading_and_shared_slides_fit_the_screen(path):
+    """A projector shows 1280x720: a (sub)slide of several cells must fit by the estimate (parlab.lessons.slides);
+    a slide starts with its own heading; no nbval marker is the first line a class reads."""
+    nb = json.loads(path.read_text())
+    groups, tall = [], []
+    for index, cell in enumerate(nb["cells"]):
+        kind = cell["metadata"].get("slideshow", {}).get("slide_type", "-")
+        if kind == "skip":
+            continue
+        if kind == "slide":
+            assert "".join(cell["source"]).lstrip().startswith("#"), (
+                f"{path.name} cell {index}: a slide not on its heading"
+            )
+        if kind in ("slide", "subslide") or not groups:
+            groups.append([])
+        groups[-1].append(index)
+        if cell["cell_type"] == "code":
+            assert not nbval_tags(cell), f"{path.name} cell {index}: an nbval marker in the source (a cell tag instead)"
+    for group in groups:
+        height = sum(cell_height(nb["cells"][i]) for i in group)
+        if len(group) > 1:
+            assert height <= SCREEN_PX, f"{path.name} cells {group}: {height} px on one slide"
+        tall += [group[0]] * (height > SCREEN_PX)
+    # A single cell taller than the screen scrolls: a printed source or a figure; keep them few.
+    assert len(tall) <= 12, f"{path.name}: {len(tall)} single cells taller than the screen: {tall}"

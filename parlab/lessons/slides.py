@@ -14,10 +14,21 @@ nothing):
     a code cell further down                       subslide     each run / figure on its own (vertical) slide
     a markdown cell after that                     fragment     the explanation appears under its figure
     a code cell of imports only                    skip         set-up the class need not read (it still runs)
+    a cell that would make its slide too tall      subslide     (see below)
+
+A slide must fit a projector at 1280x720. The notebook does not know how tall a cell renders, so the rules use an
+honest estimate (`cell_height`: markdown and code lines at the slide's line heights, a plotly figure at its own
+layout height, a widget at a figure's): a cell that would take its slide past `SCREEN_PX` starts a subslide of its
+own instead of sharing one. A single cell taller than the screen still scrolls (`metadata.rise.scroll`);
+`tall_cells` lists them, and the lessons' test keeps that list from growing.
 
 Live cells (a run drawn as it goes, a replay, a widget to play with: what an instructor runs in front of the class)
 get the cell tag "live" and `metadata.parlab.live = true`, so they stand out in the notebook and in the slides.
 The notebook's `metadata.rise` sets the slideshow's look: scrolling slides (figures are tall), no transitions.
+
+nbval's comment markers (`# NBVAL_IGNORE_OUTPUT` as a cell's first line) would be the first thing a class reads on
+a slide, so the tool turns each into nbval's own cell tag (`nbval-ignore-output`), which nbval reads the same way
+and the slides do not show.
 """
 
 from __future__ import annotations
@@ -30,6 +41,9 @@ from pathlib import Path
 
 RISE = {"autolaunch": False, "scroll": True, "theme": "simple", "transition": "none", "start_slideshow_at": "beginning"}
 # A code cell that an instructor runs live: a live timeline, a replay, a widget.
+# nbval's comment markers, a line of their own, and the cell tag nbval reads instead (nbval's plugin lower-cases
+# the marker and turns "_" into "-").
+NBVAL_MARKER = re.compile(r"^[ \t]*#[ \t]*(NBVAL_[A-Z_]+)[ \t]*\n?", re.MULTILINE)
 LIVE_CODE = re.compile(r"\blive\s*=\s*True|\bparlab\.live\(|\blive\(|\breplay\(|\binteract(_manual)?\b|\bwidgets\.")
 IMPORT_LINE = re.compile(r"^\s*(#.*|import\s.+|from\s+\S+\s+import\s.+|\)|[\w\s,]+,?|)$")
 
@@ -63,40 +77,121 @@ def _imports_only(cell: dict) -> bool:
     return bool(code) and all(IMPORT_LINE.match(line) for line in code.splitlines()) and "import" in code
 
 
+# The estimate behind "fits the screen" (pixels at RISE's default zoom in JupyterLab, measured once in Chromium by
+# eye against lesson 03: close enough to split slides, not a layout engine).
+SCREEN_PX = 720 - 60  # the slide area less reveal.js's margins and controls
+MARKDOWN_LINE_PX, MARKDOWN_CHARS, HEADING_PX, SUBHEADING_PX, BLANK_PX = 27, 95, 56, 40, 8
+CODE_LINE_PX, OUTPUT_LINE_PX, OUTPUT_CHARS, CELL_PADDING_PX = 19, 18, 110, 24
+FIGURE_PX, WIDGET_PX, TABLE_ROW_PX = 450, 520, 20
+
+
+def _markdown_px(text: str) -> int:
+    height = 16
+    for line in text.splitlines():
+        if re.match(r"#{1,2} ", line):
+            height += HEADING_PX
+        elif re.match(r"#{3,6} ", line):
+            height += SUBHEADING_PX
+        elif not line.strip():
+            height += BLANK_PX
+        else:
+            height += MARKDOWN_LINE_PX * max(1, -(-len(line) // MARKDOWN_CHARS))  # wrapped lines
+    return height
+
+
+def _output_px(output: dict) -> int:
+    if output["output_type"] == "stream":
+        text = output.get("text", "")
+        lines = ("".join(text) if isinstance(text, list) else text).splitlines()
+        return sum(OUTPUT_LINE_PX * max(1, -(-len(line) // OUTPUT_CHARS)) for line in lines)
+    data = output.get("data", {})
+    if "application/vnd.plotly.v1+json" in data:
+        return int(data["application/vnd.plotly.v1+json"].get("layout", {}).get("height", FIGURE_PX))
+    if "application/vnd.jupyter.widget-view+json" in data:
+        return WIDGET_PX
+    joined = {key: "".join(value) if isinstance(value, list) else str(value) for key, value in data.items()}
+    if "text/markdown" in joined:
+        return _markdown_px(joined["text/markdown"])
+    if "text/html" in joined:
+        return TABLE_ROW_PX * (joined["text/html"].count("<tr") + 2)
+    if "text/plain" in joined:
+        return OUTPUT_LINE_PX * len(joined["text/plain"].splitlines())
+    return 0
+
+
+def cell_height(cell: dict) -> int:
+    """The estimated height in pixels of a cell on a slide: its source, and a code cell's outputs."""
+    if cell["cell_type"] == "markdown":
+        return _markdown_px(_source(cell))
+    if cell["cell_type"] != "code":
+        return 0
+    code = CODE_LINE_PX * len(_source(cell).splitlines()) + CELL_PADDING_PX
+    return code + sum(_output_px(output) for output in cell.get("outputs", []))
+
+
 def slide_types(cells: list[dict]) -> list[str]:
     """The RISE slide type of each cell, by the rules in the module docstring."""
-    types, previous = [], None
-    for cell in cells:
-        level = _heading(cell)
-        if level in (1, 2):
-            kind = "slide"
-        elif previous is not None and _heading(previous) in (1, 2, 3):
-            kind = "-"  # the first cell under a heading shares its slide
-        elif level == 3:
-            kind = "subslide"
-        elif cell["cell_type"] == "code":
-            kind = "skip" if _imports_only(cell) else "subslide"
-        else:
-            kind = "fragment"
-        if cell["cell_type"] == "code" and _imports_only(cell) and kind != "slide":
-            kind = "skip"
-        types.append(kind)
-        previous = cell
+    types = [_structural_type(cell, previous) for previous, cell in _with_previous(cells)]
+    # Split what would not fit: a cell sharing a (sub)slide starts its own subslide when the (sub)slide would pass
+    # the screen with it.
+    height = 0
+    for index, (cell, kind) in enumerate(zip(cells, types, strict=True)):
+        if kind == "skip":
+            continue
+        if kind in ("-", "fragment") and height and height + cell_height(cell) > SCREEN_PX:
+            kind = types[index] = "subslide"
+        height = cell_height(cell) if kind in ("slide", "subslide") else height + cell_height(cell)
     return types
+
+
+def _with_previous(cells: list[dict]):
+    previous = None
+    for cell in cells:
+        yield previous, cell
+        previous = cell
+
+
+def _structural_type(cell: dict, previous: dict | None) -> str:
+    """A cell's slide type from the notebook's structure alone (headings, code, imports)."""
+    level = _heading(cell)
+    if level in (1, 2):
+        kind = "slide"
+    elif previous is not None and _heading(previous) in (1, 2, 3):
+        kind = "-"  # the first cell under a heading shares its slide
+    elif level == 3:
+        kind = "subslide"
+    elif cell["cell_type"] == "code":
+        kind = "skip" if _imports_only(cell) else "subslide"
+    else:
+        kind = "fragment"
+    if cell["cell_type"] == "code" and _imports_only(cell) and kind != "slide":
+        kind = "skip"
+    return kind
 
 
 def is_live(cell: dict) -> bool:
     return cell["cell_type"] == "code" and bool(LIVE_CODE.search(_source(cell)))
 
 
+def nbval_tags(cell: dict) -> list[str]:
+    """The nbval comment markers in a code cell's source, as nbval's cell tags ("NBVAL_SKIP" -> "nbval-skip")."""
+    if cell["cell_type"] != "code":
+        return []
+    return [m.group(1).lower().replace("_", "-") for m in NBVAL_MARKER.finditer(_source(cell))]
+
+
 def add_slides(nb: dict) -> dict:
-    """A copy of the notebook (nbformat JSON) with slide metadata on every cell and RISE settings; sources,
-    outputs and other metadata unchanged."""
+    """A copy of the notebook (nbformat JSON) with slide metadata on every cell and RISE settings; outputs and other
+    metadata unchanged; the only change to a source is an nbval comment marker moved into the cell's tags."""
     nb = copy.deepcopy(nb)
     for cell, kind in zip(nb["cells"], slide_types(nb["cells"]), strict=True):
         meta = cell.setdefault("metadata", {})
         meta["slideshow"] = {"slide_type": kind}
+        markers = nbval_tags(cell)
+        if markers:
+            cell["source"] = NBVAL_MARKER.sub("", _source(cell))
         tags = [t for t in meta.get("tags", []) if t != "live"]
+        tags += [t for t in markers if t not in tags]
         parlab_meta = {k: v for k, v in meta.get("parlab", {}).items() if k != "live"}
         if is_live(cell):
             tags.append("live")

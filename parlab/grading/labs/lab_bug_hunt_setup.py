@@ -28,7 +28,9 @@ LIBRARY = (
 )
 
 LAUNCH = {"timeout": 60, "echo": False}  # a hang (a collective some rank never calls) stops after 60 s
-PIPELINE_LAUNCH = {"timeout": 10, "echo": False}  # the pipeline part: a hang fails well within a cell's 20 s
+# A hang the diagnosis names stops within seconds; one it cannot name stops at the timeout: 30 s leaves a loaded
+# machine room to finish a correct run, and the part's two launches fit a cell's 120 s.
+PIPELINE_LAUNCH = {"timeout": 30, "echo": False}
 P = 4  # ranks, in every part
 IGNORE = -100  # the target of a token the loss leaves out (torch's cross_entropy ignore_index)
 PAD = 0  # the input id a padded position holds (part 1)
