@@ -66,9 +66,10 @@ PARTS = (tp_part, zero_part, pipeline_part, ring_part)  # the checks of parts 2,
 
 STRUCTURAL = {
     "dp_tokens": "the lab model trained 3 SGD steps on 4 ranks, 2 micro-batches each, on documents padded with PAD "
-    "inputs and ignored targets (every rank and micro-batch with its own count of real targets): the loss after each step and every rank's parameters "
-    "after the last equal one device's on the whole batch (the mean over its real targets); each rank communicates one copy of the gradients and at most 2P "
-    "more numbers per step; no call into parlab's data parallelism",
+    "inputs and ignored targets (every rank and micro-batch with its own count of real targets): the loss after each"
+    " step and every rank's parameters after the last equal one device's on the whole batch (the mean over "
+    "its real targets); each rank communicates one copy of the gradients and at most 2P more numbers per "
+    "step; no call into parlab's data parallelism",
     "tp_training": "the lab model's block (RMSNorm, grouped-query attention with 4 query heads on 2 K/V heads, SwiGLU "
     "without biases, residuals) with Megatron's f and g on 4 ranks, trained 3 SGD steps: the loss of each step and "
     "every rank's weights after the last (its slices and its replicas) equal one device's; each rank communicates "
