@@ -19,6 +19,7 @@ What a notebook or a script reaches from here (each loads on first use: `import 
     parlab.device()                      the device of this rank's tensors (its GPU under NCCL, else the CPU)
     parlab.compare(...)                  one verdict line against the single-device reference (parlab/core/check.py)
     parlab.comm                          traced collectives and compute spans (parlab/core/comm.py)
+    parlab.replay(trace or "run.jsonl")  a recorded run played back (parlab/views/replay.py; Trace.save/load)
 """
 
 import importlib
@@ -44,6 +45,7 @@ _EXPORTS = {
     "progress": ("parlab.core.comm", "progress"),
     "Event": ("parlab.core.trace", "Event"),
     "Trace": ("parlab.core.trace", "Trace"),
+    "replay": ("parlab.views.replay", "replay"),
 }
 
 
@@ -102,5 +104,6 @@ __all__ = [
     "launch",
     "live",
     "progress",
+    "replay",
     "warm_up",
 ]

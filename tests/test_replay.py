@@ -85,3 +85,28 @@ def test_ring_replay_follows_the_k_v_blocks_of_a_real_run():
     assert compared >= 8  # of the 12 (rank, step) moments
     end = replay(trace, frames=5).frames[-1].layout.annotations[0].text
     assert end.count("score tiles done") == 4
+
+
+def test_a_saved_trace_loads_as_it_was_and_replays_from_its_file(tmp_path):
+    import parlab
+
+    trace = _pipeline()
+    trace.events[0].group, trace.events[0].axis, trace.events[0].device = (0, 1), "pp", "cpu"
+    path = trace.save(tmp_path / "run.jsonl")
+    back = Trace.load(path)
+    assert back.world_size == 2 and back.events == trace.events and back.events[0].group == (0, 1)
+    figure = parlab.replay(str(path), frames=5)
+    assert len(figure.frames) == 5 and figure.layout.sliders[0].currentvalue.xanchor == "right"
+    assert [f.name for f in figure.frames] == [f.name for f in replay(trace, frames=5).frames]
+    (tmp_path / "other.jsonl").write_text('{"format": "parlab-trace", "version": 2, "world_size": 2, "events": 0}\n')
+    with pytest.raises(ValueError, match="version 2"):
+        Trace.load(tmp_path / "other.jsonl")
+    (tmp_path / "cut.jsonl").write_text("\n".join(path.read_text().splitlines()[:-1]) + "\n")
+    with pytest.raises(ValueError, match="promises 9 events, the file holds 8"):
+        Trace.load(tmp_path / "cut.jsonl")
+    (tmp_path / "notes.txt").write_text("hello\n")
+    with pytest.raises(ValueError, match="not a parlab trace"):
+        Trace.load(tmp_path / "notes.txt")
+    trace.events[0].extra["tensor"] = object()
+    with pytest.raises(ValueError, match="JSON cannot keep"):
+        trace.save(tmp_path / "bad.jsonl")

@@ -5,13 +5,21 @@ every rank's events into one `Trace`, which the timeline plots and the byte coun
 
 Times are `time.perf_counter()` seconds taken in the ranks. On one machine every rank reads the same monotonic
 clock, so the ranks' events line up on one time axis.
+
+A trace is saved and loaded as JSON Lines (`Trace.save(path)`, `Trace.load(path)`), so that a run recorded at home
+replays in class (`parlab.replay("run.jsonl")`). The format, version 1: the first line is a header
+`{"format": "parlab-trace", "version": 1, "world_size": N, "events": E}`, then one JSON object per event with the
+fields of `Event` (a tuple, e.g. `group`, is stored as a list and read back as a tuple; `extra` holds JSON values).
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
+FORMAT, VERSION = "parlab-trace", 1
 COMPUTE_KINDS = ("forward", "backward", "backward_input", "backward_weight", "optimizer", "compute")
 
 
@@ -116,3 +124,44 @@ class Trace:
         if not self.events:
             return 0.0
         return max(e.start + e.duration for e in self.events) - self.t0
+
+    def save(self, path: str | Path) -> Path:
+        """Write the trace as JSON Lines (the format in the module docstring); returns the path."""
+        path = Path(path)
+        header = {"format": FORMAT, "version": VERSION, "world_size": self.world_size, "events": len(self.events)}
+        lines = [json.dumps(header)]
+        for event in self.events:
+            try:
+                lines.append(json.dumps(asdict(event), allow_nan=False))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"event {event.kind} of rank {event.rank} holds a value JSON cannot keep: {exc}"
+                ) from exc
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Trace:
+        """Read a trace written by `save`; a ValueError names what is wrong with a file that is not one."""
+        path = Path(path)
+        lines = path.read_text(encoding="utf-8").splitlines()
+        try:
+            header = json.loads(lines[0]) if lines else {}
+        except json.JSONDecodeError:
+            header = {}
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            raise ValueError(f"{path}: not a parlab trace (its first line is no {FORMAT!r} header)")
+        if header.get("version") != VERSION:
+            raise ValueError(f"{path}: trace format version {header.get('version')!r}; this parlab reads {VERSION}")
+        known = {f.name for f in fields(Event)}
+        events = []
+        for number, line in enumerate(lines[1:], start=2):
+            record = json.loads(line)
+            if not isinstance(record, dict) or not {"rank", "kind", "start"} <= set(record) or set(record) - known:
+                raise ValueError(f"{path}:{number}: not an event of format version {VERSION}")
+            if record.get("group") is not None:
+                record["group"] = tuple(record["group"])
+            events.append(Event(**record))
+        if len(events) != header.get("events"):
+            raise ValueError(f"{path}: the header promises {header.get('events')} events, the file holds {len(events)}")
+        return cls(events, int(header["world_size"]))

@@ -23,6 +23,7 @@ with no kernel. The frames are data (`fig.frames[k].layout.annotations[0].text`)
 from __future__ import annotations
 
 from functools import cache
+from pathlib import Path
 
 import plotly.graph_objects as go
 
@@ -33,6 +34,9 @@ KINDS = ("pipeline", "dp", "zero", "offload", "ring", "ps", "generic")
 COPY_KINDS = ("offload", "upload", "disk_read", "disk_write")
 SPEEDS = {"½×": 0.5, "1×": 1.0, "2×": 2.0, "4×": 4.0}
 FRAME_MS = 250  # one frame at 1× speed
+# Under the plot: the buttons' row, the slider's row below it (its value label at the right end, clear of the
+# buttons), then the state at that moment.
+CONTROLS_PX = 175
 
 
 def detect(trace: Trace) -> str:
@@ -154,9 +158,16 @@ def _ps_state(trace: Trace, rank: int, t: float) -> str:
 
 
 def replay(
-    trace: Trace, kind: str | None = None, frames: int = 40, title: str | None = None, unit: str = "ms"
+    trace: Trace | str | Path,
+    kind: str | None = None,
+    frames: int = 40,
+    title: str | None = None,
+    unit: str = "ms",
 ) -> go.Figure:
-    """The trace's timeline as an animation: play / pause / speed buttons, a step slider, the state under it."""
+    """The trace's timeline as an animation: play / pause / speed buttons, a step slider, the state under it.
+    `trace`: a Trace, or the path of one saved with `Trace.save` (a run recorded elsewhere)."""
+    if isinstance(trace, (str, Path)):
+        trace = Trace.load(trace)
     kind = kind or detect(trace)
     scale = {"ms": 1e3, "s": 1.0, "us": 1e6}[unit]
     fig = plots.timeline(trace, title=title or f"Replay ({kind}): {len(trace)} events on {trace.world_size} ranks")
@@ -173,8 +184,8 @@ def replay(
     fig.update_xaxes(range=[0, span * scale * 1.02])
     lines = trace.world_size + 1
     fig.update_layout(
-        height=(fig.layout.height or 400) + 130 + 22 * lines,
-        margin={"b": 150 + 22 * lines},
+        height=(fig.layout.height or 400) + CONTROLS_PX + 22 * lines,
+        margin={"b": CONTROLS_PX + 20 + 22 * lines},
         updatemenus=[_buttons()],
         sliders=[_slider(names, unit)],
     )
@@ -210,7 +221,7 @@ def _frame_layout(trace: Trace, t: float, kind: str, scale: float) -> dict:
         "yref": "paper",
         "xanchor": "left",
         "yanchor": "top",
-        "yshift": -130,
+        "yshift": -CONTROLS_PX,
         "align": "left",
         "showarrow": False,
         "text": text,
@@ -245,7 +256,7 @@ def _buttons() -> dict:
         "y": 0,
         "xanchor": "left",
         "yanchor": "top",
-        "pad": {"t": 60},
+        "pad": {"t": 50},
         "showactive": False,
     }
 
@@ -255,10 +266,11 @@ def _slider(names: list[str], unit: str) -> dict:
     return {
         "steps": steps,
         "active": len(names) - 1,
-        "x": 0.33,
-        "len": 0.67,
+        "x": 0,
+        "len": 1.0,
         "y": 0,
         "yanchor": "top",
-        "pad": {"t": 50},
-        "currentvalue": {"prefix": f"step to ({unit}): "},
+        "pad": {"t": 100},
+        "font": {"color": "rgba(0,0,0,0)"},  # one label per frame would crowd into unreadable ticks: only the value
+        "currentvalue": {"prefix": "at ", "suffix": f" {unit}", "xanchor": "right", "font": {"color": "#222"}},
     }
