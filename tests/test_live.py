@@ -74,3 +74,32 @@ def test_without_a_live_view_ranks_stream_nothing_and_bad_scheme_names_fail_befo
     assert list(launch(_steps, 2, 1, 0.0)) == [False, False]
     with pytest.raises(ValueError, match="unknown scheme"):
         live("no-such-scheme", world_size=2)
+
+
+def test_a_draft_marks_a_posted_send_where_it_started_and_draws_its_bar_once_waited_for():
+    view = LiveTimeline(2, show=False)
+    send = Event(0, "send", 1.0, None, bytes=64, label="F0", peer=1)
+    recv = Event(1, "recv", 1.0, None, bytes=64, label="F0", peer=0)
+    view.receive({"rank": 0, "events": [(0, Event(0, "forward", 0.0, 1.0)), (1, send)]})
+    view.receive({"rank": 1, "events": [(0, recv)]})
+    draft = view.figure(now=3.0)
+    bars = {t.name: t for t in draft.data if t.type == "bar"}
+    (marks,) = [t for t in draft.data if t.type == "scatter"]
+    assert "send" not in bars and list(marks.x) == [1000.0] and list(marks.y) == ["rank 0"]
+    assert list(bars["recv"].x) == [2000.0]  # a blocking receive still running: drawn up to now
+    view.receive({"rank": 0, "events": [(1, Event(0, "send", 1.0, 1.5, bytes=64, label="F0", peer=1))]})
+    later = view.figure(now=3.0)
+    assert not [t for t in later.data if t.type == "scatter"]
+    assert [list(t.x) for t in later.data if t.name == "send"] == [[500.0]]
+
+
+def test_send_and_recv_colours_differ_by_a_graphics_contrast():
+    from parlab.views import plots
+
+    def luminance(color):
+        channels = [int(color[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+        linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+        return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+    low, high = sorted(luminance(plots.kind_color(k)) for k in ("send", "recv"))
+    assert (high + 0.05) / (low + 0.05) >= 3.0  # WCAG's contrast for graphics

@@ -10,7 +10,8 @@ How it works. Ranks record events with parlab.core.comm as always. When a live t
 and the unfinished ones to the parent over the pipe the progress bar already uses, at most every `EventStream.INTERVAL`
 seconds. In the parent, the launcher hands them to `comm.event_sink`, here `LiveTimeline.receive`, and ticks it while it
 waits; the figure is redrawn at most every `interval` seconds: a lane per rank, compute above and communication below
-(as `plots.timeline`), operations still running drawn up to now, and the current time as a red line.
+(as `plots.timeline`), operations still running drawn up to now (a send posted and not yet waited for as a mark
+where it was posted), and the current time as a red line.
 
 Headless (nbval, nbclient, a script) nothing waits: under pytest, or outside a notebook, no intermediate figure is
 drawn, and the finished timeline (`plots.timeline` of the whole trace) is the cell's one output. In JupyterLab the
@@ -82,21 +83,47 @@ class LiveTimeline:
             self.last_draw = time.perf_counter()  # a slow redraw does not starve the reading of the pipe
 
     def trace(self, now: float | None = None) -> Trace:
-        """What is known so far; an operation still running is drawn up to `now`."""
+        """What is known so far; an operation still running is drawn up to `now`, except a send not yet waited
+        for, which is no bar at all (see `pending_sends`)."""
         now = time.perf_counter() if now is None else now
         events = [
-            e if e.end is not None else dataclasses.replace(e, end=max(now, e.start)) for e in self.events.values()
+            e if e.end is not None else dataclasses.replace(e, end=max(now, e.start))
+            for e in self.events.values()
+            if not _pending_send(e)
         ]
         return Trace(events, self.world_size)
 
+    def pending_sends(self) -> list:
+        """Sends posted and not yet waited for. A rank goes on computing after posting one (isend), so a bar
+        growing to "now" would claim a busy link for time nobody measured: the draft marks where each was posted,
+        and its bar appears once the wait returns (its end is then known)."""
+        return [e for e in self.events.values() if _pending_send(e)]
+
     def figure(self, now: float | None = None):
         """The draft: plots.timeline of what is known, with the current time as a red line."""
+        import plotly.graph_objects as go
+
         from parlab.views import plots
 
         now = time.perf_counter() if now is None else now
         trace = self.trace(now)
         fig = plots.timeline(trace, title=f"{self.title}: {len(trace)} events so far", show_labels=False)
-        at = (now - trace.t0) * 1e3 if len(trace) else 0.0
+        posted = self.pending_sends()
+        t0 = min([trace.t0] * bool(len(trace)) + [e.start for e in posted], default=now)
+        if posted:
+            fig.add_trace(
+                go.Scatter(
+                    name="send posted, not yet waited for",
+                    x=[(e.start - t0) * 1e3 for e in posted],
+                    y=[f"rank {e.rank}" for e in posted],
+                    mode="markers",
+                    marker={"symbol": "triangle-right", "size": 14, "color": plots.kind_color("send")},
+                    hovertemplate=[
+                        f"rank {e.rank} posted send {e.label} to rank {e.peer}<extra></extra>" for e in posted
+                    ],
+                )
+            )
+        at = (now - t0) * 1e3 if len(trace) or posted else 0.0
         fig.add_vline(x=at, line={"color": "#D62728", "width": 3})
         fig.update_xaxes(range=[0, max(at, 1.0) * 1.05])
         return fig
@@ -142,6 +169,10 @@ def _in_kernel() -> bool:
 
     shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
     return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def _pending_send(event: Event) -> bool:
+    return event.kind == "send" and event.end is None
 
 
 def launch_live(fn: Callable[..., Any], world_size: int, *args: Any, title: str | None = None, **kwargs: Any):
