@@ -34,11 +34,14 @@ def test_figures_of_lesson_03_become_one_standalone_html_file_each(tmp_path, cap
     assert len(titles) >= 6 and len(pages) >= len(titles)  # every output figure, plus those inside widgets
     for page, title in zip(pages, titles, strict=False):
         text = page.read_text()
-        assert "<script src=" not in text  # nothing fetched: plotly.js is inline, the page opens offline
-        assert "Plotly.newPlot" in text and len(text) > 1_000_000  # plotly.js itself (~4.5 MB) is in the file
+        # plotly.js is the one file beside the pages (no network: the folder opens offline), not in each page
+        assert 'src="plotly.min.js"' in text and "://" not in text.split("Plotly.newPlot")[0]
+        assert "Plotly.newPlot" in text and len(text) < 200_000
         assert json.dumps(title)[1:-1] in text, f"{page.name} does not carry its figure {title!r}"
+    plotly_js = (tmp_path / "plotly.min.js").read_text()
+    assert len(plotly_js) > 1_000_000 and str(tmp_path / "plotly.min.js") in written
     index = (tmp_path / "index.html").read_text()
-    assert all(p.name in index for p in pages)
+    assert all(p.name in index for p in pages) and "no picture: HTML only" in index
     assert not list(tmp_path.glob("*.png"))  # --format html: no static files
 
 
@@ -104,3 +107,35 @@ def test_an_unknown_lesson_is_one_error_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("parlab: error: no lesson '99'") and err.count("\n") == 1
     assert main(["figures", "--lesson", "03", "--out", str(tmp_path), "--format", "gif"]) == 2
+
+
+def test_names_come_from_the_figure_every_figure_has_a_title_and_pictures_carry_no_controls(tmp_path, monkeypatch):
+    from parlab.core.trace import Event, Trace
+    from parlab.views.replay import replay
+
+    long_title = "One step of 1F1B on four ranks with eight micro-batches, measured in the ranks and drawn"
+    specs = [
+        go.Figure(go.Bar(x=[1]), layout={"title": {"text": long_title}}).to_plotly_json(),
+        go.Figure(go.Bar(x=[1]), layout={"title": {"text": "ignored"}, "meta": {"id": "bytes-table"}}).to_plotly_json(),
+        go.Figure(go.Bar(x=[1])).to_plotly_json(),  # no title at all
+        replay(Trace([Event(0, "forward", 0.0, 1.0), Event(1, "forward", 0.5, 1.5)], 2), frames=4).to_plotly_json(),
+    ]
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("figs")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={figures.PLOTLY_MIME: s}) for s in specs]
+    nb.cells = [nbformat.v4.new_markdown_cell("# 42 · test"), cell]
+    nbformat.write(nb, tmp_path / "42_test.ipynb")
+    rendered = []
+    monkeypatch.setattr(figures, "static_renderer", lambda: None)
+    monkeypatch.setattr(figures, "_write_static", lambda renders: rendered.extend(renders) or [])
+    written, notes = figures.export("42", tmp_path / "out", ("html", "png"), folder=tmp_path)
+    stems = sorted({p.stem for p in written if p.suffix == ".html" and p.stem.startswith("42_")})
+    assert stems[0] == "42_fig01_one-step-of-1f1b-on-four-ranks-with-eight-micro-batches-measured-in-the-ranks"
+    assert stems[1:3] == ["42_fig02_bytes-table", "42_fig03_lesson-42-figure-3-cell-1"]
+    titles = [spec["layout"]["title"]["text"] for spec, _, _ in rendered]
+    assert titles[2] == "Lesson 42, figure 3 (cell 1)" and all(titles)
+    replayed = rendered[3][0]
+    assert "frames" not in replayed and not {"updatemenus", "sliders"} & set(replayed["layout"])
+    assert specs[3]["layout"]["sliders"] and specs[3]["frames"]  # the HTML page keeps them: it plays
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert index.count("<img ") == 4 and 'src="42_fig02_bytes-table.png"' in index

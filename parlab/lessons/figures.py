@@ -1,11 +1,15 @@
 """A lesson's figures as files for a slide deck: `python -m parlab figures --lesson 03 --out DIR`.
 
 Each plotly figure of notebooks/NN_*.ipynb becomes
-    DIR/NN_figKK_<title>.html   standalone and interactive (hover, zoom): plotly.js is inside the file, so it opens
-                                offline, from disk, with no server
-    DIR/NN_figKK_<title>.png    and .svg, where a static renderer works here (plotly's kaleido, which drives a
-                                Chromium: Debian's /usr/bin/chromium is used when BROWSER_PATH is not set)
-and DIR/index.html links them all. Where no static renderer works, the command says why and writes the HTML only.
+    DIR/NN_figKK_<id>.html   interactive (hover, zoom), a few KB: every page loads the one DIR/plotly.min.js beside
+                             it (written once), so the folder opens offline, from disk, with no server
+    DIR/NN_figKK_<id>.png    and .svg, where a static renderer works here (plotly's kaleido, which drives a
+                             Chromium: Debian's /usr/bin/chromium is used when BROWSER_PATH is not set); a replay's
+                             play buttons and slider are left out of them (a picture cannot play)
+and DIR/index.html shows them all, a thumbnail (the PNG) and the title per figure. <id> is the figure's own id
+(`layout.meta.id`) where it has one, else its whole title as a slug; a figure with no title gets one (the lesson,
+its number and cell), so every slide it lands on has a title. Where no static renderer works, the command says why
+and writes the HTML only.
 
 Where the figures come from: by default the outputs stored in the notebook (what nbval checks; no execution, a
 second); with --execute the notebook is run first (nbclient, a fresh kernel) and its new outputs are used. Figures
@@ -33,6 +37,7 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 STATIC_FORMATS = ("png", "svg")
 WIDTH, HEIGHT = 1000, 500  # pixels of a static figure that does not say its own size
+PLOTLY_JS = "plotly.min.js"  # beside the pages; plotly's to_html links a name ending .js instead of inlining it
 
 
 @dataclass
@@ -100,9 +105,34 @@ def read_notebook(path: Path, execute: bool = False, timeout: int = 600) -> dict
     return json.loads(nbformat.writes(nb))
 
 
-def _slug(text: str, limit: int = 40) -> str:
+def _slug(text: str, limit: int = 80) -> str:
+    """A file-name-safe form of a title, cut at a word boundary (never mid-word) when longer than `limit`."""
     slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    return slug[:limit].rstrip("-") or "figure"
+    if len(slug) > limit:
+        slug = slug[: limit + 1].rsplit("-", 1)[0]
+    return slug or "figure"
+
+
+def figure_id(figure: Figure) -> str:
+    """The figure's own id (`layout.meta.id`, a string), else its title as a slug."""
+    meta = (figure.spec.get("layout") or {}).get("meta")
+    given = meta.get("id") if isinstance(meta, dict) else None
+    return _slug(given if isinstance(given, str) and given.strip() else figure.title)
+
+
+def with_title(figure: Figure, notebook: Path, number: int) -> dict:
+    """The figure's spec with a title: its own, or where it has none, which lesson, figure and cell it is."""
+    if figure.title:
+        return figure.spec
+    layout = dict(figure.spec.get("layout") or {})
+    layout["title"] = {"text": f"Lesson {notebook.stem.split('_')[0]}, figure {number} (cell {figure.cell})"}
+    return {**figure.spec, "layout": layout}
+
+
+def without_controls(spec: dict) -> dict:
+    """A replay's spec for a picture: no play buttons, slider or frames (the figure as it opens: the whole run)."""
+    layout = {k: v for k, v in (spec.get("layout") or {}).items() if k not in ("updatemenus", "sliders")}
+    return {**{k: v for k, v in spec.items() if k != "frames"}, "layout": layout}
 
 
 def static_renderer() -> str | None:
@@ -134,19 +164,22 @@ def export(
     out.mkdir(parents=True, exist_ok=True)
     prefix = path.stem.split("_")[0]
     written, notes, stems = [], [], []
+    if "html" in formats and figures:
+        written.append(_write_plotly_js(out))
     for k, figure in enumerate(figures, start=1):
-        stem = f"{prefix}_fig{k:02d}_{_slug(figure.title)}"
+        figure = Figure(figure.cell, with_title(figure, path, k), figure.in_widget)
+        stem = f"{prefix}_fig{k:02d}_{figure_id(figure)}"
         stems.append((stem, figure))
         if "html" in formats:
             target = out / f"{stem}.html"
-            target.write_text(pio.to_html(figure.spec, include_plotlyjs=True, full_html=True, validate=False))
+            target.write_text(pio.to_html(figure.spec, include_plotlyjs=PLOTLY_JS, full_html=True, validate=False))
             written.append(target)
     static = [f for f in formats if f in STATIC_FORMATS]
     if static and figures:
         why = static_renderer()
         if why is None:
             try:
-                specs = [figure.spec for _, figure in stems for _ in static]
+                specs = [without_controls(figure.spec) for _, figure in stems for _ in static]
                 targets = [out / f"{stem}.{fmt}" for stem, _ in stems for fmt in static]
                 # The size the notebook drew it at (kaleido's own default, 700 x 500, squeezes subplots together);
                 # PNGs at twice the pixels, sharp on a projector.
@@ -189,14 +222,39 @@ def _write_static(renders: list[tuple[dict, Path, tuple[int, int]]]) -> list[Pat
     return [t for t in targets if not (t.exists() and t.stat().st_size > 0)]
 
 
+def _write_plotly_js(out: Path) -> Path:
+    """DIR/plotly.min.js, the one copy of plotly.js every page of the folder loads (the version plotly.py ships)."""
+    from plotly.offline import get_plotlyjs
+
+    target = out / PLOTLY_JS
+    target.write_text(get_plotlyjs(), encoding="utf-8")
+    return target
+
+
+INDEX_STYLE = (
+    "body{font-family:sans-serif;margin:2em}ol{list-style:none;padding:0;display:flex;flex-wrap:wrap;gap:1.5em}"
+    "li{width:330px}img{width:320px;border:1px solid #ccc}.none{width:320px;height:120px;border:1px dashed #ccc;"
+    "display:flex;align-items:center;justify-content:center;color:#777}"
+)
+
+
 def _index(out: Path, notebook: Path, stems: list[tuple[str, Figure]], static: list[str]) -> Path:
-    """DIR/index.html: one line per figure, linking its files."""
+    """DIR/index.html: a card per figure, its PNG as a thumbnail (where one was written), its title, its files."""
     rows = []
     for stem, figure in stems:
         links = " ".join(f'<a href="{stem}.{fmt}">{fmt}</a>' for fmt in ("html", *static))
         where = f"cell {figure.cell}" + (" (inside a widget)" if figure.in_widget else "")
-        rows.append(f"<li>{html.escape(figure.title or stem)} <small>({where})</small> {links}</li>")
-    page = f"<!doctype html><meta charset=utf-8><title>{notebook.stem}</title><h1>Figures of {notebook.name}</h1>"
+        title = html.escape(figure.title or stem)
+        thumb = (
+            f'<a href="{stem}.html"><img src="{stem}.png" alt="{title}" loading="lazy"></a>'
+            if "png" in static
+            else '<div class="none">no picture: HTML only</div>'
+        )
+        rows.append(f"<li>{thumb}<p><b>{title}</b> <small>({where})</small><br>{links}</p></li>")
+    page = (
+        f"<!doctype html><meta charset=utf-8><title>{notebook.stem}</title><style>{INDEX_STYLE}</style>"
+        f"<h1>Figures of {notebook.name}</h1>"
+    )
     target = out / "index.html"
     target.write_text(page + "<ol>" + "".join(rows) + "</ol>\n")
     return target
