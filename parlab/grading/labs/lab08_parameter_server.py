@@ -556,6 +556,20 @@ WRITTEN_LOGS = {
         ("push", 3),
         ("push", 2),
     ],
+    # Worker 1 has two gradients waiting when the server drops one of its gradients: the one received last goes.
+    "a drop while a worker has two gradients waiting": [
+        ("pull", 1),
+        ("push", 1),
+        ("pull", 1),
+        ("push", 1),
+        ("pull", 2),
+        ("push", 2),
+        ("drop", 1),
+        ("update", 2),
+        ("pull", 1),
+        ("push", 1),
+        ("update", 1),
+    ],
     "four workers, one slow, one gradient an update": [
         *[("pull", w) for w in (1, 2, 3, 4)],
         *[e for w in (1, 2, 3) for e in (("push", w), ("update", 1), ("pull", w))],
