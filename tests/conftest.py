@@ -14,6 +14,8 @@ import compileall
 import py_compile
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "parlab"
 
 
@@ -52,6 +54,15 @@ SECONDS_ALONE = {
 
 
 def pytest_configure(config) -> None:
+    version = tuple(int(part) for part in pytest.__version__.split(".")[:2] if part.isdigit())
+    if getattr(config.option, "dist", "no") == "loadgroup" and version >= (9, 2):
+        # pytest 9.2 keeps node ids apart from the field pytest-xdist 3.8 writes its groups into: the groups are
+        # dropped without a word, and a notebook's cells run one per worker, each in a fresh kernel, failing by the
+        # hundred on NameError (pytest-xdist issue #1386).
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} drops pytest-xdist's loadgroup groups (pytest-xdist issue #1386): "
+            'install pytest<9.2 (pip install -e ".[dev]") or run with --dist loadfile'
+        )
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist is installed: keep the order set below
         config.option.loadscopereorder = False
 
@@ -72,8 +83,11 @@ def _group(item) -> str:
     return str(path)
 
 
+# tryfirst: pytest-xdist's worker reads the xdist_group marks in its own pytest_collection_modifyitems (it appends
+# "@group" to each node id, which is what loadgroup schedules by); called after it, the marks came too late and every
+# notebook cell went to whichever worker was free, each in a kernel of its own (CI: 287 cells failing on NameError).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items) -> None:
-    import pytest
 
     groups: dict[str, int] = {}
     for item in items:
