@@ -7,14 +7,13 @@
 # EXPECT FAIL: serial, overlap
 
 # ANSWER: serial
-def init_state(params, host, link):
-    largest = max(len(p) for p in params)
+def init_state(params, host, link, staging):
     units = [{name: host.zeros(p.numel()) for name in ("m", "v")} for p in params]
-    return {"units": units, "staging": [host.zeros(largest) for _ in range(2)]}
+    return {"units": units, "staging": host.zeros(staging)}
 
 
 def offload_step(params, grads, state, link, lamb, t):
-    buffer, units = state["staging"][0], state["units"]
+    buffer, units = state["staging"], state["units"]
     squares = torch.zeros(len(units), 2, dtype=torch.float64)
     for k, (p, g, st) in enumerate(zip(params, grads, units)):
         link.to_host(g, buffer[: len(g)]).wait()

@@ -25,12 +25,11 @@ def offload_step(params, grads, state, link, lamb, t):
         host.free(buffer)
 
 
-def init_state(params, host, link):
-    largest = max(len(p) for p in params)
-    staging = [host.zeros(largest) for _ in range(2)]
+def init_state(params, host, link, staging):
+    area = host.zeros(staging)
     units = []
     for p in params:
         st = {name: host.zeros(p.numel()) for name in ("master", "m", "v")}
         link.to_host(p, st["master"]).wait()
         units.append(st)
-    return {"units": units, "staging": staging, "host": host}
+    return {"units": units, "staging": area, "host": host}

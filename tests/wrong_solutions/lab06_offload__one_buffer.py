@@ -1,14 +1,14 @@
 # ruff: noqa
 # A wrong answer to labs/lab06_offload.ipynb (tests/test_wrong_answers.py runs it; the other answers are the
-# solution's). The bug: the overlap through ONE staging buffer. The next unit's gradient copy is issued into the
-# buffer the moments are about to read for this unit: whether they see this unit's gradient or the next one's depends
+# solution's). The bug: the overlap with every gradient at the front of the staging area. The next unit's gradient
+# copy is issued onto the place the moments are about to read for this unit: whether they see this unit's gradient or the next one's depends
 # on how fast the copy engine is (the numbers may even come out right). The log shows the copy into the buffer
 # between the unit's own copy and its moments.
 # EXPECT FAIL: overlap
 
 # ANSWER: overlap
 def overlapped_step(params, grads, state, link, lamb, t):
-    buffer, units = state["staging"][0], state["units"]
+    buffer, units = state["staging"], state["units"]
     squares = torch.zeros(len(units), 2, dtype=torch.float64)
     down = link.to_host(grads[0], buffer[: len(grads[0])])
     for k, st in enumerate(units):

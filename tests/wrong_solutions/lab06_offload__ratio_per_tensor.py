@@ -7,7 +7,7 @@
 
 # ANSWER: serial
 def offload_step(params, grads, state, link, lamb, t):
-    buffer = state["staging"][0]
+    buffer = state["staging"]
     for p, g, st in zip(params, grads, state["units"]):
         grad = buffer[: len(g)]
         link.to_host(g, grad).wait()
@@ -19,12 +19,11 @@ def offload_step(params, grads, state, link, lamb, t):
         link.to_device(st["master"], p).wait()
 
 
-def init_state(params, host, link):
-    largest = max(len(p) for p in params)
-    staging = [host.zeros(largest) for _ in range(2)]
+def init_state(params, host, link, staging):
+    area = host.zeros(staging)
     units = []
     for p in params:
         st = {name: host.zeros(p.numel()) for name in ("master", "m", "v")}
         link.to_host(p, st["master"]).wait()
         units.append(st)
-    return {"units": units, "staging": staging}
+    return {"units": units, "staging": area}

@@ -21,7 +21,6 @@ from parlab.schemes.zero.stages import Unit, flatten, point_params_into
 
 CFG = LabConfig()  # the lab model, untied, float64: 21 tensors, Psi = 22,688 parameters
 LR, BETAS, EPS = 1e-3, (0.9, 0.999), 1e-8  # LAMB's learning rate and Adam's constants inside it
-STAGING = 2  # gradient staging buffers in host memory, each the size of the largest offloaded shard
 # What the parts must not call: the library's offload, its formulas, its ZeRO steps (adam_step, the flat layout),
 # its lesson and its runs, and this lab's checks (the judge's accounting and its own placement runs). The pieces
 # handed out (Memory, Link, Lamb, in this file) stay allowed.
@@ -265,9 +264,10 @@ def gather_params(units) -> None:
         comm.all_gather_into_tensor(u.flat, u.shard_of(u.flat, r).clone())
 
 
-def train_host_step(init_state, step, batches) -> dict:
-    """Rank code of the serial and overlap checks: ZeRO-2 of the lab model with LAMB, your init_state and your step.
-    Only your two functions run under the library guard and the process-group probe."""
+def train_host_step(init_state, step, batches, staging: int) -> dict:
+    """Rank code of the serial and overlap checks: ZeRO-2 of the lab model with LAMB, your init_state (given the
+    staging area's size in numbers) and your step. Only your two functions run under the library guard and the
+    process-group probe."""
     N, r = dist.get_world_size(), dist.get_rank()
     device, host, log = Memory("device"), Memory("host"), []
     model, units = zero2_model(device, N)  # device allocations 0..U-1: the units' flat parameters
@@ -278,7 +278,7 @@ def train_host_step(init_state, step, batches) -> dict:
     try:
         log.append({"op": "init"})
         with library_calls(LIBRARY) as seen:
-            state = init_state(params, host, link)
+            state = init_state(params, host, link, staging)
         called += seen
         link.finish()
         for t, (x, y) in enumerate(batches, start=1):
