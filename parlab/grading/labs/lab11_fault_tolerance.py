@@ -362,7 +362,8 @@ def run_job(survive, job: Job) -> dict:
         if isinstance(exc, TooManyLaunches):
             data.update(ended=f"stopped ({exc})", same=False)
         else:
-            data.update(ended=f"raised {type(exc).__name__}: {str(exc)[:100]}", same=exc is last["given"])
+            first = (str(exc).splitlines() or [""])[0][:100]  # a RankError's text goes on with the traceback
+            data.update(ended=f"raised {type(exc).__name__}: {first}", same=exc is last["given"])
     finally:
         shutil.rmtree(root, ignore_errors=True)
     data["library"] = list(called)
