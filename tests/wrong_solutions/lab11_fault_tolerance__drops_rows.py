@@ -7,7 +7,7 @@
 # EXPECT FAIL: survive
 
 # ANSWER: survive
-def survive(launch_run, machines, batch, rows_at_once):
+def survive(launch_run, machines, batch, rows_at_once, micro_batch_cost):
     from parlab.runtime.errors import RankError
 
     alive, resume = machines, False
@@ -16,7 +16,9 @@ def survive(launch_run, machines, batch, rows_at_once):
         micro = min(m for m in range(1, rows + 1) if rows % m == 0 and rows // m <= rows_at_once)
         try:
             return launch_run(alive, resume, rows, micro)
-        except RankError:
+        except RankError as exc:
+            if not exc.remote_traceback.startswith("the process exited"):
+                raise
             alive, resume = alive - 1, True
             if alive == 0:
                 raise

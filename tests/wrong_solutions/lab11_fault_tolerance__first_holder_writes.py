@@ -1,18 +1,31 @@
 # ruff: noqa
-# A wrong answer to labs/lab11_fault_tolerance.ipynb (the other answers are the solution's). The bug: the busiest
-# rank's bytes counted for the plainest choice of writers, the first holder of each shared box (rank 0 then writes
-# every gain and both K/V heads it shares with rank 1 in each block), not for the choice that makes the busiest
-# rank lightest: spread, the shared boxes leave the busiest rank 608 elements lighter.
-# EXPECT FAIL: checkpoint_cost
+# A wrong answer to labs/lab11_fault_tolerance.ipynb (the other answers are the solution's). The bug: the plainest
+# choice of writers, the first rank that holds each shared box, as parlab's own tensor-parallel checkpoint leaves
+# every replicated tensor to rank 0. Every element is written once, but rank 0 writes every gain and, with its
+# group's first ranks, every K/V head: on the lab model with M = 4 it writes 608 elements (14,592 bytes) more than
+# the busiest rank need.
+# EXPECT FAIL: tp_layout
 
-# PREDICT: checkpoint_cost
-M = 4
-hd, F, V, H, L = CFG.head_size, CFG.ffn, CFG.vocab_size, CFG.hidden, CFG.layers
-own = 2 * (V // M) * H + L * (2 * (CFG.heads // M) * hd * H + 3 * (F // M) * H)
-kv = 2 * L * hd * H  # rank 0's K/V head, of k and v, in every block
-gains = (2 * L + 1) * H
-busiest_bytes = 3 * 8 * (own + kv + gains)
-mtbf = 50_000 * 3600 / 4096
-tau = math.sqrt(2 * 6 * mtbf)
-tau_minutes = tau / 60
-lost_percent = 100 * (6 / tau + (tau / 2 + 6 + 120 + 300) / mtbf)
+# ANSWER: tp_layout
+def tp_layout(name, shape, cfg, M, r):
+    def box_of(name, shape, q):
+        if len(shape) == 1:
+            return ((0, shape[0]),)
+        R, C = shape
+        kind = name.split(".")[-2]
+        hd, per = cfg.head_size, cfg.heads // M
+        heads = (q * per * hd, (q + 1) * per * hd)
+        if kind == "q":
+            return (heads, (0, C))
+        if kind == "o":
+            return ((0, R), heads)
+        if kind in ("k", "v"):
+            group = cfg.heads // cfg.kv_heads
+            first, last = q * per // group, ((q + 1) * per - 1) // group
+            return ((first * hd, (last + 1) * hd), (0, C))
+        if kind == "down":
+            return ((0, R), (q * C // M, (q + 1) * C // M))
+        return ((q * R // M, (q + 1) * R // M), (0, C))
+
+    box = box_of(name, shape, r)
+    return box, r == min(q for q in range(M) if box_of(name, shape, q) == box)

@@ -6,12 +6,14 @@
 # EXPECT FAIL: checkpoint_cost
 
 # PREDICT: checkpoint_cost
-M = 4
-hd, F, V, H, L = CFG.head_size, CFG.ffn, CFG.vocab_size, CFG.hidden, CFG.layers
-own = 2 * (V // M) * H + L * (2 * (CFG.heads // M) * hd * H + 3 * (F // M) * H)
-kv = 2 * L * CFG.kv_heads // M * hd * H
-gains = math.ceil((2 * L + 1) / M) * H
-busiest_bytes = 3 * 8 * (own + kv + gains)
+rows, cols, nbytes, bandwidth = 8192, 28672, 2, 2e9
+width = cols // 8
+gap = (cols - width) * nbytes
+crossover_us = gap / bandwidth * 1e6
+latency = 20e-6
+by_row = rows * latency + rows * width * nbytes / bandwidth
+one_range = latency + (rows * width * nbytes + (rows - 1) * gap) / bandwidth
+best_ms = min(by_row, one_range) * 1e3
 mtbf = 50_000 * 3600 / 4096
 tau = math.sqrt(2 * 6 * mtbf)
 tau_minutes = tau / 60
