@@ -1,15 +1,23 @@
 # ruff: noqa
-# A wrong answer to labs/lab02_tensor_parallel.ipynb (the other answers are the solution's). The bug: the fused
-# gate_up checkpoint is cut into P contiguous blocks, as a column-parallel layer's weight is, and each block split in
-# half into "gate" and "up". Where the saving run had 2 ranks, rank 0 then pairs gate units 0-3 with gate units 4-7
-# and rank 2 up units with up units; where it had 8, each block holds two files, [gate; up; gate; up], and the halves
-# pair the first file's gates with its own ups but the second file's gates too. The traffic is right, the units not.
+# A wrong answer to labs/lab02_tensor_parallel.ipynb (the other answers are the solution's). The bug: the files, one
+# after another, are cut into P contiguous blocks of rows, as a column-parallel layer's weight is, and each block is
+# split in half into "gate" and "up". Where 2 ranks wrote [gate; up] files, rank 0's block is 16 gate rows: it pairs
+# gate units 0-7 with gate units 8-15; where 8 ranks wrote interleaved files, its "gate" half is units 0-3's gate and
+# up rows. The rows read and the traffic are right, the units are not.
 # EXPECT FAIL: swiglu
 
 # ANSWER: swiglu
-def swiglu(x, gate_up, down, saved_ranks, enter, leave):
+def swiglu(x, ckpt, down, enter, leave):
     r, ranks = dist.get_rank(), dist.get_world_size()
-    w_gate, w_up = gate_up.chunk(ranks)[r].chunk(2)
+    saved, per_file = ckpt.meta["saved_ranks"], ckpt.meta["file_shape"][0]
+    per_rank = saved * per_file // ranks
+    wanted = range(r * per_rank, (r + 1) * per_rank)  # rows of the files laid end to end
+    parts = []
+    for file in range(saved):
+        rows = [i - file * per_file for i in wanted if i // per_file == file]
+        if rows:
+            parts.append(ckpt.read(file, rows))
+    w_gate, w_up = torch.cat(parts).chunk(2)
     k = down.shape[1] // ranks
     h = enter(x)
     a = F.silu(h @ w_gate.T) * (h @ w_up.T)

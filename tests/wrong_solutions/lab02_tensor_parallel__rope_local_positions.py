@@ -1,8 +1,9 @@
 # ruff: noqa
 # A wrong answer to labs/lab02_tensor_parallel.ipynb (the other answers are the solution's). The bug: RoPE rotates q
 # and k by 0..T-1, the tokens' places in the tensor, instead of the global positions it is given. Attention scores
-# depend only on the difference of two tokens' positions, so tokens 5..14 of a sequence still come out right; a
-# packed sequence, whose positions restart at 0 where its second document begins, does not.
+# depend only on the difference of two tokens' positions, so a plain shift (tokens 5..14 of one sequence) would still
+# come out right; but every case restarts the positions at 0 where a next document begins, the first case included
+# (a document resumed at position 5, then the next one's start), and there the differences are wrong.
 # EXPECT FAIL: gqa
 
 # ANSWER: gqa

@@ -8,38 +8,6 @@
 # EXPECT FAIL: conjugates, gqa
 
 # ANSWER: conjugates
-class CopyToParallel(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        total = grad.clone()
-        comm.all_reduce(total)
-        return total
-
-
-class ReduceFromParallel(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, partial):
-        out = partial.clone()
-        comm.all_reduce(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad
-
-
-def f(x):
-    return CopyToParallel.apply(x)
-
-
-def g(partial):
-    return ReduceFromParallel.apply(partial)
-
-
 def gather_tokens(x, layout):
     return GatherTokens.apply(x, layout)
 

@@ -1,9 +1,10 @@
-"""Lab 02's checks: Megatron's conjugate operators, for a tensor-parallel region (f and g) and for a
-sequence-parallel region whose tokens are dealt to the ranks by any layout, uneven included (an all-gather and a
-reduce-scatter along the sequence, and their backwards); the lab model's SwiGLU MLP from a checkpoint written by a
-run with another tensor-parallel degree, in either kind of region; its grouped-query attention split by heads when
-there are fewer K/V heads than ranks, at positions that are not 0..T-1; a vocabulary-parallel cross-entropy in one
-collective; and a prediction of one lab-model layer's traffic in Megatron-SP form, on an uneven layout.
+"""Lab 02's checks: the conjugate operators of a sequence-parallel region whose tokens are dealt to the ranks by
+any layout, uneven included (an all-gather and a reduce-scatter along the sequence, and their backwards; Megatron's
+f and g are handed out); the lab model's SwiGLU MLP loaded from a fused checkpoint written by a run with another
+tensor-parallel degree and another gate/up arrangement, each rank reading only its own units' rows, in either kind of
+region; its grouped-query attention split by heads when there are fewer K/V heads than ranks, at positions that are
+not 0..T-1; a vocabulary-parallel cross-entropy in one collective; and a prediction of one lab-model layer's traffic
+in Megatron-SP form, on an uneven layout.
 
 Every check runs the student's code on P live ranks, each rank handed the same full problem (float64), and compares
 with one device computing the whole thing (parlab.core.lab_model for the MLP and the attention). A recorder sees
@@ -29,8 +30,8 @@ from parlab.grading.labs import error_summary, prediction_lines, run_check
 from parlab.grading.labs.guard import library_calls, library_line
 
 LAUNCH = {"timeout": 20, "echo": False}  # a hang (a collective some rank never calls) stops after 20 s
-P, BATCH, T = 4, 2, 4  # ranks; f and g's activations are [BATCH, T, ...]
-H, OUT = 8, 16  # f and g: a column-parallel linear [B, T, H] -> [B, T, OUT]
+P, BATCH, T = 4, 2, 4  # ranks; the cross-entropy's rows are [BATCH, T]
+H = 8  # the sequence-parallel pair's hidden size
 V = 32  # the cross-entropy: logits [N, V] with N = BATCH * T rows
 # The sequence-parallel parts: SEQ tokens dealt to the P ranks; layout[r] lists the tokens rank r holds, in the order
 # it holds them (x_r[:, i] is token layout[r][i]). 10 tokens on 4 ranks cannot be dealt evenly.
@@ -40,20 +41,21 @@ LAYOUTS = {
     "striped": [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]],
     "scattered": [[5, 0], [1, 6, 9], [2, 7], [3, 8, 4]],
 }
-# Part 2: the lab model's SwiGLU MLP, H -> F -> H, from a checkpoint written by SAVED ranks of another run.
+# Part 2: the lab model's SwiGLU MLP, H -> F -> H, from a fused checkpoint written by another run: one file per
+# saving rank, its units' gate and up rows arranged by one of two conventions (see FusedCheckpoint).
 MLP_CFG = LabConfig(vocab_size=V, seq_len=SEQ, hidden=16, heads=4, kv_heads=2, ffn=32, layers=1)
-SWIGLU_CASES = {  # name: (ranks that wrote the checkpoint, the region's layout: None for a tensor-parallel region)
-    "saved by 2 ranks, tensor-parallel region": (2, None),
-    "saved by 8 ranks, sequence-parallel region (scattered layout)": (8, "scattered"),
+SWIGLU_CASES = {  # name: (ranks that wrote it, its arrangement, the region's layout: None for a tensor-parallel one)
+    "saved by 2 ranks, tensor-parallel region": (2, "[gate; up]", None),
+    "saved by 8 ranks, sequence-parallel region (scattered layout)": (8, "interleaved", "scattered"),
 }
 # Part 3: the lab model's attention, nq query heads, nkv < P key/value heads, head size hd = H / nq; tokens at the
 # given global positions (a packed sequence restarts them at 0 where its second document begins).
 _GQA = {"vocab_size": V, "seq_len": 16, "hidden": 32, "ffn": 32, "layers": 1}
-MIDDLE = list(range(5, 5 + SEQ))  # tokens 5..14 of a longer sequence
+RESUMED = [5, 6, 7, 8, 9, 10, 11, 0, 1, 2]  # a document resumed at position 5, then the next one's start
 PACKED = [0, 1, 2, 3, 4, 5, 0, 1, 2, 3]  # two documents in one sequence
 PACKED_LATE = [3, 4, 5, 6, 7, 0, 1, 2, 3, 4]  # the end of one document, then the start of the next
 GQA_CASES = {  # name: (config, positions, the region's layout: None for a tensor-parallel region)
-    "nq=4, nkv=2": (LabConfig(**_GQA, heads=4, kv_heads=2), MIDDLE, None),
+    "nq=4, nkv=2": (LabConfig(**_GQA, heads=4, kv_heads=2), RESUMED, None),
     "nq=8, nkv=2, packed": (LabConfig(**_GQA, heads=8, kv_heads=2), PACKED, None),
     "nq=4, nkv=1, sequence-parallel (striped)": (LabConfig(**_GQA, heads=4, kv_heads=1), PACKED_LATE, "striped"),
 }
@@ -71,23 +73,25 @@ LIBRARY = (
 )
 
 STRUCTURAL = {
-    "conjugates": "f: no communication in forward and exactly one all-reduce of dL/dx ([B, T, H]) in backward; g: "
-    "one all-reduce of its input in forward and none in backward; for three layouts of 10 tokens on 4 ranks "
-    "(contiguous, striped, scattered: uneven, the order within a rank given): gather_tokens returns the whole "
-    "sequence in order on every rank from exactly one all-gather to which each rank contributes at most one block "
-    "of the largest rank's tokens, and its backward gives each rank its tokens of the gradient summed over ranks "
-    "from exactly one reduce-scatter of at most P such blocks; scatter_tokens the reverse (one reduce-scatter "
-    "forward, one all-gather backward); every backward leaves autograd's incoming gradient unchanged; no call into "
-    "the library's tensor- or sequence-parallel code",
-    "swiglu": "from a fused checkpoint written by a run of 2 ranks (a tensor-parallel region, the student's f and g) "
-    "and by a run of 8 ranks (a sequence-parallel region on the scattered layout, the student's gather_tokens and "
-    "scatter_tokens), each file [gate; up] of its own units: y and dL/dx on every rank equal one device's "
-    "lab-model SwiGLU (each rank's tokens in the sequence-parallel region); each rank's gradient touches exactly "
-    "the gate rows, up rows and down columns of one set of F/P units (the same units in all three, disjoint over "
-    "ranks) and the ranks' gradients sum to one device's; the region's operators called once each way (one "
-    "all-reduce, or one all-gather and one reduce-scatter, in each direction); no call into the library",
-    "gqa": "for nq=4/nkv=2 at positions 5..14, nq=8/nkv=2 at the positions of a packed sequence (restarting at 0: "
-    "RoPE with 0..T-1 fails) and nq=4/nkv=1 in a sequence-parallel region on the striped layout, also packed: y, "
+    "conjugates": "for three layouts of 10 tokens on 4 ranks (contiguous, striped, scattered: uneven, the order "
+    "within a rank given): gather_tokens returns the whole sequence in order on every rank from exactly one "
+    "all-gather to which each rank contributes at most one block of the largest rank's tokens, and its backward gives "
+    "each rank its tokens of the gradient summed over ranks from exactly one reduce-scatter of at most P such blocks; "
+    "scatter_tokens the reverse (one reduce-scatter forward, one all-gather backward); every backward leaves "
+    "autograd's incoming gradient unchanged; no call into the library's tensor- or sequence-parallel code (f and g "
+    "are handed out, not graded)",
+    "swiglu": "from a fused checkpoint written as one file per saving rank, by a run of 2 ranks in the [gate; up] "
+    "arrangement (a tensor-parallel region, the handed-out f and g) and by a run of 8 ranks in the interleaved "
+    "arrangement (a sequence-parallel region on the scattered layout, the student's gather_tokens and "
+    "scatter_tokens): y and dL/dx on every rank equal one device's lab-model SwiGLU (each rank's tokens in the "
+    "sequence-parallel region); each rank's gradient touches exactly the gate rows, up rows and down columns of one "
+    "set of F/P units (the same units in all three, disjoint over ranks; the FAIL line counts rows and columns, it "
+    "does not say where a unit's rows lie) and the ranks' gradients sum to one device's; each rank reads at most its "
+    "own 2F/P rows from the files (the whole gate_up never on one rank); the region's operators called once each "
+    "way (one all-reduce, or one all-gather and one reduce-scatter, in each direction); no call into the library",
+    "gqa": "for nq=4/nkv=2 on a document resumed at position 5 followed by the next one's start, nq=8/nkv=2 on a "
+    "packed sequence and nq=4/nkv=1 in a sequence-parallel region on the striped layout, also packed (positions "
+    "restart at 0 in every case: RoPE with 0..T-1 fails each): y, "
     "dL/dx and the q and o gradient slices on every rank equal one device's lab-model attention; after sync_grads "
     "each rank's k and v gradients are the full gradients of the K/V head its query heads read; the region's "
     "operators once each way (one all-reduce over all ranks each way; or one all-gather and one reduce-scatter); "
@@ -268,38 +272,19 @@ def _incoming_line(what: str, cases: dict[str, list[dict]]) -> str:
 
 
 def conjugates_problem(seed: int = 0) -> dict[str, torch.Tensor]:
-    """f and g: x [B, T, H] (replicated), W [OUT, H], G [B, T, OUT] = dL/dy; z [P, B, T, H], rank r's partial sum
-    z[r] for g, and Gz [B, T, H] = dL/d(g's output). The sequence-parallel pair, on SEQ tokens: s [B, SEQ, H] (the
-    tokens, dealt by a layout), Gs [P, B, SEQ, H] (rank r's own dL/d(whole sequence): a partial, as a
-    tensor-parallel region leaves it), u [P, B, SEQ, H] (rank r's partial sums for scatter_tokens) and
-    Gu [B, SEQ, H] = dL/d(the summed tokens)."""
+    """The sequence-parallel pair, on SEQ tokens: s [B, SEQ, H] (the tokens, dealt by a layout), Gs [P, B, SEQ, H]
+    (rank r's own dL/d(whole sequence): a partial, as a tensor-parallel region leaves it), u [P, B, SEQ, H] (rank r's
+    partial sums for scatter_tokens) and Gu [B, SEQ, H] = dL/d(the summed tokens)."""
     gen = torch.Generator().manual_seed(seed)
-    shapes = {
-        "x": (BATCH, T, H),
-        "w": (OUT, H),
-        "g": (BATCH, T, OUT),
-        "z": (P, BATCH, T, H),
-        "gz": (BATCH, T, H),
-        "s": (BATCH, SEQ, H),
-        "gs": (P, BATCH, SEQ, H),
-        "u": (P, BATCH, SEQ, H),
-        "gu": (BATCH, SEQ, H),
-    }
+    shapes = {"s": (BATCH, SEQ, H), "gs": (P, BATCH, SEQ, H), "u": (P, BATCH, SEQ, H), "gu": (BATCH, SEQ, H)}
     return {name: _randn(gen, *shape) for name, shape in shapes.items()}
 
 
-def run_conjugates(f, g, gather_tokens, scatter_tokens) -> dict:
-    """Rank code: f in front of a column-parallel linear (rank r: W's rows [r OUT/P, (r+1) OUT/P)), g alone; then,
-    for each layout, gather_tokens on this rank's tokens and scatter_tokens on this rank's partial sums."""
-    r, k = dist.get_rank(), OUT // P
+def run_conjugates(gather_tokens, scatter_tokens) -> dict:
+    """Rank code: for each layout, gather_tokens on this rank's tokens and scatter_tokens on this rank's partial
+    sums."""
+    r, out = dist.get_rank(), {}
     data = _on_device(conjugates_problem())
-    w_r = data["w"][r * k : (r + 1) * k].clone()  # [OUT/P, H]
-    out = {
-        "f": _through(
-            f, data["x"].clone().requires_grad_(), lambda y: ((y @ w_r.T) * data["g"][..., r * k : (r + 1) * k]).sum()
-        ),
-        "g": _through(g, data["z"][r].clone().requires_grad_(), lambda y: (y * data["gz"]).sum()),
-    }
     for name, layout in LAYOUTS.items():
         mine = _tokens(layout, r)
         out[f"gather {name}"] = _through(
@@ -315,8 +300,8 @@ def run_conjugates(f, g, gather_tokens, scatter_tokens) -> dict:
     return out
 
 
-def collect_conjugates(f, g, gather_tokens, scatter_tokens) -> dict:
-    return {"ranks": list(parlab.launch(run_conjugates, P, f, g, gather_tokens, scatter_tokens, **LAUNCH))}
+def collect_conjugates(gather_tokens, scatter_tokens) -> dict:
+    return {"ranks": list(parlab.launch(run_conjugates, P, gather_tokens, scatter_tokens, **LAUNCH))}
 
 
 def _sp_calls_line(what: str, cases: dict[str, list[list]], kind: str, limit: int) -> str:
@@ -334,29 +319,6 @@ def _sp_calls_line(what: str, cases: dict[str, list[list]], kind: str, limit: in
 
 def judge_conjugates(data) -> list[str]:
     ranks, ref = data["ranks"], conjugates_problem()  # host: the reference on one device
-    x = ref["x"].clone().requires_grad_()
-    (x @ ref["w"].T * ref["g"]).sum().backward()  # one device: the whole column-parallel layer
-    activation = BATCH * T * H * 8  # bytes of one [B, T, H] float64 tensor
-    f_, g_ = [res["f"] for res in ranks], [res["g"] for res in ranks]
-    lines = [
-        ranks_line("f: x itself on every rank", [res["out"] for res in f_], [ref["x"]] * P),
-        ranks_line("f backward: dL/dx on every rank", [res["grad"] for res in f_], [x.grad] * P),
-        calls_line("f forward, every rank: no communication", [res["forward"] for res in f_], []),
-        calls_line(
-            f"f backward, every rank: one all-reduce of dL/dx ({activation} bytes), nothing else",
-            [res["backward"] for res in f_],
-            [["all-reduce", activation, list(range(P))]],
-        ),
-        _incoming_line("f backward", {"": f_}),
-        ranks_line("g: the sum of the ranks' z on every rank", [res["out"] for res in g_], [ref["z"].sum(0)] * P),
-        ranks_line("g backward: dL/dz on every rank", [res["grad"] for res in g_], [ref["gz"]] * P),
-        calls_line(
-            f"g forward, every rank: one all-reduce of z ({activation} bytes), nothing else",
-            [res["forward"] for res in g_],
-            [["all-reduce", activation, list(range(P))]],
-        ),
-        calls_line("g backward, every rank: no communication", [res["backward"] for res in g_], []),
-    ]
     summed_gs, summed_u = ref["gs"].sum(0), ref["u"].sum(0)  # [B, SEQ, H]: over the ranks
     gathers = {name: [res[f"gather {name}"] for res in ranks] for name in LAYOUTS}
     scatters = {name: [res[f"scatter {name}"] for res in ranks] for name in LAYOUTS}
@@ -368,7 +330,7 @@ def judge_conjugates(data) -> list[str]:
         return BATCH * max(map(len, layout)) * H * 8
 
     limits = {name: block(layout) for name, layout in LAYOUTS.items()}
-    lines += [
+    lines = [
         _first_wrong(
             "gather_tokens: the whole sequence, in order, on every rank",
             {name: ([res["out"] for res in gathers[name]], [ref["s"]] * P) for name in LAYOUTS},
@@ -428,32 +390,64 @@ def judge_conjugates(data) -> list[str]:
 # ------------------------------------------------------------------------------- the lab model's SwiGLU MLP
 
 
-def saved_checkpoint(mlp, saved: int) -> torch.Tensor:
-    """The fused gate/up matrix [2F, H] as a run of `saved` tensor-parallel ranks writes it: rank s's file holds
-    [gate; up] of its units [s F/saved, (s+1) F/saved) (gate's rows, then up's), and the loader concatenates the
-    files in rank order."""
-    k = mlp.gate.weight.shape[0] // saved
-    files = [
-        torch.cat([mlp.gate.weight[s * k : (s + 1) * k], mlp.up.weight[s * k : (s + 1) * k]]) for s in range(saved)
-    ]
-    return torch.cat(files).detach()
+class FusedCheckpoint:
+    """A fused gate/up checkpoint as a run of `saved` tensor-parallel ranks left it: file s [2F/saved, H] holds the
+    gate and up rows of that rank's units [s F/saved, (s+1) F/saved), arranged by `fused`:
+
+    - "[gate; up]": the units' gate rows, then the same units' up rows;
+    - "interleaved": unit by unit, each unit's gate row followed by its up row.
+
+    A rank reads rows only through read(), which counts them: the whole gate_up [2F, H] is never to be built on one
+    rank. The files are leaves that require grad: the rows that receive a gradient on a rank are the ones it used."""
+
+    def __init__(self, files: list[torch.Tensor], fused: str):
+        self._files = files
+        self.meta = {"saved_ranks": len(files), "fused": fused, "file_shape": list(files[0].shape)}
+        self.rows_read = 0
+
+    @classmethod
+    def write(cls, gate: torch.Tensor, up: torch.Tensor, saved: int, fused: str) -> FusedCheckpoint:
+        """The files a run of `saved` ranks writes from gate and up [F, H], as leaves."""
+        k = gate.shape[0] // saved
+        files = []
+        for s in range(saved):
+            g_s, u_s = gate[s * k : (s + 1) * k], up[s * k : (s + 1) * k]  # [k, H] each: rank s's units
+            pair = torch.cat([g_s, u_s]) if fused == "[gate; up]" else torch.stack([g_s, u_s], dim=1).flatten(0, 1)
+            files.append(pair.detach().clone().requires_grad_())
+        return cls(files, fused)
+
+    def read(self, file: int, rows) -> torch.Tensor:
+        """Rows of file `file` (an index, a list, a range, a slice or an index tensor) -> [n, H]."""
+        if isinstance(rows, range):
+            rows = list(rows)
+        block = self._files[file][rows]
+        self.rows_read += 1 if block.dim() == 1 else block.shape[0]
+        return block
+
+    def grads(self) -> torch.Tensor | None:
+        """The files' gradients in file order, [2F, H] (None if no gradient reached a file): grader's bookkeeping."""
+        grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in self._files]
+        return None if all(t.grad is None for t in self._files) else torch.cat(grads).detach()
 
 
-def row_units(F_: int, saved: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each row of that fused matrix: the unit it belongs to and whether it is an up row ([2F] each)."""
+def row_units(F_: int, saved: int, fused: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each row of the files in file order: the unit it belongs to and whether it is an up row ([2F] each)."""
     k = F_ // saved
     rows = torch.arange(2 * F_)  # host: the grader's bookkeeping
-    within = rows % (2 * k)
-    return rows // (2 * k) * k + within % k, within >= k
+    file, within = rows // (2 * k), rows % (2 * k)
+    if fused == "[gate; up]":
+        return file * k + within % k, within >= k
+    return file * k + within // 2, within % 2 == 1
 
 
-def swiglu_problem(saved: int, seed: int = 2) -> dict[str, torch.Tensor]:
-    """The lab model's first MLP (parlab.core.lab_model.SwiGLU, H -> F -> H, no biases) as written by `saved`
-    ranks: gate_up [2F, H] (see saved_checkpoint), down [H, F]. x: [B, SEQ, H] and G = dL/dy: [B, SEQ, H]."""
+def swiglu_problem(seed: int = 2) -> dict[str, torch.Tensor]:
+    """The lab model's first MLP (parlab.core.lab_model.SwiGLU, H -> F -> H, no biases): gate and up [F, H], down
+    [H, F]. x: [B, SEQ, H] and G = dL/dy: [B, SEQ, H]."""
     mlp = build_lab_model(MLP_CFG, seed).blocks[0].mlp
     gen = torch.Generator().manual_seed(seed + 10)
     return {
-        "gate_up": saved_checkpoint(mlp, saved),  # [2F, H]
+        "gate": mlp.gate.weight.detach().clone(),  # [F, H]
+        "up": mlp.up.weight.detach().clone(),  # [F, H]
         "down": mlp.down.weight.detach().clone(),  # [H, F]
         "x": _randn(gen, BATCH, SEQ, MLP_CFG.hidden),
         "g": _randn(gen, BATCH, SEQ, MLP_CFG.hidden),
@@ -469,25 +463,27 @@ def _regions(layout_name, f, g, gather_tokens, scatter_tokens):
 
 
 def run_swiglu(swiglu, f, g, gather_tokens, scatter_tokens) -> dict:
-    """Rank code, for each case: every rank is handed the whole fused checkpoint (as leaves: what its rows receive
-    in backward shows which units this rank used) and x (whole, or this rank's tokens in a sequence-parallel
-    region); it returns y the same way."""
+    """Rank code, for each case: every rank is handed the checkpoint's files (read through FusedCheckpoint.read) and
+    down (a leaf: the columns that receive a gradient are the ones this rank used), and x (whole, or this rank's
+    tokens in a sequence-parallel region); it returns y the same way."""
     r, out = dist.get_rank(), {}
-    for name, (saved, layout_name) in SWIGLU_CASES.items():
-        data = _on_device(swiglu_problem(saved))
+    for name, (saved, fused, layout_name) in SWIGLU_CASES.items():
+        data = _on_device(swiglu_problem())
         mine = slice(None) if layout_name is None else _tokens(LAYOUTS[layout_name], r)
         x = data["x"][:, mine].clone().requires_grad_()
-        gate_up, down = data["gate_up"].clone().requires_grad_(), data["down"].clone().requires_grad_()
+        ckpt = FusedCheckpoint.write(data["gate"], data["up"], saved, fused)
+        down = data["down"].clone().requires_grad_()
         enter, leave = _regions(layout_name, f, g, gather_tokens, scatter_tokens)
         with recording() as forward_calls, library_calls(LIBRARY) as called:
-            y = swiglu(x, gate_up, down, saved, enter, leave)
+            y = swiglu(x, ckpt, down, enter, leave)
         with recording() as backward_calls, library_calls(LIBRARY) as called_backward:
             (y * data["g"][:, mine]).sum().backward()
         out[name] = {
             "y": y.detach(),
             "grad_x": x.grad,
-            "grad_gate_up": gate_up.grad,
+            "grad_files": ckpt.grads(),
             "grad_down": down.grad,
+            "rows_read": ckpt.rows_read,
             "forward": forward_calls,
             "backward": backward_calls,
             "library": [*called, *called_backward],
@@ -510,22 +506,26 @@ def _units(index: torch.Tensor) -> str:
     return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in parts) or "none"
 
 
-def _units_line(name: str, saved: int, ranks: list[dict]) -> str:
-    """Each rank's gradient touches the gate rows, up rows and down columns of the same F/P units, disjoint."""
-    what = f"{name}: each rank computes with the gate rows, up rows and down columns of one set of F/P units, disjoint"
+def _units_line(name: str, saved: int, fused: str, ranks: list[dict]) -> str:
+    """Each rank's gradient touches the gate rows, up rows and down columns of the same F/P units, disjoint. The
+    FAIL lines speak of rows read and units, never of where in the files a unit's rows lie (that is the part)."""
+    what = (
+        f"{name}: each rank computes with whole units (a unit's gate row, up row and down column), F/P of them, "
+        "disjoint"
+    )
     F_ = MLP_CFG.ffn
-    unit, is_up = row_units(F_, saved)
+    unit, is_up = row_units(F_, saved, fused)
     owner = torch.full((F_,), -1)  # host: the grader's bookkeeping of which rank used each unit
     for r, res in enumerate(ranks):
-        if res["grad_gate_up"] is None or res["grad_down"] is None:
-            return f"{what}: rank {r}: no gradient reached the checkpoint's weights: FAIL"
-        rows = res["grad_gate_up"].abs().sum(dim=1) != 0  # [2F]: the fused rows this rank's result depends on
+        if res["grad_files"] is None or res["grad_down"] is None:
+            return f"{what}: rank {r}: no gradient reached the checkpoint's files or down: FAIL"
+        rows = res["grad_files"].abs().sum(dim=1) != 0  # [2F]: the file rows this rank's result depends on
         gate, up = unit[rows & ~is_up].sort().values, unit[rows & is_up].sort().values
         down = (res["grad_down"].abs().sum(dim=0) != 0).nonzero().flatten()
         if not (torch.equal(gate, up) and torch.equal(gate, down)):
             return (
-                f"{what}: rank {r} used gate units {_units(gate)}, up units {_units(up)}, down units {_units(down)} "
-                "(expected the same units in all three): FAIL"
+                f"{what}: rank {r}'s y depends on {int(rows.sum())} rows of the files and {len(down)} columns of "
+                f"down, which are not the gate row, the up row and the down column of the same units: FAIL"
             )
         if len(gate) != F_ // P:
             return f"{what}: rank {r} used {len(gate)} units ({_units(gate)}), expected F/P = {F_ // P}: FAIL"
@@ -533,6 +533,16 @@ def _units_line(name: str, saved: int, ranks: list[dict]) -> str:
         if len(taken):
             return f"{what}: rank {r} used units {_units(taken)}, which rank {int(owner[taken[0]])} used too: FAIL"
         owner[gate] = r
+    return f"{what}: PASS"
+
+
+def _reads_line(name: str, ranks: list[dict]) -> str:
+    """Each rank read at most its own units' 2F/P rows from the files: the whole gate_up never on one rank."""
+    limit = 2 * MLP_CFG.ffn // P
+    what = f"{name}: each rank reads at most the {limit} rows of its own units from the files (2F/P)"
+    for r, res in enumerate(ranks):
+        if res["rows_read"] > limit:
+            return f"{what}: rank {r} read {res['rows_read']} rows, expected at most {limit}: FAIL"
     return f"{what}: PASS"
 
 
@@ -554,18 +564,21 @@ def _region_words(layout_name, nbytes: int) -> str:
 
 def judge_swiglu(data) -> list[str]:
     lines = []
-    for name, (saved, layout_name) in SWIGLU_CASES.items():
-        ranks, ref = [res[name] for res in data["ranks"]], swiglu_problem(saved)  # host: the reference on one device
+    ref = swiglu_problem()  # host: the reference on one device
+    for name, (saved, fused, layout_name) in SWIGLU_CASES.items():
+        ranks = [res[name] for res in data["ranks"]]
         x = ref["x"].clone().requires_grad_()
-        gate_up, down = ref["gate_up"].clone().requires_grad_(), ref["down"].clone().requires_grad_()
-        unit, is_up = row_units(MLP_CFG.ffn, saved)  # the checkpoint's rows back in unit order: [F, H] each
-        w_gate = gate_up[(~is_up).nonzero().flatten()[unit[~is_up].argsort()]]
-        w_up = gate_up[is_up.nonzero().flatten()[unit[is_up].argsort()]]
+        ckpt = FusedCheckpoint.write(ref["gate"], ref["up"], saved, fused)
+        files = torch.cat(ckpt._files)  # [2F, H]: the grader, on one device, may hold it whole
+        down = ref["down"].clone().requires_grad_()
+        unit, is_up = row_units(MLP_CFG.ffn, saved, fused)  # the files' rows back in unit order: [F, H] each
+        w_gate = files[(~is_up).nonzero().flatten()[unit[~is_up].argsort()]]
+        w_up = files[is_up.nonzero().flatten()[unit[is_up].argsort()]]
         y = F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), down)  # the lab model's SwiGLU
         (y * ref["g"]).sum().backward()
         layout = None if layout_name is None else LAYOUTS[layout_name]
         mine = [slice(None) if layout is None else layout[r] for r in range(P)]
-        grads = {"gate_up": [res["grad_gate_up"] for res in ranks], "down": [res["grad_down"] for res in ranks]}
+        grads = {"files": [res["grad_files"] for res in ranks], "down": [res["grad_down"] for res in ranks]}
         summed = {key: sum(g) if None not in g else None for key, g in grads.items()}
         activation = BATCH * SEQ * MLP_CFG.hidden * 8
         forward, backward = _region_calls(layout_name, activation)
@@ -573,12 +586,13 @@ def judge_swiglu(data) -> list[str]:
         lines += [
             ranks_line(f"{name}: y, {where}", [res["y"] for res in ranks], [y.detach()[:, m] for m in mine]),
             ranks_line(f"{name}: dL/dx, {where}", [res["grad_x"] for res in ranks], [x.grad[:, m] for m in mine]),
-            _units_line(name, saved, ranks),
+            _units_line(name, saved, fused, ranks),
             compare(
-                f"{name}: dL/d(gate_up), dL/d(down): the ranks' gradients summed",
+                f"{name}: dL/d(files), dL/d(down): the ranks' gradients summed",
                 summed,
-                {"gate_up": gate_up.grad, "down": down.grad},
+                {"files": ckpt.grads(), "down": down.grad},
             ).line,
+            _reads_line(name, ranks),
             calls_line(
                 f"{name}: forward, every rank: {_region_words(layout_name, activation)}, nothing else",
                 [res["forward"] for res in ranks],
@@ -844,7 +858,7 @@ def run_layer(gather_tokens, scatter_tokens, swiglu, module_class) -> list[list]
     mine = _tokens(layout, r)
     x = x_all[:, mine].clone().requires_grad_()  # [B, n_r, H]: this rank's tokens
     gains = [norm.weight.detach().clone().requires_grad_() for norm in (block.attn_norm, block.mlp_norm)]  # [H] each
-    gate_up = torch.cat([block.mlp.gate.weight, block.mlp.up.weight]).detach().requires_grad_()  # one writer
+    ckpt = FusedCheckpoint.write(block.mlp.gate.weight, block.mlp.up.weight, 1, "[gate; up]")  # one writer
     down = block.mlp.down.weight.detach().clone().requires_grad_()
     enter, leave = (lambda t: gather_tokens(t, layout)), (lambda t: scatter_tokens(t, layout))
     positions = torch.arange(cfg.seq_len, device=parlab.device())
@@ -852,7 +866,7 @@ def run_layer(gather_tokens, scatter_tokens, swiglu, module_class) -> list[list]
         attn = module_class(block.attn, enter, leave)
     with recording() as calls, library_calls(LIBRARY):
         h = x + attn(rms_norm(x, gains[0], cfg.eps), positions)
-        y = h + swiglu(rms_norm(h, gains[1], cfg.eps), gate_up, down, 1, enter, leave)
+        y = h + swiglu(rms_norm(h, gains[1], cfg.eps), ckpt, down, enter, leave)
         (y * g_all[:, mine]).sum().backward()
         attn.sync_grads()
         partial = torch.cat([gain.grad for gain in gains])  # [2H]: this rank's tokens' share
