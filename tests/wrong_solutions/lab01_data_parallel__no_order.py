@@ -70,9 +70,16 @@ class OverlappedDP:
                 p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
 
+    def _rank0_order(self) -> list[str]:
+        """Rank 0's order of arrival, on every rank: one broadcast of the parameters' indices."""
+        names = list(self.params)
+        index = torch.tensor([names.index(name) for name in self.order], device=parlab.device())
+        comm.broadcast(index, src=0)
+        return [names[i] for i in index.tolist()]
+
     def _next_step(self) -> None:
         if not self.rebuilt:  # once: DDP's rebuild, from what the first backward did
             self.rebuilt = True
-            self._use(plan_in_order(self.model, self.order, self.cap))
+            self._use(plan_in_order(self.model, self._rank0_order(), self.cap))
         else:
             self._use([[self.name_of[id(p)] for p in bucket] for bucket in self.buckets])

@@ -64,9 +64,19 @@ class OverlappedDP:
                 p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
 
+    def _rank0_order(self) -> list[str]:
+        """Rank 0's order of arrival, on every rank: one broadcast of the parameters' indices (room for 2 per
+        parameter, -1 for none)."""
+        names = list(self.params)
+        index = torch.full((2 * len(names),), -1, device=parlab.device())
+        order = [names.index(name) for name in self.order][: len(index)]
+        index[: len(order)] = torch.tensor(order, device=parlab.device())
+        comm.broadcast(index, src=0)
+        return [names[i] for i in index.tolist() if i >= 0]
+
     def _next_step(self) -> None:
         if not self.rebuilt:  # once: DDP's rebuild, from what the first backward did
             self.rebuilt = True
-            self._use(plan_in_order(self.model, self.order, self.cap))
+            self._use(plan_in_order(self.model, self._rank0_order(), self.cap))
         else:
             self._use([[self.name_of[id(p)] for p in bucket] for bucket in self.buckets])

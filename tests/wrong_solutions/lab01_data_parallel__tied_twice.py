@@ -5,15 +5,20 @@
 # EXPECT FAIL: step_traffic
 
 # PREDICT: step_traffic
-model = checks_model()
-order, names = [], {id(p): name for name, p in model.named_parameters()}
-for p in model.parameters():
-    p.register_post_accumulate_grad_hook(lambda p: order.append(names[id(p)]))
-x, y = checks.OVERLAP_BATCHES[0]
-lab_loss(model(x), y).backward()
-plan = plan_in_order(model, order, 40 * 1024)
-bucket_bytes = [sum(model.get_parameter(name).numel() * 8 for name in bucket) for bucket in plan]
-head = model.embed.weight.numel() * 8  # "the head's matrix" as well
-allreduce_calls = len(plan)
-allreduce_bytes = sum(bucket_bytes) + head
-exposed_bytes = bucket_bytes[-1] + head
+def arrival(rank):
+    model, order = checks_model(rank), []
+    names = {id(p): name for name, p in model.named_parameters()}
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: order.append(names[id(p)]))
+    x, y = checks.OVERLAP_BATCHES[0]
+    lab_loss(model(x), y).backward()
+    return order
+
+
+model = checks_model(0)
+plan = plan_in_order(model, arrival(0), 16 * 1024)
+size = [sum(model.get_parameter(name).numel() * 8 for name in bucket) for bucket in plan]
+size[-1] += model.embed.weight.numel() * 8  # "the head's matrix" as well, in the last bucket
+exposed_bytes = size[-1]
+held_back_bytes_rank0 = 0
+held_back_bytes_rank1 = 2 * 16384  # gate's bucket waits for up's, in each block

@@ -9,19 +9,23 @@ with its embedding tied to the LM head, and with its modules registered in the o
 them (`checks_model`): attention, feed-forward, then the two norms; in the feed-forward w1 = gate, w2 = down, w3 = up.
 So the reverse of the registration order, DDP's first bucket plan, is not the order backward produces the
 gradients: buckets complete out of plan order, and the tied matrix, whose gradient is complete only when backward
-reaches the embedding, arrives last.
+reaches the embedding, arrives last. And the ranks do not all run the same build of the code: on odd ranks the
+feed-forward evaluates up(x) before gate(x) (the same numbers), so backward there produces gate's gradient before
+up's. Buckets rebuilt by each rank from its own order differ across ranks with the same sizes: the all-reduces
+then sum one rank's up with another's gate, silently. The ranks must agree on one order (rank 0's, as DDP does).
 
-The batches of parts 2 and 4 are padded: row i holds L_i real tokens, then padding (`padded_batches`); a step's
-loss is the mean cross-entropy over the real tokens of the whole global batch, and the rows of a rank, or a
-micro-batch, may hold none.
+The batches of parts 2 and 4 are padded: row i holds L_i real tokens, then padding (`padded_batches`); the rows of a
+rank, or a micro-batch, may hold none. In part 2 the real tokens are documents packed one after the other (row after
+row, across ranks: `documents`) and a step's loss is the mean over the documents of each document's mean
+cross-entropy; in part 4 it is the mean cross-entropy over the real tokens of the whole global batch.
 
 Every check compares with one device training on the whole batch (float64, 1e-10), and verifies from what the
 ranks did how they communicated: the calls each rank made into torch.distributed and their bytes
 (parlab.core.probe), in which gradient's hook each all-reduce started (the check's own gradient hooks, registered
 before the student's, note how many calls had been made when each gradient arrived and when each backward pass
 ended), and every wait on an all-reduce's handle (`HandleWatch`: torch's Work, however it was reached), so that a
-hook that blocks backward is seen whatever the timing. Calls into the library's data-parallel code are seen by a
-profile hook (guard.py) and fail the part.
+wait in a hook is seen whatever the timing, even on a handle already complete. Calls into the library's
+data-parallel code are seen by a profile hook (guard.py) and fail the part.
 """
 
 from __future__ import annotations
@@ -76,7 +80,11 @@ SHARD_SECONDS = 10
 # Part 2: 8 rows on 3 ranks holding 3, 3 and 2 of them, 2 steps; in step 1 the last rank's rows are all padding.
 AVG_ROWS = (3, 3, 2)
 AVG_LENGTHS = [[16, 5, 9, 12, 3, 16, 0, 0], [7, 0, 11, 2, 16, 9, 4, 13]]  # real tokens per row, per step
+# The documents' lengths, packed in order over the real tokens, row after row: in step 1 document 1 runs from rank 0
+# into rank 1; in step 2 document 1 runs over all three ranks.
+AVG_DOCS = [[7, 28, 4, 19, 3], [5, 42, 7, 8]]
 MAX_EXTRA = 2  # numbers a step may all-reduce beyond one copy of the gradients (parts 2 and 4)
+AGREE_INTS = 20  # parts 3-4: after step 1's backward, one collective of at most P x 20 int64 may agree on the order
 
 CAP = 16 * 1024  # parts 3 and 4: a bucket closes once it holds at least this many bytes
 DP_RANKS = 2  # parts 3 and 4
@@ -87,7 +95,7 @@ OVERLAP_BATCHES = lab_batches(TIED, OVERLAP_B, OVERLAP_STEPS, seed=1)
 # rows); in step 1 rank 0's last micro-batch is one row of padding, and in both steps rank 1's last one is empty.
 ACC_ROWS, ACC_M, ACC_STEPS = (5, 2), 3, 2
 ACC_LENGTHS = [[9, 16, 4, 12, 0, 7, 3], [0, 5, 16, 2, 8, 11, 0]]
-TRAFFIC = {"P": 4, "M": 3, "B": 24, "cap": 40 * 1024}  # the prediction: ranks, micro-batches, batch, bucket cap
+TRAFFIC = {"P": 4, "M": 3, "B": 24, "cap": CAP}  # the prediction: ranks, micro-batches, batch, bucket cap
 
 
 def padded_batches(cfg: LabConfig, lengths: list[list[int]], seed: int) -> list[tuple]:
@@ -102,7 +110,22 @@ def padded_batches(cfg: LabConfig, lengths: list[list[int]], seed: int) -> list[
     return batches
 
 
-AVG_BATCHES = padded_batches(CFG, AVG_LENGTHS, seed=0)
+def documents(mask: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Documents packed over the real tokens of a padded batch (mask: [B, T]), row after row, in the order of
+    `lengths`: (doc, doc_len), each [B, T] int64. doc[i, t] is the document of target y[i, t] (-1 at padding);
+    doc_len[i, t] is that document's number of real tokens in the whole batch (0 at padding), wherever they lie."""
+    doc = torch.full(mask.shape, -1, dtype=torch.int64)  # host: the batch is built on the host
+    doc_len = torch.zeros(mask.shape, dtype=torch.int64)  # host: the batch is built on the host
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))  # host: [n] document of token
+    doc[mask] = ids  # row-major: the real tokens in the order the stream packs them
+    doc_len[mask] = torch.tensor(lengths)[ids]  # host: the batch is built on the host
+    return doc, doc_len
+
+
+AVG_BATCHES = [
+    (x, y, *documents(mask, docs))
+    for (x, y, mask), docs in zip(padded_batches(CFG, AVG_LENGTHS, 0), AVG_DOCS, strict=True)
+]  # (x, y, doc, doc_len) per step, each [B, T]
 ACC_BATCHES = padded_batches(TIED, ACC_LENGTHS, seed=2)
 
 STRUCTURAL = {
@@ -112,26 +135,32 @@ STRUCTURAL = {
     "real tokens the least any such split allows (the judge's optimum, by dynamic programming over every split; "
     "cutting at the average or at the prefix sums fails, and so does a greedy cut that leaves a rank without rows; "
     "FAIL: expected and received rows or tokens); fewer rows than ranks raises ValueError; no library code called",
-    "average": "the untied lab model on 3 ranks holding 3, 3 and 2 padded rows (in step 1 the third rank's rows are "
-    "all padding), 2 SGD steps: the loss each rank returns, every rank's gradients and parameters equal one device's "
-    "mean over the real tokens of the whole batch (a mean over rows or over ranks is not; a NaN from a rank without "
-    "tokens fails); per rank and step exactly one collective, an all-reduce of one copy of the gradients and at most "
-    "2 numbers more (one all-reduce per parameter, or a second one for the count, fails); no library code called",
-    "overlap": "2 ranks, 2 steps of the tied lab model registered as Meta's Llama: parameters equal one device; step "
-    "1 all-reduces the first plan's buckets, step 2 the buckets rebuilt in the order backward produced the "
-    "gradients, each in plan order and nothing else (FAIL: the first call that differs); each bucket started in "
-    "the hook of the gradient that completed it and every bucket before it (not earlier, not after); no wait() "
-    "during backward on an all-reduce that is_completed() had not reported done, and no blocking all-reduce (seen "
-    "on torch's Work itself, whatever the timing); every all-reduce waited for by the end of finish(); no library "
-    "code",
-    "step_traffic": "the predicted all-reduce calls, payload bytes and bytes that cannot start before the last "
-    "gradient, per rank and step once the buckets are rebuilt (tied lab model, P=4, M=3, cap 40 KiB), exactly "
-    "against the theory and against parlab's bucketed DP run with that plan, measured; no library call from the "
-    "notebook's cells",
+    "average": "the untied lab model on 3 ranks holding 3, 3 and 2 padded rows of packed documents (in step 1 the "
+    "third rank's rows are all padding and a document runs from rank 0 into rank 1; in step 2 one runs over all "
+    "three ranks), 2 SGD steps: the loss each rank returns, every rank's gradients and parameters equal one device's "
+    "mean over the documents of each document's mean cross-entropy (the token mean fails; so does dividing by the "
+    "documents each rank sees, which counts a split document twice; a NaN from a rank without tokens fails); per "
+    "rank and step exactly one collective, an all-reduce of one copy of the gradients and at most 2 numbers more "
+    "(one all-reduce per parameter, or a second one for a count, fails); no library code called",
+    "overlap": "2 ranks, 2 steps of the tied lab model registered as Meta's Llama, rank 1 producing gate's gradient "
+    "before up's: parameters equal one device (buckets rebuilt by each rank from its own order have the same sizes "
+    "but sum rank 0's up with rank 1's gate: the parameters fail); step 1 all-reduces the first plan's buckets and, "
+    "after backward, at most one collective of at most P x 20 integers to agree on the order; step 2 the buckets "
+    "rebuilt in the order rank 0's backward produced the gradients, each in plan order and nothing else (FAIL: the "
+    "first call that differs); each bucket started in the hook of the gradient that completed it and every bucket "
+    "before it on that rank (not earlier, not after); no wait() at all on an all-reduce's handle during backward "
+    "(a hook that waits even on a handle is_completed() reported done, as parlab's BucketedDP does, fails), no "
+    "blocking all-reduce (seen on torch's Work itself, whatever the timing); every all-reduce waited for by the end "
+    "of finish(); no library code",
+    "step_traffic": "the predicted bytes that start only with the last gradient, and on rank 0 and on rank 1 the "
+    "bytes of buckets complete before they may start, per step once the buckets are rebuilt (tied lab model, P=4, "
+    "M=3, cap 16 KiB; the first plan, or each rank's own order, gives other numbers), exactly against the theory "
+    "and against parlab's bucketed DP run with that plan, measured; no library call from the notebook's cells",
     "training": "2 steps on 2 ranks holding 5 and 2 padded rows in 3 micro-batches (one of only padding, one "
     "empty): the loss each rank returns and every parameter equal one device's mean over the real tokens of the "
     "whole batch; on every rank and step: the plan's buckets all-reduced once each in plan order (step 1 the first "
-    "plan, step 2 the rebuilt one) with at most 2 numbers more in all and nothing else, all of them during the last "
+    "plan and at most the one collective that agrees on the order after backward, step 2 rank 0's rebuilt one) with "
+    "at most 2 numbers more in all and nothing else, all of them during the last "
     "backward pass the rank ran, each in the hook of the gradient that completed it and every bucket before it; "
     "none in flight at the optimizer step; no library code",
 }
@@ -167,10 +196,24 @@ def _register_as_meta_llama(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def checks_model(seed: int = 0) -> torch.nn.Module:
+def _up_first(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU as another build of the code computes it: up(x) before gate(x). The same numbers; autograd runs the
+    later node first, so backward produces gate's gradient before up's. x: [B, T, H] -> [B, T, H]."""
+    up = mlp.up(x)  # [B, T, F]
+    return mlp.down(F.silu(mlp.gate(x)) * up)
+
+
+def checks_model(rank: int | None = None) -> torch.nn.Module:
     """The model of parts 3 and 4: the tied lab model (float64), registered as Meta's Llama registers its modules,
-    on this rank's device. Same weights as build_lab_model(TIED, seed)."""
-    return _register_as_meta_llama(build_lab_model(TIED, seed)).to(parlab.device())
+    on this rank's device; on odd ranks (rank: this process's by default) its feed-forwards compute up before gate.
+    Same weights on every rank as build_lab_model(TIED, 0)."""
+    if rank is None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+    model = _register_as_meta_llama(build_lab_model(TIED, 0))
+    if rank % 2:
+        for block in model.blocks:
+            block.mlp.forward = functools.partial(_up_first, block.mlp)
+    return model.to(parlab.device())
 
 
 def plan_in_order(model: torch.nn.Module, names: list[str], cap_bytes: int) -> list[list[str]]:
@@ -193,10 +236,13 @@ def first_plan(model: torch.nn.Module, cap_bytes: int) -> list[list[str]]:
     return plan_in_order(model, [name for name, _ in reversed(list(model.named_parameters()))], cap_bytes)
 
 
-@functools.lru_cache(maxsize=1)
-def arrival_order() -> tuple[str, ...]:
-    """The order in which one backward of the checks' model produces its gradients (one device, its own hooks)."""
-    model = checks_model()
+@functools.lru_cache(maxsize=2)
+def arrival_order(rank: int = 0) -> tuple[str, ...]:
+    """The order in which one backward of rank `rank`'s model produces its gradients (one device, its own hooks);
+    it depends only on whether the rank is odd."""
+    if rank % 2 != rank:
+        return arrival_order(rank % 2)
+    model = checks_model(rank)
     x, y = OVERLAP_BATCHES[0]
     order = []
     names = {id(p): name for name, p in model.named_parameters()}
@@ -207,25 +253,31 @@ def arrival_order() -> tuple[str, ...]:
     return tuple(order)
 
 
-def rebuilt_plan(cap_bytes: int) -> list[list[str]]:
-    """The buckets rebuilt in the order backward produces the gradients (the theory of part 3 and the prediction)."""
-    return plan_in_order(checks_model(), list(arrival_order()), cap_bytes)
+def rebuilt_plan(cap_bytes: int, rank: int = 0) -> list[list[str]]:
+    """The buckets rebuilt in the order rank `rank`'s backward produces the gradients; every rank uses rank 0's (the
+    theory of part 3 and the prediction)."""
+    return plan_in_order(checks_model(0), list(arrival_order(rank)), cap_bytes)
 
 
 @functools.lru_cache(maxsize=1)
 def _sizes() -> dict[str, int]:
-    return {name: p.numel() * p.element_size() for name, p in checks_model().named_parameters()}
+    return {name: p.numel() * p.element_size() for name, p in checks_model(0).named_parameters()}
 
 
 def _bucket_bytes(plan: list[list[str]]) -> list[int]:
     return [sum(_sizes()[name] for name in bucket) for bucket in plan]
 
 
-def _starts(plan: list[list[str]]) -> list[int]:
-    """Per bucket k: the index (in arrival order) of the gradient whose hook must start it: the last gradient of
-    buckets 0..k to arrive (a bucket starts once it and every bucket before it are complete)."""
-    position = {name: i for i, name in enumerate(arrival_order())}
-    complete = [max(position[name] for name in bucket) for bucket in plan]
+def _completes(plan: list[list[str]], rank: int = 0) -> list[int]:
+    """Per bucket k: the index (in rank `rank`'s arrival order) of the gradient that completes it."""
+    position = {name: i for i, name in enumerate(arrival_order(rank))}
+    return [max(position[name] for name in bucket) for bucket in plan]
+
+
+def _starts(plan: list[list[str]], rank: int = 0) -> list[int]:
+    """Per bucket k: the index (in rank `rank`'s arrival order) of the gradient whose hook must start it: the last
+    gradient of buckets 0..k to arrive (a bucket starts once it and every bucket before it are complete)."""
+    complete = _completes(plan, rank)
     return [max(complete[: k + 1]) for k in range(len(plan))]
 
 
@@ -235,15 +287,26 @@ def token_mean_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, ma
     return F.cross_entropy(logits[mask], y[mask])  # [n, V] against [n]: the n real tokens
 
 
+def document_mean_loss(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, doc: torch.Tensor, doc_len: torch.Tensor
+) -> torch.Tensor:
+    """The reference's loss in part 2: the mean over the D documents of each document's mean cross-entropy; x, y,
+    doc, doc_len: [B, T] (see `documents`)."""
+    mask = doc >= 0  # [B, T]: the real tokens
+    ce = F.cross_entropy(model(x)[mask], y[mask], reduction="none")  # [n]
+    means = torch.zeros(int(doc.max()) + 1, dtype=ce.dtype).index_add_(0, doc[mask], ce)  # host: [D] sums
+    return (means / torch.bincount(doc[mask]).to(ce.dtype)).mean()  # the mean of the D documents' means
+
+
 def _train_reference(cfg: LabConfig, batches) -> dict:
     """One device, the whole padded batch, SGD: the loss of each step, the gradients of step 1, the parameters after
     the last step (by name). The order the parameters are registered in changes nothing here."""
     model = build_lab_model(cfg, seed=0)
     opt = make_optimizer(model.parameters(), "sgd", LR)
     losses, grads = [], None
-    for x, y, mask in batches:
+    for x, y, *rest in batches:
         opt.zero_grad()
-        loss = token_mean_loss(model, x, y, mask)
+        loss = document_mean_loss(model, x, y, *rest) if cfg is CFG else token_mean_loss(model, x, y, *rest)
         loss.backward()
         losses.append(loss.item())
         if grads is None:
@@ -259,7 +322,7 @@ def _reference(part: str) -> dict:
         return _train_reference(CFG, AVG_BATCHES)
     if part == "training":
         return _train_reference(TIED, ACC_BATCHES)
-    return _train_reference(TIED, [(x, y, torch.ones_like(x, dtype=torch.bool)) for x, y in OVERLAP_BATCHES])  # part 3
+    return _train_reference(TIED, [(x, y, torch.ones_like(x, dtype=torch.bool)) for x, y in OVERLAP_BATCHES])  # 3
 
 
 # ------------------------------------------------------------------------------------------- what the ranks did
@@ -307,18 +370,18 @@ class GradientWatch:
 class HandleWatch:
     """The check's view of every all-reduce's handle: torch's Work object, however the answer reached it
     (parlab.core.comm, torch.distributed, asynchronous or not: a blocking all-reduce waits on its Work too).
-    `blocked`: each wait() made during a backward pass on a handle that is_completed() had not reported done (that
-    wait holds backward up), with the gradient in whose hook it came. `pending`: the handles not yet waited for."""
+    `blocked`: each wait() made during a backward pass on an all-reduce's handle, with the gradient in whose hook it
+    came: the lab forbids them all, done or not (whether one is done is a matter of timing). `pending`: the handles
+    not yet waited for."""
 
     def __init__(self, gradients: GradientWatch):
         self.gradients = gradients
         self.pending: list = []  # Work objects issued and not waited for yet (kept alive: their ids stay theirs)
-        self.done: set[int] = set()  # ids of handles is_completed() reported done
         self.blocked: list[str] = []
 
     @contextmanager
     def watching(self):
-        issue, wait, is_completed = ProcessGroup.allreduce, Work.wait, Work.is_completed
+        issue, wait = ProcessGroup.allreduce, Work.wait
         watch = self
 
         def watched_allreduce(group, *args, **kwargs):
@@ -328,24 +391,17 @@ class HandleWatch:
             return work
 
         def watched_wait(work, *args, **kwargs):
-            if watch.gradients.running and id(work) not in watch.done and any(w is work for w in watch.pending):
+            if watch.gradients.running and any(w is work for w in watch.pending):
                 arrivals = watch.gradients.passes[-1]["arrivals"]
                 watch.blocked.append(arrivals[-1][0] if arrivals else "?")
             result = wait(work, *args, **kwargs)
             watch.pending = [w for w in watch.pending if w is not work]
-            watch.done.discard(id(work))  # no longer kept alive here: its id may become another handle's
             return result
 
-        def watched_is_completed(work, *args, **kwargs):
-            done = is_completed(work, *args, **kwargs)
-            if done:
-                watch.done.add(id(work))
-            return done
-
-        watched = {"allreduce": watched_allreduce, "wait": watched_wait, "is_completed": watched_is_completed}
+        watched = {"allreduce": watched_allreduce, "wait": watched_wait}
         with (
             probe.wrapped(ProcessGroup, {"allreduce": issue}, lambda name, original: watched[name]),
-            probe.wrapped(Work, {"wait": wait, "is_completed": is_completed}, lambda name, original: watched[name]),
+            probe.wrapped(Work, {"wait": wait}, lambda name, original: watched[name]),
         ):
             yield self
 
@@ -388,9 +444,26 @@ def _bucket_verdict(label: str, calls, expected: list[int], what: str, extra: in
     return f"{text}: PASS"
 
 
-def _start_verdict(label: str, calls, passes: list[dict], plan: list[list[str]], what: str, extra: int = 0) -> str:
+def _agreement(label: str, step: dict, world: int) -> tuple[list[dict], str]:
+    """Step 1: the calls made after the last backward pass ended may hold one collective that agrees on the order
+    (at most world x AGREE_INTS int64). Returns (the calls before it, the verdict line)."""
+    calls, passes = step["calls"], step["passes"]
+    ended = passes[-1]["ended"] if passes else len(calls)
+    after, most = calls[ended:], 8 * AGREE_INTS * world
+    what = f"{label}: step 1, after backward: at most one collective to agree on the order (at most {most} bytes)"
+    if len(after) > 1:
+        ops = ", ".join(c["op"] for c in after[:4])
+        return calls[:ended], f"{what}: received {len(after)} calls ({ops}{', ...' if len(after) > 4 else ''}): FAIL"
+    if after and after[0]["bytes"] > most:
+        return calls[:ended], f"{what}: received a {after[0]['op']} of {after[0]['bytes']:,} bytes: FAIL"
+    return calls[:ended], f"{what}: PASS"
+
+
+def _start_verdict(
+    label: str, calls, passes: list[dict], plan: list[list[str]], what: str, rank: int, extra: int = 0
+) -> str:
     """Each bucket started in the last backward pass, in the hook of the gradient that completed it and every bucket
-    before it."""
+    before it, in the order rank `rank`'s backward produces the gradients."""
     when = "in the last backward pass the rank ran, " if extra else ""  # part 4 (accumulation)
     text = f"{label}: {what}: each bucket started {when}as soon as it and every bucket before it were complete"
     allreduces = [i for i, c in enumerate(calls) if c["op"] == "allreduce"]
@@ -401,9 +474,9 @@ def _start_verdict(label: str, calls, passes: list[dict], plan: list[list[str]],
         return f"{text}: not checked, the all-reduces are not the plan's buckets: FAIL"
     if not passes:
         return f"{text}: no backward pass ran: FAIL"
-    order, last = arrival_order(), passes[-1]
+    order, last = arrival_order(rank), passes[-1]
     arrivals, first = last["arrivals"], last["arrivals"][0][1]
-    for k, (call, expected_at) in enumerate(zip(allreduces, _starts(plan), strict=True)):
+    for k, (call, expected_at) in enumerate(zip(allreduces, _starts(plan, rank), strict=True)):
         if call >= last["ended"]:
             where = "after backward returned"
         elif call < first:
@@ -530,10 +603,10 @@ def _run_average(token_step, batches, rows) -> dict:
     mine = _block(rows, dist.get_rank())
     steps, losses, grads = [], [], None
     with library_calls(LIBRARY) as called:
-        for x, y, mask in batches:
+        for x, y, doc, doc_len in batches:
             opt.zero_grad()
             with probe.recording(keep_sent_data=False) as calls:
-                loss = token_step(model, *_on_device(x[mine], y[mine], mask[mine]))
+                loss = token_step(model, *_on_device(x[mine], y[mine], doc[mine], doc_len[mine]))
             steps.append(_plain_calls(calls))
             losses.append(float(loss))
             if grads is None:
@@ -636,16 +709,20 @@ def _finished_verdict(label: str, step: dict, when: str) -> str:
 
 def judge_overlap(data) -> list[str]:
     ranks, reference = data["ranks"], _reference("overlap")
-    plans = {"step 1, the first plan": first_plan(checks_model(), CAP), "step 2, the rebuilt plan": rebuilt_plan(CAP)}
+    plans = {"step 1, the first plan": first_plan(checks_model(0), CAP), "step 2, the rebuilt plan": rebuilt_plan(CAP)}
     lines = []
     for r, res in enumerate(ranks):
         lines.append(
             compare(f"rank {r}: parameters after {OVERLAP_STEPS} steps", res["params"], reference["params"]).line
         )
         steps = res["steps"]
-        for (what, plan), step in zip(plans.items(), steps, strict=True):
-            lines.append(_bucket_verdict(f"rank {r}", step["calls"], _bucket_bytes(plan), what))
-            lines.append(_start_verdict(f"rank {r}", step["calls"], step["passes"], plan, what))
+        for k, ((what, plan), step) in enumerate(zip(plans.items(), steps, strict=True)):
+            calls = step["calls"]
+            if k == 0:
+                calls, line = _agreement(f"rank {r}", step, len(ranks))
+                lines.append(line)
+            lines.append(_bucket_verdict(f"rank {r}", calls, _bucket_bytes(plan), what))
+            lines.append(_start_verdict(f"rank {r}", calls, step["passes"], plan, what, r))
         for k, step in enumerate(steps):
             lines.append(_blocked_verdict(f"rank {r}, step {k + 1}", step))
             lines.append(_finished_verdict(f"rank {r}, step {k + 1}", step, "by the end of finish()"))
@@ -658,13 +735,19 @@ def judge_overlap(data) -> list[str]:
 
 
 def step_traffic_theory() -> dict[str, float]:
-    """Per rank and step once the buckets are rebuilt (the prediction's case): all-reduce calls, the payload, and
-    the bytes of the buckets that can only start once backward has produced its last gradient."""
+    """Per step once the buckets are rebuilt (rank 0's order, on every rank: the prediction's case): the bytes of
+    the buckets that can only start once backward has produced its last gradient, and on rank 0 and rank 1 the bytes
+    of the buckets that are complete before they may start (an earlier bucket of the plan is not)."""
     plan = rebuilt_plan(TRAFFIC["cap"])
     sizes = _bucket_bytes(plan)
     last = len(arrival_order()) - 1
     exposed = sum(size for size, start in zip(sizes, _starts(plan), strict=True) if start == last)
-    return {"allreduce_calls": len(plan), "allreduce_bytes": sum(sizes), "exposed_bytes": exposed}
+
+    def held_back(rank: int) -> int:
+        done, start = _completes(plan, rank), _starts(plan, rank)
+        return sum(size for size, d, s in zip(sizes, done, start, strict=True) if d < s)
+
+    return {"exposed_bytes": exposed, "held_back_bytes_rank0": held_back(0), "held_back_bytes_rank1": held_back(1)}
 
 
 THEORY = {"step_traffic": step_traffic_theory}  # what the prediction's judge scores against
@@ -672,11 +755,12 @@ THEORY = {"step_traffic": step_traffic_theory}  # what the prediction's judge sc
 
 def _library_step(batches, plan: list[list[str]], microbatches: int) -> dict:
     """Rank code: one step of parlab's bucketed DP (parlab.schemes.data_parallel.BucketedDP) given `plan`'s
-    buckets, with M micro-batches; what it handed to all_reduce and when (the gradient that started each call)."""
+    buckets, with M micro-batches; what it handed to all_reduce, and when each gradient of the last backward arrived
+    (the calls made before its hook)."""
     from parlab.schemes.data_parallel import Bucket, BucketedDP
 
     world, r = dist.get_world_size(), dist.get_rank()
-    model = checks_model()
+    model = checks_model()  # this rank's build: odd ranks produce gate's gradient before up's
     watch = GradientWatch(model)
     dp = BucketedDP(model)  # its hooks call dp._grad_ready, which reads dp.buckets: given the plan's buckets
     named = dict(model.named_parameters())
@@ -691,20 +775,32 @@ def _library_step(batches, plan: list[list[str]], microbatches: int) -> dict:
             dp.sync = m == microbatches - 1
             (lab_loss(model(x_m), y_m) / microbatches).backward()
         dp.finish()
-    last = watch.passes[-1]["arrivals"][-1][1]  # calls made before the hook of the last backward's last gradient ran
-    return {"calls": _plain_calls(calls), "exposed_from": last}
+    return {"calls": _plain_calls(calls), "arrivals": watch.passes[-1]["arrivals"]}
 
 
-def collect_step_traffic(allreduce_calls, allreduce_bytes, exposed_bytes) -> dict:
+def _measured_traffic(res: dict, plan: list[list[str]]) -> tuple[int, int]:
+    """(bytes all-reduced from the last gradient's hook on, bytes of buckets started in a later hook than the one
+    that completed them), from what one rank did."""
+    names, made = [name for name, _ in res["arrivals"]], [m for _, m in res["arrivals"]]
+    position = {name: i for i, name in enumerate(names)}
+    allreduces = [(i, c["bytes"]) for i, c in enumerate(res["calls"]) if c["op"] == "allreduce"]
+    exposed = sum(size for i, size in allreduces if i >= made[-1])
+    held = 0
+    for (i, size), bucket in zip(allreduces, plan, strict=False):
+        started_in = max(j for j, m in enumerate(made) if m <= i)  # the hook in which the call was made
+        held += size if started_in > max(position[name] for name in bucket) else 0
+    return exposed, held
+
+
+def collect_step_traffic(exposed_bytes, held_back_bytes_rank0, held_back_bytes_rank1) -> dict:
     world, m = TRAFFIC["P"], TRAFFIC["M"]
     batches = lab_batches(TIED, TRAFFIC["B"], 1, seed=3)  # one optimizer step
-    rank0 = parlab.launch(_library_step, world, batches, rebuilt_plan(TRAFFIC["cap"]), m, **LAUNCH)[0]
-    allreduces = [c for c in rank0["calls"] if c["op"] == "allreduce"]
-    late = [c for c in rank0["calls"][rank0["exposed_from"] :] if c["op"] == "allreduce"]
-    measured = [len(allreduces), sum(c["bytes"] for c in allreduces), sum(c["bytes"] for c in late)]
+    plan = rebuilt_plan(TRAFFIC["cap"])
+    ranks = parlab.launch(_library_step, world, batches, plan, m, **LAUNCH)
+    (exposed, held0), (_, held1) = _measured_traffic(ranks[0], plan), _measured_traffic(ranks[1], plan)
     return {
-        "predicted": [_number(allreduce_calls), _number(allreduce_bytes), _number(exposed_bytes)],
-        "measured": [float(value) for value in measured],
+        "predicted": [_number(v) for v in (exposed_bytes, held_back_bytes_rank0, held_back_bytes_rank1)],
+        "measured": [float(exposed), float(held0), float(held1)],
         "library": list(WATCH.calls),
     }
 
@@ -721,11 +817,11 @@ def _number(value):
 
 def judge_step_traffic(data) -> list[str]:
     theory = step_traffic_theory()
-    case = f"P={TRAFFIC['P']}, M={TRAFFIC['M']}, rebuilt buckets, per rank per step"
+    case = f"P={TRAFFIC['P']}, M={TRAFFIC['M']}, rebuilt buckets, per step"
     labels = {
-        "allreduce_calls": "all-reduce calls",
-        "allreduce_bytes": "bytes handed to all_reduce",
         "exposed_bytes": "bytes whose all-reduce starts only with the last gradient",
+        "held_back_bytes_rank0": "rank 0: bytes of buckets complete before they may start",
+        "held_back_bytes_rank1": "rank 1: bytes of buckets complete before they may start",
     }
     lines = []
     for (name, label), predicted, measured in zip(labels.items(), data["predicted"], data["measured"], strict=True):
@@ -740,7 +836,7 @@ def judge_step_traffic(data) -> list[str]:
 def train_accumulating(token_dp, accumulation_step, batches, rows: tuple[int, ...], microbatches: int) -> dict:
     """Rank code: data parallelism with your TokenDP and your accumulation_step, SGD on every rank. Rank r holds
     rows[r] rows of each padded global batch (x, y, mask: [B, T])."""
-    model = checks_model()  # the same weights on every rank
+    model = checks_model()  # the same weights on every rank (odd ranks: up before gate)
     gradients = GradientWatch(model)  # the check's: when each gradient arrives, when each backward pass ends
     handles = HandleWatch(gradients)  # the check's: which all-reduces are still in flight
     opt = make_optimizer(model.parameters(), "sgd", LR)
@@ -779,13 +875,17 @@ def judge_training(data) -> list[str]:
     for r, res in enumerate(ranks):
         lines.append(compare(f"rank {r}: the loss it returned, each step", res["losses"], reference["losses"]).line)
         lines.append(compare(f"rank {r}: parameters after {ACC_STEPS} steps", res["params"], reference["params"]).line)
-    plans = [first_plan(checks_model(), CAP), rebuilt_plan(CAP)]
+    plans = [first_plan(checks_model(0), CAP), rebuilt_plan(CAP)]
     extra = 8 * MAX_EXTRA
     for r, res in enumerate(ranks):
         for k, (step, plan) in enumerate(zip(res["steps"], plans, strict=True)):
             what = f"step {k + 1}, {'the first plan' if k == 0 else 'the rebuilt plan'}"
-            lines.append(_bucket_verdict(f"rank {r}", step["calls"], _bucket_bytes(plan), what, extra))
-            lines.append(_start_verdict(f"rank {r}", step["calls"], step["passes"], plan, what, extra))
+            calls = step["calls"]
+            if k == 0:
+                calls, line = _agreement(f"rank {r}", step, len(ranks))
+                lines.append(line)
+            lines.append(_bucket_verdict(f"rank {r}", calls, _bucket_bytes(plan), what, extra))
+            lines.append(_start_verdict(f"rank {r}", calls, step["passes"], plan, what, r, extra))
         flying = [int(step["in_flight_after_finish"]) for step in res["steps"]]
         what = f"rank {r}, every step: every all-reduce waited for before the optimizer step"
         lines.append(
