@@ -124,7 +124,8 @@ STRUCTURAL = {
     "least: the nodes each axis' groups span, heaviest axis first, against the least (the grader's exact search "
     "over every way to fill the nodes; a FAIL names the axis, the expected and received count and a group that "
     "spans too many); no call into parlab.core.mesh",
-    "step": "your step on 8 live ranks for dp-pp-tp (2 stages, tp 2) and tp-dp-pp (tp 4, slowest): the loss and "
+    "step": "your step on 8 live ranks for dp-pp-tp (2 stages, tp 2), tp-dp-pp (tp 4, slowest) and pp-tp-dp (4 stages, "
+    "two of them in the middle): the loss and "
     "every rank's gradient slices against one device (float64); every call it makes into torch.distributed, "
     "recorded at the process group with that group's ranks: each rank's all-reduce bytes on each group of ranks "
     "(tp, dp, each K/V head's holders, which your step works out and creates) and its sends and receives on pp "

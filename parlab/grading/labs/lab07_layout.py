@@ -36,11 +36,13 @@ CFG = LabConfig(vocab_size=96, seq_len=8, hidden=48, heads=12, kv_heads=3, ffn=9
 TIED = LabConfig(vocab_size=96, seq_len=8, hidden=48, heads=12, kv_heads=3, ffn=96, layers=4, tied=True)
 B = 8  # the step's global batch: x, target [B, T, H] (T = CFG.seq_len); a replica trains on B / D rows
 
-# Part 2 (the step): two layouts of 8 live ranks. In the first a K/V head straddles the two tp places; in the
-# second (tp slowest, tp = 4) the three K/V heads overlap in a chain: K/V head 1 on tp places 1 and 2, and so on.
+# Part 2 (the step): three layouts of 8 live ranks. In the first a K/V head straddles the two tp places; in the
+# second (tp slowest, tp = 4) the three K/V heads overlap in a chain: K/V head 1 on tp places 1 and 2, and so on;
+# the third has stages in the middle (pp = 4, one block each), which receive their input and send it on.
 STEP_MESHES = [
     {"dp": 2, "pp": 2, "tp": 2},
     {"tp": 4, "dp": 2, "pp": 1},
+    {"pp": 4, "tp": 2, "dp": 1},
 ]
 KINDS = ("params", "grads", "optimizer")
 ZERO_STAGES = (0, 1, 2, 3)
