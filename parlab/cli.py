@@ -86,7 +86,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         sub.add_argument("--json", action="store_true", help="print one JSON object instead of verdict lines")
         twin_help = "skip the PyTorch twin (parlab/twins) run after the scheme on the same ranks"
         sub.add_argument("--no-twin", dest="twin", action="store_false", help=twin_help)
-        scheme.options.add_arguments(sub, skip=dict(scheme.fixed))
+        scheme.options.add_arguments(sub, skip={*dict(scheme.fixed), *scheme.not_offered})
     return parser
 
 
@@ -252,8 +252,12 @@ def _main(argv: list[str] | None) -> int:
         return _error(str(exc))
     if report is None:  # a rank other than 0 under torchrun: rank 0 speaks for the job
         return 0
+    # A twin that ran and disagrees fails the run: the JSON's "passed" says what the exit status says (the scheme's
+    # own verdict against one device stays in "scheme_passed").
+    twin_failed = report.get("twin", {}).get("passed") is False
+    passed = report["passed"] and not twin_failed
     if args.json:
-        print(json.dumps(_json_safe(report)))
+        print(json.dumps(_json_safe({**report, "passed": passed, "scheme_passed": report["passed"]})))
     else:
         for line in report["verdicts"]:
             print(line)
@@ -261,5 +265,4 @@ def _main(argv: list[str] | None) -> int:
             from parlab.twins.registry import twin_line
 
             print(twin_line(report))
-    twin_failed = report.get("twin", {}).get("passed") is False  # a twin that ran and disagrees fails the run
-    return 0 if report["passed"] and not twin_failed else 1
+    return 0 if passed else 1
