@@ -64,14 +64,46 @@ def __dir__():
 def live(what, world_size: int = 4, *args, title: str | None = None, **kwargs):
     """Run rank code (like parlab.launch(fn, world_size, ...); returns its Results) or a scheme by name (like
     parlab.runs.registry.launch_scheme(name, world_size=..., **options); returns (results, report)), with its
-    timeline drawn while the ranks run (parlab/views/live.py)."""
+    timeline drawn while the ranks run (parlab/views/live.py).
+
+    Outside a notebook (a plain script) there is nothing to draw in: the finished timeline is saved as a standalone
+    HTML file, and a line on stderr says where."""
     if isinstance(what, str):
         from parlab.runs.registry import launch_scheme
 
-        return launch_scheme(what, live=True, world_size=world_size, **kwargs)
-    from parlab.views.live import launch_live
+        out = launch_scheme(what, live=True, world_size=world_size, **kwargs)
+        results, name = out[0], what
+    else:
+        from parlab.views.live import launch_live
 
-    return launch_live(what, world_size, *args, title=title, **kwargs)
+        out = results = launch_live(what, world_size, *args, title=title, **kwargs)
+        name = getattr(what, "__name__", "rank code")
+    if not _in_kernel():
+        _save_timeline(results, title or f"{name} on {len(results)} ranks")
+    return out
+
+
+def _in_kernel() -> bool:
+    """Whether this runs in a Jupyter kernel, where a figure can be shown."""
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def _save_timeline(results, title: str) -> str:
+    """The finished timeline as a standalone HTML file in the temp folder (plotly.js inside: it opens offline);
+    says where on stderr, and returns the path."""
+    import tempfile
+
+    from parlab.views.plots import timeline
+
+    handle, path = tempfile.mkstemp(prefix="parlab-live-", suffix=".html")
+    with os.fdopen(handle, "w") as f:
+        f.write(timeline(results.trace, title=f"{title}: {len(results.trace)} events").to_html(include_plotlyjs=True))
+    print(
+        f"parlab.live: no notebook to draw in here; the timeline is saved in {path} (open it in a browser)",
+        file=sys.stderr,
+    )
+    return path
 
 
 # jsonschema (which plotly's first figure imports, through nbformat) builds an IRI parser at import that no lesson uses:

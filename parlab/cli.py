@@ -17,10 +17,13 @@ Bad options are refused with one `parlab: error: ...` line (exit status 2) befor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import signal
 import sys
+import threading
 
 from parlab.runs.catalog import CATALOG
 
@@ -86,7 +89,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         sub.add_argument("--json", action="store_true", help="print one JSON object instead of verdict lines")
         twin_help = "skip the PyTorch twin (parlab/twins) run after the scheme on the same ranks"
         sub.add_argument("--no-twin", dest="twin", action="store_false", help=twin_help)
-        scheme.options.add_arguments(sub, skip=dict(scheme.fixed))
+        scheme.options.add_arguments(sub, skip={*dict(scheme.fixed), *scheme.not_offered})
     return parser
 
 
@@ -206,19 +209,64 @@ def doctor(args: argparse.Namespace) -> int:
     return 0 if report["passed"] else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line's exit status: a command's own, 130 after Ctrl-C, 1 when stdout was closed early
-    (`parlab plan | head -2`), each without a traceback."""
+class _Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived: raised in the main thread, so that the run unwinds as after Ctrl-C (launch stops
+    the ranks, `finally` blocks remove scratch folders, atexit shuts the rank server down)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _orderly_signals():
+    """SIGTERM and SIGHUP (a closed terminal, `kill`, a job scheduler) end the command as Ctrl-C does, with nothing
+    left behind, instead of killing it on the spot; the previous handlers come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():  # (only the main thread may set handlers)
+        yield
+        return
+
+    def handler(signum, frame):
+        raise _Terminated(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return _main(argv)
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line's exit status: a command's own, 130 after Ctrl-C, 128 + N after signal N (SIGTERM,
+    SIGHUP), 1 when stdout was closed early (`parlab plan | head -2`), each without a traceback."""
+    try:
+        with _orderly_signals():
+            return _main(argv)
     except KeyboardInterrupt:  # the ranks were stopped by launch's own handler; say it in one line
         print("parlab: interrupted", file=sys.stderr)
         return 130
+    except _Terminated as stop:
+        print(f"parlab: stopped by {signal.Signals(stop.signum).name}", file=sys.stderr)
+        return 128 + stop.signum
     except BrokenPipeError:
         # The reader left: point stdout at /dev/null so the interpreter's last flush does not raise again.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+
+
+@contextlib.contextmanager
+def _progress_lines():
+    """While a command runs ranks: their progress on stderr even where it is no terminal (a pipe, a log), as a line
+    now and then (parlab/runtime/progress.py); a terminal or a notebook shows it as always."""
+    from parlab.runtime.progress import _ProgressLine
+
+    before, _ProgressLine.LINES = _ProgressLine.LINES, True
+    try:
+        yield
+    finally:
+        _ProgressLine.LINES = before
 
 
 def _main(argv: list[str] | None) -> int:
@@ -234,7 +282,8 @@ def _main(argv: list[str] | None) -> int:
 
         return grade.run(args)
     if args.command == "tour":
-        return tour(args.world, args.twin)
+        with _progress_lines():
+            return tour(args.world, args.twin)
     if args.command == "doctor":
         return doctor(args)
     if args.command == "figures":
@@ -244,16 +293,25 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "plan":
         return plan(args)
     from parlab.runs.registry import run_scheme
+    from parlab.runtime.errors import LaunchTimeout, RankError
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "scheme", "json", "twin")}
     try:
-        report = run_scheme(args.scheme, twin=args.twin, **options)
+        with _progress_lines():
+            report = run_scheme(args.scheme, twin=args.twin, **options)
     except ValueError as exc:  # bad options: said before any process started
         return _error(str(exc))
+    except (RankError, LaunchTimeout) as exc:  # the ranks' own story (a rank's traceback, who waited where)
+        print(f"parlab: error: {exc}", file=sys.stderr)
+        return 1
     if report is None:  # a rank other than 0 under torchrun: rank 0 speaks for the job
         return 0
+    # A twin that ran and disagrees fails the run: the JSON's "passed" says what the exit status says (the scheme's
+    # own verdict against one device stays in "scheme_passed").
+    twin_failed = report.get("twin", {}).get("passed") is False
+    passed = report["passed"] and not twin_failed
     if args.json:
-        print(json.dumps(_json_safe(report)))
+        print(json.dumps(_json_safe({**report, "passed": passed, "scheme_passed": report["passed"]})))
     else:
         for line in report["verdicts"]:
             print(line)
@@ -261,5 +319,4 @@ def _main(argv: list[str] | None) -> int:
             from parlab.twins.registry import twin_line
 
             print(twin_line(report))
-    twin_failed = report.get("twin", {}).get("passed") is False  # a twin that ran and disagrees fails the run
-    return 0 if report["passed"] and not twin_failed else 1
+    return 0 if passed else 1

@@ -19,7 +19,7 @@ from parlab.runs.registry import get_scheme, launch_scheme
     [
         ("dp", {"kill_rank": 4}, "kill_rank=4 is not a rank of world_size=4"),
         ("dp", {"kill_rank": 1, "at_step": 5, "steps": 4}, "at_step=5 must be a step of the run, 1..steps=4"),
-        ("zero", {"kill_rank": 1}, "at_step=None must be a step"),
+        ("zero", {"kill_rank": 1, "at_step": 0}, "at_step=0 must be a step of the run, 1..steps=3"),
         ("dp", {"kill_rank": 1, "at_step": 2, "checkpoint_every": 0}, "checkpoint_every=0 must be >= 1"),
         ("ps", {"kill_rank": 0, "at_step": 2, "mode": "async"}, "a worker (1..world-1) of --mode async"),
         ("ps", {"kill_rank": 1, "at_step": 2, "mode": "sync"}, "a worker (1..world-1) of --mode async"),

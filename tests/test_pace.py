@@ -136,12 +136,15 @@ def test_a_profile_pace_keeps_the_clusters_proportions():
     assert "H100 times" in paced_h100.describe()
     on_ib = pace.Pace.from_profile("h100", flops, world_size=16)  # more ranks than a node's 8 GPUs: InfiniBand
     assert on_ib.bandwidth < paced_h100.bandwidth
+    # A toy forward (nanoseconds of compute against microseconds of latency, issue 41 item 11): the latency lasts
+    # 50 ms and F its share of it, the proportions kept; only an F too short to hold at all (under 1 us) is refused.
+    toy = pace.Pace.from_profile("h100", 1e6, world_size=4)
+    assert toy.alpha == pytest.approx(0.05) and toy.latency_bound
+    assert toy.unit / toy.alpha == pytest.approx(h100.compute_seconds(1e6) / h100.nvlink_alpha)
     with pytest.raises(ValueError, match="give the run a bigger model"):
-        pace.Pace.from_profile("h100", 1e6)  # a toy forward: nanoseconds of compute against microseconds of latency
+        pace.Pace.from_profile("h100", 1e3)
     with pytest.raises(ValueError, match="only a run that trains a model"):
         pace.parse("a100")
-    with pytest.raises(ValueError, match="give the run a bigger model"):
-        run_pipeline("1f1b", 2, 2, steps=1, batch=4, layers=2, pace="h100")  # refused before launch
 
 
 def test_a_profile_pace_can_be_slowed_down_with_its_proportions_kept():

@@ -105,9 +105,20 @@ class DeviceMesh:
             device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
         # torch's layout is ours: ranks arange(world).view(shape), the last axis fastest.
         self.torch_mesh = init_device_mesh(device_type, tuple(self.axes.values()), mesh_dim_names=tuple(self.axes))
+        # An axis as large as the world (the others all of size 1: ulysses 4 x ring 1, or every axis at world 1)
+        # gets torch's default group, which bears no axis name, so its calls would be filed under no axis and a
+        # check of that axis' bytes would read 0. Such an axis gets a group of its own, named after it.
+        world = dist.get_world_size()
+        self._groups = {
+            axis: self._new_group([list(range(world))], f"mesh_{axis}")
+            for axis, size in self.axes.items()
+            if size == world
+        }
 
     def group(self, axis: str):
         """The process group of this rank along `axis` (pass it as group= to parlab.core.comm)."""
+        if axis in self._groups:
+            return self._groups[axis]
         return self.torch_mesh.get_group(axis)
 
     def twin_group(self, axis: str):

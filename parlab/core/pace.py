@@ -82,26 +82,53 @@ class Pace:
         return text
 
     @classmethod
-    def from_profile(cls, name: str, forward_flops: float, world_size: int = 1, unit: float = 0.05) -> Pace:
+    def from_profile(cls, name: str, forward_flops: float, world_size: int = 1, unit: float | None = None) -> Pace:
         """The proportions of a real cluster (parlab.core.hardware): F takes forward_flops at the profile's FLOP/s and
         efficiency, a message the profile's NVLink (all ranks in one node) or InfiniBand alpha + bytes /
-        bandwidth; everything slowed down by the same factor so that F lasts `unit` seconds of wall time."""
+        bandwidth; everything slowed down by the same factor so that F lasts `unit` seconds of wall time.
+
+        unit None (not given): F lasts 50 ms, unless a message's latency alpha is longer than F, as it is for the
+        small models of a lesson (a GPU runs their forward in nanoseconds, a message takes microseconds): then
+        alpha lasts 50 ms and F its share of that. Either way the longer of the two is what one can watch."""
         from parlab.core.hardware import profile
 
+        if not forward_flops > 0:  # (false for nan)
+            raise ValueError(f"pace {name}: the run's forward has {forward_flops:g} FLOPs; nothing to time")
         hw = profile(name)
-        scale = unit / hw.compute_seconds(forward_flops)
         intra = world_size <= hw.gpus_per_node
-        alpha = (hw.nvlink_alpha if intra else hw.ib_alpha) * scale
+        hw_alpha = hw.nvlink_alpha if intra else hw.ib_alpha
+        hw_forward = hw.compute_seconds(forward_flops)
+        given = unit is not None
+        if not given:
+            unit = DEFAULT_UNIT * min(1.0, hw_forward / hw_alpha)
+        if not (1e-6 <= unit <= 60.0):  # as __post_init__ would say, in the profile's words
+            if given:
+                raise ValueError(f"pace {name}: unit={unit:g} must be between 1us and 60s")
+            raise ValueError(
+                f"pace {name}: this model's forward of {forward_flops:.3g} FLOPs takes {hw_forward * 1e9:.3g} ns on "
+                f"an {name.upper()}, {hw_alpha / hw_forward:.3g} times shorter than a message's latency "
+                f"({hw_alpha * 1e6:g} us): slowed down until a message lasts {DEFAULT_UNIT * 1e3:g} ms, F would last "
+                f"{unit * 1e9:.3g} ns, too short to hold; give the run a bigger model (--hidden, --seq, --batch)"
+            )
+        scale = unit / hw_forward
+        alpha = hw_alpha * scale
         bandwidth = (hw.nvlink_bandwidth if intra else hw.ib_bandwidth) / scale
         if alpha > 10.0:
             raise ValueError(
-                f"pace {name}: this model's forward of {forward_flops:.3g} FLOPs takes "
-                f"{hw.compute_seconds(forward_flops) * 1e9:.3g} ns on an {name.upper()}, a message's latency "
-                f"alone {alpha / scale * 1e6:g} us; slowed down to F = {unit * 1e3:g} ms a message would take "
-                f"{alpha:.3g} s: give the run a bigger model (--hidden, --seq, --batch)"
+                f"pace {name}: this model's forward of {forward_flops:.3g} FLOPs takes {hw_forward * 1e9:.3g} ns on "
+                f"an {name.upper()}, a message's latency alone {hw_alpha * 1e6:g} us; slowed down to F = "
+                f"{unit * 1e3:g} ms a message would take {alpha:.3g} s: give a smaller unit (at most "
+                f"{unit * 10.0 / alpha * 1e3:.3g} ms; or leave it out) or a bigger model (--hidden, --seq, --batch)"
             )
         return cls(unit=unit, alpha=alpha, bandwidth=min(bandwidth, 1e15), profile=name, time_scale=scale)
 
+    @property
+    def latency_bound(self) -> bool:
+        """A hardware profile's pace whose message latency outlasts a forward (a small model on a fast GPU)."""
+        return bool(self.profile) and self.alpha > self.unit
+
+
+DEFAULT_UNIT = 0.05  # seconds of wall time the longer of F and a message's latency lasts under a hardware profile
 
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "B/s": 1.0, "KB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9}
 

@@ -5,7 +5,11 @@
                                           # at interpreter exit if the block never ends (atexit)
 
 The process that owns the run (the parent) owns the folder, so ranks killed by a timeout (SIGKILL: no finally runs
-there) leave nothing behind; `sweep_orphans` removes the folders of owner processes that were killed themselves.
+there) leave nothing behind. A folder given by path (`--folder x/deep/a`) goes with every folder that was made to
+hold it (x, x/deep: those that did not exist before). Each folder the process owns is listed by `owned()`: every
+launch hands that list to the rank server, which removes them if the parent dies without a word (SIGKILL: no
+finally, no atexit); the command line turns SIGTERM and SIGHUP into an orderly exit. `sweep_orphans` removes the
+folders of owner processes that were killed while no rank server watched.
 """
 
 from __future__ import annotations
@@ -32,19 +36,53 @@ def new_folder_path(root: str | Path | None = None) -> Path:
 def offload_folder(path: str | Path | None = None) -> Iterator[Path]:
     """Create the folder (default: a new one under the temp dir), yield it, and remove it on the way out: after
     success, an exception or a KeyboardInterrupt (finally), and at interpreter exit if the block never ends
-    (atexit). sweep_orphans() first removes the folders of processes that were killed. A folder that exists and
-    holds anything is refused (ValueError): it would be removed with the rest."""
+    (atexit), with the folders made to hold it. sweep_orphans() first removes the folders of processes that were
+    killed. A folder that exists and holds anything is refused (ValueError): it would be removed with the rest."""
     check_folder(path)
     sweep_orphans(Path(path).parent if path else None)
     path = Path(path) if path else new_folder_path()
+    own(path)
     path.mkdir(parents=True, exist_ok=True)
-    remove = lambda: shutil.rmtree(path, ignore_errors=True)  # noqa: E731
-    atexit.register(remove)
     try:
         yield path
     finally:
-        remove()
-        atexit.unregister(remove)
+        release(path)
+
+
+# Every scratch folder this process will remove: its path -> the folders creating it makes (itself first, then the
+# parents that did not exist), deepest first.
+_owned: dict[str, list[str]] = {}
+
+
+def own(path: str | Path) -> None:
+    """This process removes `path` (a folder not made yet) and the parents made to hold it: at release(path), and at
+    exit whatever happened (atexit; the rank server if this process is killed)."""
+    key = str(Path(path).absolute())
+    if key not in _owned:
+        _owned[key] = [str(p) for p in (Path(key), *Path(key).parents) if not p.exists()]
+
+
+def release(path: str | Path) -> None:
+    """Remove an owned folder and whatever it holds, then the parents made for it that are empty now."""
+    key = str(Path(path).absolute())
+    made = _owned.pop(key, [key])
+    shutil.rmtree(key, ignore_errors=True)
+    for folder in made[1:]:  # deepest first: an emptied parent, then its own parent
+        try:
+            os.rmdir(folder)
+        except OSError:  # not empty (something else lives there now), or gone already
+            break
+
+
+def owned() -> list[list[str]]:
+    """The folders this process will remove, each as [path, parents made for it...] (for the rank server)."""
+    return [[key, *made[1:]] for key, made in _owned.items()]
+
+
+@atexit.register
+def _release_all() -> None:
+    for key in list(_owned):
+        release(key)
 
 
 def check_folder(path: str | Path | None) -> None:

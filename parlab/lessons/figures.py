@@ -55,6 +55,10 @@ class Figure:
 
 def lesson_notebook(lesson: str, folder: Path = NOTEBOOKS) -> Path:
     """notebooks/NN_*.ipynb for "03", "3" or a name ("pipeline" matches 03_pipeline_parallel.ipynb)."""
+    if not lesson.strip():
+        names = ", ".join(p.stem for p in sorted(folder.glob("*.ipynb")))
+        raise ValueError(f"--lesson is empty: give a number or a name (lessons: {names})")
+    lesson = lesson.strip()
     key = f"{int(lesson):02d}_" if lesson.isdigit() else lesson.lower()
     found = sorted(p for p in folder.glob("*.ipynb") if (p.name.startswith(key) if key[0].isdigit() else key in p.name))
     if not found:
@@ -149,6 +153,25 @@ def static_renderer() -> str | None:
     return None
 
 
+def check_out(out: Path) -> None:
+    """The folder the figures go to: one that exists or can be made here, checked before any notebook is read (a
+    file in its place, a file on its path, or a place this process may not write is a ValueError naming it)."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a file, not a folder")
+    for parent in out.parents:  # the nearest part of the path that exists must be a folder
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"--out {str(out)!r} cannot be created: {str(parent)!r} is a file")
+            break
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".parlab-write-test-{os.getpid()}"
+        probe.write_bytes(b"parlab")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"--out {str(out)!r} cannot be created or written here: {exc.strerror or exc}") from None
+
+
 def export(
     lesson: str,
     out: Path,
@@ -160,8 +183,8 @@ def export(
     import plotly.io as pio
 
     path = lesson_notebook(lesson, folder)
+    check_out(out)
     figures = notebook_figures(read_notebook(path, execute))
-    out.mkdir(parents=True, exist_ok=True)
     prefix = path.stem.split("_")[0]
     written, notes, stems = [], [], []
     if "html" in formats and figures:
@@ -285,6 +308,9 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"parlab: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the folder was checked; a write can still fail (a full disk, a folder removed meanwhile)
+        print(f"parlab: error: writing the figures to {str(args.out)!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     for path in written:
         print(path)
     for note in notes:

@@ -35,9 +35,11 @@ from parlab.schemes.expert_parallel import (
 class MoEOptions(ModelOptions):
     experts: int = option(8, "E, experts per MoE layer (spread over the ep axis: E / ep per rank)")
     top_k: int = option(2, "k, experts each token is sent to")
-    capacity_factor: float = option(1.25, "slots per expert and rank = ceil(factor x tokens x k / E)")
+    capacity_factor: float = option(
+        1.25, "slots per expert and rank = ceil(factor x tokens x k / E)", bounds="(0, 1000]"
+    )
     drop: bool = option(True, "drop the tokens past an expert's capacity (--no-drop: every expert takes all)")
-    aux_weight: float = option(0.01, "weight of the load-balancing loss in the training loss")
+    aux_weight: float = option(0.01, "weight of the load-balancing loss in the training loss", bounds="[0, 100]")
     moe_every: int = option(1, "an MoE FFN in every block (1) or every other block (2)")
     dp: int = option(1, "data-parallel replicas (the dp axis); the ep axis is world / dp")
 
@@ -60,6 +62,8 @@ class MoEOptions(ModelOptions):
             raise ValueError(f"batch={self.batch} is not divisible by world_size={self.world_size} (rows per rank)")
         if self.aux_weight < 0:
             raise ValueError(f"aux_weight={self.aux_weight} must be >= 0")
+        if not self.drop:
+            self.no_effect(("capacity_factor",), "with drop off (--no-drop: every expert takes every token)")
 
     def moe_config(self) -> MoEConfig:
         return MoEConfig(
@@ -188,9 +192,12 @@ def _all_to_all(opts: MoEOptions, results: Results) -> tuple[list, dict]:
     the balanced case's formula beside them. Returns (checks, the report fields)."""
     cfg, W, E = opts.gpt_config(), opts.world_size, opts.experts
     measured = results.trace.bytes_per_rank().get("all_to_all", [0] * W)
+    recomputed = cfg.recompute == "full"  # each MoE block's forward, all-to-alls included, runs again in backward
     theory = [
         sum(
-            all_to_all_payload(sum(layer["send_splits"]), sum(layer["recv_splits"]), cfg.hidden, cfg.dtype_bytes, E)
+            all_to_all_payload(
+                sum(layer["send_splits"]), sum(layer["recv_splits"]), cfg.hidden, cfg.dtype_bytes, E, recomputed
+            )
             for step in r["stats"]
             for layer in step
         )

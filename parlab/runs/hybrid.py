@@ -18,7 +18,7 @@ from parlab.core.mesh import DeviceMesh, mesh_coords
 from parlab.core.models import GPTConfig, build_model, make_batches
 from parlab.core.moe import MoEConfig
 from parlab.runs.expert_parallel import reference_routing
-from parlab.runs.options import ModelOptions, option
+from parlab.runs.options import ModelOptions, option, positive
 from parlab.runs.registry import Scheme, launch_scheme
 from parlab.runs.report import compare_losses, count_checks, model_fields, run_report, single_device_run
 from parlab.runs.zero import param_count
@@ -114,7 +114,17 @@ class HybridOptions(ModelOptions):
         return self.virtual or (2 if self.schedule in ("interleaved", *V_SCHEDULES) else 1)
 
     def validate(self) -> None:
+        # The axes first: the world size is their product (a tp of 0 would otherwise read "world_size=0").
+        for axis, n in self.sizes.items():
+            positive(axis, n)
         super().validate()
+        if not self.experts:
+            self.no_effect(
+                ("top_k", "capacity_factor", "drop", "aux_weight", "moe_every"),
+                "without experts (a dense GPT routes no token: add --experts E)",
+            )
+        elif not self.drop:
+            self.no_effect(("capacity_factor",), "with drop off (--no-drop: every expert takes every token)")
         check_parallel_dims(
             self.gpt_config(),
             self.sizes,

@@ -9,9 +9,7 @@ the disk folder is gone. A device, host or disk budget too small for the run is 
 
 from __future__ import annotations
 
-import atexit
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +19,7 @@ import torch
 from parlab.core.check import check_equal, compare
 from parlab.core.comm import device
 from parlab.core.models import GPT, build_model, make_batches
-from parlab.core.scratch import check_folder, new_folder_path, offload_folder, sweep_orphans
+from parlab.core.scratch import check_folder, new_folder_path, offload_folder, own, release, sweep_orphans
 from parlab.core.trace import Trace
 from parlab.runs.options import ModelOptions, option
 from parlab.runs.registry import Scheme, launch_scheme
@@ -66,14 +64,15 @@ class OffloadOptions(ModelOptions):
             setattr(self, name, parse_bytes(getattr(self, name)))
         if self.target == "disk":
             # The folder is named here, in the parent: the parent removes it after the run (the report), and at
-            # exit whatever happened to the ranks (killed ranks run no cleanup of their own). A folder that holds
-            # files already is refused by validate() and never removed.
+            # exit whatever happened to the ranks (killed ranks run no cleanup of their own), with the folders made
+            # to hold it (parlab/core/scratch.py). A folder that holds files already is refused by validate() and
+            # never removed.
             self.folder = self.folder or str(new_folder_path())
             try:
                 check_folder(self.folder)
             except ValueError:
                 return
-            atexit.register(shutil.rmtree, self.folder, ignore_errors=True)
+            own(self.folder)
 
     def validate(self) -> None:
         super().validate()
@@ -81,6 +80,8 @@ class OffloadOptions(ModelOptions):
             raise ValueError(f"target={self.target!r} must be one of {TARGETS}")
         if self.optimizer != "adam":
             raise ValueError(f"optimizer={self.optimizer!r}: offload steps Adam; use adam")
+        if self.target != "disk":
+            self.no_effect(("folder",), f"with target {self.target!r} (only the disk target writes files)")
         check_folder(self.folder)  # never a folder with someone's files in it: it is removed after the run
         if self.target == "disk":
             sweep_orphans()  # the folders of earlier runs whose parent was killed (CLI or Python, as rendezvous)
@@ -249,7 +250,7 @@ def _folder(opts: OffloadOptions) -> tuple[list, bool]:
     if not opts.folder:
         return [], True
     files_left = len(list(Path(opts.folder).rglob("*")))  # the ranks are done: their close() ran
-    shutil.rmtree(opts.folder, ignore_errors=True)
+    release(opts.folder)  # and the folders made to hold it
     removed = not Path(opts.folder).exists()
     rows = [
         ("files the ranks left in the disk folder", files_left, 0),

@@ -77,6 +77,12 @@ def positive(name: str, value: int | float) -> None:
         raise ValueError(f"{name}={value} must be >= 1")
 
 
+def default_of(cls: type, name: str) -> Any:
+    """The default value of the option (dataclass field) `name` of `cls`."""
+    f = next(f for f in fields(cls) if f.name == name)
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
 @dataclass
 class RunOptions:
     """What every run takes. A scheme's options class adds its own fields and extends `validate`."""
@@ -103,7 +109,24 @@ class RunOptions:
         positive("steps", self.steps)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
-        self.pace_model()  # a pace that does not parse
+
+    def check(self) -> RunOptions:
+        """Every option checked, before any process starts: `validate` (this class's chain of checks), then the
+        pace, last: a hardware profile's pace is computed from the model (its FLOPs), which only the other options,
+        once checked, can describe (a zero or negative size would otherwise surface as the pace's error, or as a
+        division by zero in its arithmetic). Returns the options."""
+        self.validate()
+        self.pace_model()
+        return self
+
+    def no_effect(self, names: tuple[str, ...], why: str) -> None:
+        """Refuse the options of `names` that were set away from their defaults although they would change
+        nothing (`why`: what they need): an option silently ignored misleads more than one refused."""
+        given = [
+            f"{name}={getattr(self, name)!r}" for name in names if getattr(self, name) != default_of(type(self), name)
+        ]
+        if given:
+            raise ValueError(f"{', '.join(given)}: no effect {why}")
 
     def pace_model(self) -> Pace | None:
         """The emulated device and link of this run (None: not paced)."""
@@ -239,20 +262,54 @@ class ModelOptions(RunOptions):
         )
 
 
+# A failure run that is not given --at-step: its rank dies in step 3, the first after the checkpoint of step 2
+# (--checkpoint-every 2), so the restart resumes from a checkpoint and loses one step; without --steps the run goes
+# on three steps past the failure.
+DEFAULT_AT_STEP, DEFAULT_CHECKPOINT_EVERY, STEPS_PAST_FAILURE = 3, 2, 3
+# How far --at-step alone may stretch the run (without --steps): a longer run is asked for with --steps itself.
+MAX_STRETCHED_STEPS = 100
+
+
 @dataclass
 class FaultOptions:
     """A mixin (before the scheme's base class: `class DPOptions(FaultOptions, ModelOptions)`): inject a failure
     and survive it (parlab/schemes/faults/failures.py, parlab/runs/checkpoint.py). Without --kill-rank the run is
-    unchanged."""
+    unchanged, and the other failure options, which would change nothing, are refused."""
 
+    steps: int | None = option(None, "training steps (default 3; with --kill-rank and no --steps: 3 past the failure)")
     kill_rank: int | None = option(None, "the rank that dies (os._exit) in the middle of step --at-step")
-    at_step: int | None = option(None, "the step (1..steps) in which --kill-rank dies")
-    checkpoint_every: int = option(2, "with --kill-rank: save a sharded checkpoint every this many steps")
+    at_step: int | None = option(None, f"the step (1..steps) in which --kill-rank dies (default {DEFAULT_AT_STEP})")
+    checkpoint_every: int | None = option(
+        None, f"with --kill-rank: save a sharded checkpoint every this many steps (default {DEFAULT_CHECKPOINT_EVERY})"
+    )
     keep_checkpoint: str = option("", "with --kill-rank: keep the checkpoints in this new folder (default: removed)")
+
+    def __post_init__(self):
+        # Resolved here, at construction, so that every reader sees numbers; validate() says what is wrong with them.
+        given_steps = self.steps is not None
+        if self.kill_rank is not None and self.at_step is None:
+            self.at_step = min(DEFAULT_AT_STEP, self.steps) if given_steps else DEFAULT_AT_STEP
+        if not given_steps:
+            failure = self.kill_rank is not None and isinstance(self.at_step, int) and self.at_step >= 1
+            self.steps = self.at_step + STEPS_PAST_FAILURE if failure else default_of(RunOptions, "steps")
+        self.steps_given = given_steps
+        if self.kill_rank is not None and self.checkpoint_every is None:
+            self.checkpoint_every = DEFAULT_CHECKPOINT_EVERY
 
     def validate(self) -> None:
         super().validate()
         if self.kill_rank is None:
+            given = [
+                flag
+                for flag, value in (
+                    ("at_step", self.at_step),
+                    ("checkpoint_every", self.checkpoint_every),
+                    ("keep_checkpoint", self.keep_checkpoint or None),
+                )
+                if value is not None
+            ]
+            if given:
+                raise ValueError(f"{', '.join(given)}: no effect without kill_rank (--kill-rank R: the rank that dies)")
             return
         from parlab.core.scratch import check_folder
 
@@ -261,14 +318,12 @@ class FaultOptions:
             raise ValueError(f"kill_rank={self.kill_rank} is not a rank of world_size={self.world_size} (0..{last})")
         if self.world_size < 2:
             raise ValueError("kill_rank needs world_size >= 2: someone must survive")
-        default_steps = next(f.default for f in dataclasses.fields(self) if f.name == "steps")
-        if self.at_step is not None and self.at_step > self.steps == default_steps:
-            # `--kill-rank 2 --at-step 5` alone: the default run is too short to reach step 5, so it trains on to
-            # three steps past the failure (an explicit --steps smaller than --at-step is refused below).
-            self.steps = self.at_step + 3
-        if self.at_step is None or not 1 <= self.at_step <= self.steps:
+        if not 1 <= self.at_step <= self.steps:
+            raise ValueError(f"at_step={self.at_step} must be a step of the run, 1..steps={self.steps}")
+        if not self.steps_given and self.steps > MAX_STRETCHED_STEPS:
             raise ValueError(
-                f"at_step={self.at_step} must be a step of the run, 1..steps={self.steps} (give --at-step, or --steps)"
+                f"at_step={self.at_step} alone would stretch the run to {self.steps} steps; give --steps too "
+                f"(at least {self.at_step}) if a run that long is meant"
             )
         positive("checkpoint_every", self.checkpoint_every)
         check_folder(self.keep_checkpoint)

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from parlab.core import comm
 from parlab.core.check import CountCheck, compare, host_values
 from parlab.core.models import build_model, lm_loss, make_batches, make_optimizer, synthetic_corpus
-from parlab.runs.options import FaultOptions, ModelOptions, option
+from parlab.runs.options import DEFAULT_CHECKPOINT_EVERY, FaultOptions, ModelOptions, option
 from parlab.runs.registry import Scheme, launch_scheme
 from parlab.runs.report import count_checks, mean_losses, model_fields, one_device_checks, run_report, single_device_run
 from parlab.runtime.errors import Results
@@ -65,6 +65,13 @@ class PSOptions(FaultOptions, ModelOptions):
             raise ValueError(
                 "--kill-rank with ps: a worker (1..world-1) of --mode async (a dead server, or a dead "
                 "worker under sync, stops everyone: see dp and zero for restarts)"
+            )
+        if self.kill_rank is None:
+            self.no_effect(("heartbeat",), "without kill_rank (the server declares a silent worker dead)")
+        elif self.keep_checkpoint or self.checkpoint_every != DEFAULT_CHECKPOINT_EVERY:
+            raise ValueError(
+                "checkpoint_every, keep_checkpoint: no effect with ps, which saves no checkpoint (the asynchronous "
+                "server carries on without the dead worker)"
             )
 
 

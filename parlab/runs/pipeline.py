@@ -70,6 +70,10 @@ class PPOptions(ModelOptions):
         super().validate()
         p, m, v = self.world_size, self.microbatches, self.v
         check_schedule_args(self.schedule, p, m, v)
+        if self.megatron_warmup and self.schedule != "interleaved":
+            raise ValueError(
+                f"megatron_warmup: no effect with schedule {self.schedule!r} (it sets interleaved 1F1B's warm-up)"
+            )
         if self.batch % m:
             raise ValueError(f"batch={self.batch} is not divisible by microbatches={m}")
         stages = p * v

@@ -58,6 +58,8 @@ class Scheme:
     fixed: option values this scheme always runs with (e.g. {"mode": "dp-naive"}), not offered as CLI flags.
     failure: the kind of run `--kill-rank` makes of it (parlab/runs/checkpoint.py, `failure_run`), or None.
     quick: option values of its fastest run that still checks every part of it (`python -m parlab doctor --quick`).
+    not_offered: options of its class this scheme does not take (e.g. recompute, where its model runs the blocks'
+        layers itself): no CLI flag for them; a Python caller who sets one is refused by the options' validate.
     """
 
     name: str
@@ -68,12 +70,11 @@ class Scheme:
     fixed: tuple[tuple[str, Any], ...] = ()
     failure: str | None = None
     quick: tuple[tuple[str, Any], ...] = (("steps", 1),)
+    not_offered: tuple[str, ...] = ()
 
     def make_options(self, **values) -> RunOptions:
         """The validated options: the class defaults, then `values`, then what this scheme fixes."""
-        opts = self.options.make(**{**values, **dict(self.fixed)})
-        opts.validate()
-        return opts
+        return self.options.make(**{**values, **dict(self.fixed)}).check()
 
     def for_options(self, opts: RunOptions) -> Scheme:
         """This scheme as these options run it: with a rank killed (`--kill-rank`), the failure run's rank code and
@@ -187,7 +188,13 @@ def checked_report(scheme: Scheme, opts: RunOptions, results: Results) -> dict:
         overran = pace.overruns(results.trace.events)
         report["paced_overruns"] = overran
         note = f"paced run ({model.describe()}): times are modelled, data and bytes are real"
-        if overran:
+        if overran and model.latency_bound:  # F is short on purpose: a message's latency sets the slow-down
+            note += (
+                f"; {overran} compute spans took longer than modelled: on an {model.profile.upper()} this model's "
+                f"forward is shorter than a message's latency, so F lasts only {model.unit * 1e3:.3g} ms here, less "
+                "than this machine needs; a bigger model (--hidden, --seq, --batch) lengthens it"
+            )
+        elif overran:
             note += (
                 f"; {overran} compute spans took longer than modelled (pace too fast for this machine: "
                 "a larger unit slows it down, e.g. --pace unit=100ms or --pace h100,unit=200ms)"

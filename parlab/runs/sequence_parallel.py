@@ -325,6 +325,7 @@ SCHEMES = [
         sp_rank,
         sp_report,
         fixed=(("method", "ulysses"),),
+        not_offered=("recompute",),  # its GPT runs the blocks' layers itself: check_recompute_applied
     ),
     Scheme(
         "ring",
@@ -333,6 +334,7 @@ SCHEMES = [
         sp_rank,
         sp_report,
         fixed=(("method", "ring"),),
+        not_offered=("recompute",),  # its GPT runs the blocks' layers itself: check_recompute_applied
     ),
     Scheme(
         "ring-zigzag",
@@ -341,5 +343,6 @@ SCHEMES = [
         sp_rank,
         sp_report,
         fixed=(("method", "ring-zigzag"),),
+        not_offered=("recompute",),  # its GPT runs the blocks' layers itself: check_recompute_applied
     ),
 ]

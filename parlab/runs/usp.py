@@ -162,5 +162,6 @@ SCHEMES = [
         USPOptions,
         usp_rank,
         usp_report,
+        not_offered=("recompute",),  # its GPT runs the blocks' layers itself (USPOptions.validate)
     ),
 ]

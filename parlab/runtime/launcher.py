@@ -42,7 +42,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from parlab.core import comm
+from parlab.core import comm, scratch
 from parlab.core.trace import Trace
 from parlab.runtime import DEFAULT_TIMEOUT, SLOT_BYTES, under_torchrun
 from parlab.runtime.errors import CollectiveMismatch, LaunchTimeout, RankError, Results
@@ -80,6 +80,11 @@ def check_launch_args(fn: Any, world_size: Any, backend: str | None, timeout: fl
     """Reject bad arguments before any process starts; return the backend to use."""
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be None (share the cores out) or an int >= 1, got {threads!r}")
+    cores = os.cpu_count() or 1
+    if threads is not None and threads > cores:  # (more threads than cores only wait for each other; a million
+        raise ValueError(  # of them cannot even be started: the ranks died making them)
+            f"threads must be at most this machine's {cores} CPU cores (threads per rank), got {threads}"
+        )
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if isinstance(world_size, bool) or not isinstance(world_size, int):
@@ -176,24 +181,31 @@ def launch(
         "slot_bytes": SLOT_BYTES,
         "stream_events": comm.event_sink is not None,  # a live timeline (parlab.live) is watching
         "spares": int(_spares_wanted()),  # keep ranks ready for the next launch (see _spares_wanted)
+        "scratch": scratch.owned(),  # this process's scratch folders: the server removes them if it is killed
     }
     job_id, request = job["id"], pickle.dumps({"job": job})
     del job  # the pickled request is what travels: no second copy of a large closure while the ranks run
     with _lock:
         server = _get_server()
+        progress = _ProgressLine(world_size)  # shown from now: a cold start (importing torch) takes seconds too
         try:
+            progress.starting, server.on_wait = not server.ready.is_set(), progress.show
             server.wait_ready()
         except KeyboardInterrupt:
+            progress.close()
             if not server.warm:  # a launch interrupted while its server starts leaves no server behind
                 _retire(server)
             raise
         except RuntimeError:
+            progress.close()
             _retire(server)
             raise
+        finally:
+            progress.starting, server.on_wait = False, None
         started = time.perf_counter()
         server.outbox.put(request)
         del request
-        report, stopped, calls = _wait_for_report(server, job_id, timeout, world_size)
+        report, stopped, calls = _wait_for_report(server, job_id, timeout, world_size, progress)
         seconds = time.perf_counter() - started
     results = _results_from(report, stopped, calls, world_size, timeout, seconds, echo, seed)
     results.backend = backend
@@ -217,11 +229,11 @@ def _spares_wanted() -> bool:
     return _in_notebook()
 
 
-def _wait_for_report(server: _RankServer, job_id: int, timeout: float, world_size: int):
+def _wait_for_report(server: _RankServer, job_id: int, timeout: float, world_size: int, progress: _ProgressLine):
     """Wait for the job's report, showing progress and watching for hangs; on a timeout, a mismatch or Ctrl-C,
     stop the ranks first. Returns (report, why the ranks were stopped: None, "timeout" or a CollectiveMismatch,
     each rank's last known state in words)."""
-    progress, watch = _ProgressLine(world_size), _HangWatch(world_size)
+    watch = _HangWatch(world_size)
     deadline = time.monotonic() + timeout
     try:
         stopped: str | CollectiveMismatch = "timeout"
@@ -264,6 +276,8 @@ def _results_from(report, stopped, calls, world_size, timeout, seconds, echo, se
     messages = report["messages"]
     stdout = [messages.get(r, {}).get("stdout", "") for r in range(world_size)]
     failed = report["first_failure"]
+    if stopped == "timeout" and failed is None and all(messages.get(r, {}).get("ok") for r in range(world_size)):
+        stopped = None  # every rank had returned: the timeout came while their (large) results were on their way
     if stopped is not None and failed is None:
         if isinstance(stopped, CollectiveMismatch):
             raise stopped

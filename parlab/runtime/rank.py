@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pickle
 import random
 import sys
@@ -111,17 +112,39 @@ def _seed_generators(seed: int) -> None:
         numpy.random.seed(seed % 2**32)
 
 
-def _to_cpu(value):
-    """Tensors go back to the parent on the CPU."""
+def _to_cpu(value, memo: dict | None = None):
+    """Tensors go back to the parent on the CPU.
+
+    memo: the containers met so far, by id, and what each became, so that a container that holds itself (a list
+    appended to itself) comes back with its cycle, as pickle would send it, rather than recursing for ever. A plain
+    list or dict is entered in the memo before its items are converted; a tuple (built from its items) is marked
+    while it is, and met again inside itself it is left as it is."""
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
-        return type(value)(*(_to_cpu(v) for v in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(v) for v in value)
+    if not isinstance(value, (list, tuple, dict)):
+        return value
+    memo = {} if memo is None else memo
+    if id(value) in memo:
+        converted = memo[id(value)]
+        return value if converted is _CONVERTING else converted
+    if type(value) is list:
+        out = memo[id(value)] = []
+        out.extend(_to_cpu(v, memo) for v in value)
+        return out
     if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    return value
+        out = memo[id(value)] = {}
+        out.update((k, _to_cpu(v, memo)) for k, v in value.items())
+        return out
+    memo[id(value)] = _CONVERTING
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        out = type(value)(*(_to_cpu(v, memo) for v in value))
+    else:  # a tuple, or a subclass of list or tuple
+        out = type(value)(_to_cpu(v, memo) for v in value)
+    memo[id(value)] = out
+    return out
+
+
+_CONVERTING = object()  # in _to_cpu's memo: a tuple whose items are being converted
 
 
 class _Unsendable(Exception):
@@ -130,9 +153,14 @@ class _Unsendable(Exception):
 
 def _pack_result(rank: int, value: Any, events: list) -> bytes:
     """What the rank returned and its trace, pickled by cloudpickle (as the function came)."""
-    value = _to_cpu(value)
     try:
+        value = _to_cpu(value)
         return cloudpickle.dumps((value, events))
+    except RecursionError as exc:  # nested deeper than Python's recursion limit: no part of it is to blame
+        raise _Unsendable(
+            f"The value rank {rank} returned cannot be sent back to the parent: it is nested more than "
+            f"{sys.getrecursionlimit()} levels deep (pickle's limit). Return flatter data."
+        ) from exc
     except Exception as exc:
         path, part, error = _unsendable_part(value) or ("result", value, exc)
         kind = type(part).__qualname__
@@ -226,6 +254,7 @@ def _rank_main(job: dict, rank: int, out: Connection, slot: memoryview, captured
 
     (It lives here rather than in rankserver.py so that each rank runs the parlab code on disk.)"""
     phases = {"rank_start": time.perf_counter()}  # the launch's phases on this rank (perf_counter: one clock for all)
+    pid = os.getpid()  # the rank's own process (rank code may fork: see below)
     # comm.progress() in rank code reports through the same pipe
     comm.progress_hook = lambda update: out.send_bytes(pickle.dumps({"progress": update}))
     board = _CallBoard(slot, rank, job["world_size"])
@@ -251,6 +280,11 @@ def _rank_main(job: dict, rank: int, out: Connection, slot: memoryview, captured
         message = {"rank": rank, "ok": False, "reason": str(exc), "traceback": error}
     except BaseException:
         message = {"rank": rank, "ok": False, "traceback": traceback.format_exc()}
+    if os.getpid() != pid:
+        # A process the rank code forked (os.fork) that returned from it too: only the rank's own process speaks
+        # for the rank. It leaves at once, without a word on the rank's pipe and without Python's exit handlers
+        # (those are the rank's).
+        os._exit(0 if message["ok"] else 1)
     message["stdout"], message["phases"] = captured.getvalue(), phases
     board.publish(done=True)
     out.send_bytes(pickle.dumps(message))

@@ -22,6 +22,8 @@ parent sends and receives from its own threads, so a Ctrl-C in the parent never 
     parent -> server   {"job": {...}}                   start the ranks of a job. A job that arrives while another
                                                         runs stops that one: its launch was abandoned.
     parent -> server   {"cancel": job_id}               stop the ranks of that job now
+    parent -> server   {"bye": True}                    the parent is shutting the server down (an EOF without
+                                                        it means the parent died: see _remove_scratch)
     server -> parent   {"job_id", "progress": ...}      a rank started, or reported progress (parlab.progress)
     server -> parent   {"job_id", "calls": [...], "at"} each rank's published call state, read at time.monotonic()
                                                         "at"; sent when it changed, and every CALLS_RESEND s
@@ -140,6 +142,18 @@ def _remove_stale_rendezvous_files() -> None:
             pass
 
 
+def _remove_scratch(folders: list) -> None:
+    """The parent's scratch folders (offload files, checkpoints), which it could not remove itself: it died
+    without saying bye (SIGKILL). Each entry is [folder, parents made to hold it...] (parlab/core/scratch.py)."""
+    for folder, *made in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+        for parent in made:  # deepest first; one that holds something else now stays
+            try:
+                os.rmdir(parent)
+            except OSError:
+                break
+
+
 def _read_slots(boards: list) -> list:
     """Each rank's published call state (JSON bytes; None while a rank is writing it). Layout of a slot (one shared
     memory map per rank): 8-byte sequence number (odd while the rank writes), 4-byte length, the JSON text."""
@@ -197,6 +211,10 @@ def _run_job(job: dict, parent: Connection, spares) -> tuple[dict, dict | None, 
                     last_calls, last_sent = calls, last_look
             if parent in ready:
                 request = pickle.loads(parent.recv_bytes())  # EOFError if the parent died: main() exits
+                if "bye" in request:  # the parent shuts the server down while this job runs: stop it, then exit
+                    cancelled = True
+                    _kill(ranks)
+                    raise _Bye
                 if "job" in request:  # the parent gave up on this job (interrupted) and wants the next one
                     next_request, cancelled = request, True
                     _kill(ranks)
@@ -328,12 +346,25 @@ def _tail_and_pass_on(err, tail_bytes: int = 4096) -> str:
         err.close()
 
 
+class _Bye(Exception):
+    """The parent said bye: it shuts the server down, and removes its scratch folders itself."""
+
+
+def _terminated(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # through _run_job's finally: its ranks stopped, its rendezvous file removed
+
+
 def main(fd: int) -> None:
     parent = Connection(fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the kernel is handled by the parent, not here
+    # A hang-up reaches the terminal's whole process group, this server too: the parent decides (it closes the
+    # server, or dies and the server sees it); a SIGTERM sent to the server itself is an orderly exit.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _terminated)
     _become_subreaper()
     _remove_stale_rendezvous_files()
     spares = workers.Spares()
+    scratch = []  # the parent's scratch folders, as its latest job listed them
     try:
         parent.send_bytes(
             pickle.dumps({"ready": os.getpid(), "tmp": tempfile.gettempdir()})
@@ -341,11 +372,14 @@ def main(fd: int) -> None:
         request = None
         while True:
             request = request or pickle.loads(parent.recv_bytes())
+            if "bye" in request:
+                raise _Bye
             if "cancel" in request:  # its job has already ended (or never arrived): say so
                 parent.send_bytes(pickle.dumps({"job_id": request["cancel"], "report": None}))
                 request = None
                 continue
             job, started = request["job"], time.perf_counter()
+            scratch = job.get("scratch", [])
             report, request, unreaped = _run_job(job, parent, spares)
             report["server_seconds"] = time.perf_counter() - started
             parent.send_bytes(pickle.dumps({"job_id": job["id"], "report": report}))
@@ -358,8 +392,12 @@ def main(fd: int) -> None:
                 wanted = job.get("spares", 0) and job["world_size"]
                 spares.top_up(_spec(job), wanted, lambda: [parent.fileno()], busy=lambda: parent.poll(0))
             del job
+    except _Bye:
+        pass  # _run_job has killed the ranks on its way out; the spares die with the server
     except (EOFError, OSError, KeyboardInterrupt):
-        pass  # the parent went away: _run_job has killed the ranks on its way out; the spares die with the server
+        # The parent went away without a word (killed): _run_job has killed the ranks on its way out, and what the
+        # parent would have removed at its exit is removed here (the spares die with the server).
+        _remove_scratch(scratch)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ class _RankServer:
         self.ready = threading.Event()  # set when the server has imported torch, or has died
         self.tmp = tempfile.gettempdir()
         self.dead = False
+        self.on_wait = None  # see wait_ready
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()  # SimpleQueue: put and get are atomic under Ctrl-C
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.threads = [
@@ -97,8 +98,11 @@ class _RankServer:
         return None
 
     def wait_ready(self) -> None:
-        """Wait until the server has imported torch (this start-up is not counted in a launch's timeout)."""
+        """Wait until the server has imported torch (this start-up is not counted in a launch's timeout); meanwhile
+        `on_wait` is called every 0.25 s (the waiting launch's progress line)."""
         while not self.ready.wait(0.25):
+            if self.on_wait is not None:
+                self.on_wait()
             if time.monotonic() - self.started > SERVER_START_TIMEOUT:
                 raise RuntimeError(f"the parlab rank server did not start within {SERVER_START_TIMEOUT:g} s")
         if self.dead:
@@ -124,6 +128,11 @@ class _RankServer:
     def close(self) -> None:
         if not self.ready.is_set():  # still importing torch, with no rank yet: nothing to stop gently
             self.process.kill()
+        # "bye" first: the server then knows this process is alive and removes its scratch folders itself; an EOF
+        # without it means this process died (e.g. SIGKILL), and the server removes them (rankserver.py).
+        self.outbox.put(pickle.dumps({"bye": True}))
+        self.outbox.put(None)
+        self.threads[0].join(timeout=1)
         try:
             self.socket.shutdown(socket.SHUT_RDWR)  # the server reads EOF and exits; its ranks die with it
         except OSError:
@@ -137,7 +146,6 @@ class _RankServer:
             self.process.kill()
             interrupted = exc
         self.process.wait()
-        self.outbox.put(None)
         for thread in self.threads:
             thread.join(timeout=5)
         self.conn.close()

@@ -210,10 +210,18 @@ def train_expert_parallel(
 # ------------------------------------------------------------------------------------------------------ theory
 
 
-def all_to_all_payload(send_rows: int, recv_rows: int, hidden: int, dtype_bytes: int, experts: int) -> int:
+def all_to_all_payload(
+    send_rows: int, recv_rows: int, hidden: int, dtype_bytes: int, experts: int, recomputed: bool = False
+) -> int:
     """Bytes one rank hands to all_to_all_single for one MoE layer in one step (forward and backward):
-    counts E x 8, dispatch and combine-backward S x H x e each, combine and dispatch-backward R x H x e each."""
-    return 8 * experts + 2 * (send_rows + recv_rows) * hidden * dtype_bytes
+    counts E x 8, dispatch and combine-backward S x H x e each, combine and dispatch-backward R x H x e each.
+
+    recomputed: the block's forward runs a second time in the backward (full activation recomputation reruns the
+    whole block, parlab/core/models.py), and with it the layer's three forward all-to-alls (counts, dispatch,
+    combine); the backward's two are not repeated."""
+    forward = 8 * experts + (send_rows + recv_rows) * hidden * dtype_bytes
+    backward = (send_rows + recv_rows) * hidden * dtype_bytes
+    return (2 if recomputed else 1) * forward + backward
 
 
 def balanced_all_to_all_bytes(tokens: int, top_k: int, hidden: int, dtype_bytes: int, world_size: int) -> dict:

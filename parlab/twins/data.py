@@ -179,8 +179,55 @@ def zero_rank(opts, value: dict) -> dict:
 
 
 def zero_compare(opts, results, outs) -> list[Verdict]:
-    # Mixed precision: parlab and FSDP2 round the same way only up to the compute dtype's rounding.
-    return losses_and_params(opts, results, outs, zero_name(opts))
+    """Ours against PyTorch's: under mixed precision, as the scheme's own report compares them (the loss to bf16's
+    rounding, 99% of the parameters to 1e-4: mixed_precision_verdicts), not to float32's 1e-5."""
+    if not opts.mixed_precision:
+        return losses_and_params(opts, results, outs, zero_name(opts))
+    P, K = len(results), opts.steps
+    return mixed_precision_verdicts(
+        opts,
+        [sum(r["losses"][k] for r in results) / P for k in range(K)],
+        [sum(o["losses"][k] for o in outs) / P for k in range(K)],
+        [r["params"] for r in results],
+        [o["params"] for o in outs],
+        zero_name(opts),
+    )
+
+
+# Mixed precision against the same recipe (one device, or PyTorch's FSDP2): bf16 keeps ~3 significant digits, so
+# the ranks' sum of gradients differs from the reference's in the last bits, and Adam (m / sqrt(v)) turns an element
+# whose gradient is ~0 (the attention key biases' exact gradient is 0) into a full step of +-lr either way. So: the
+# loss of each step within 4e-2 (bf16's spacing at a loss of ~3.5 is 1.6e-2), and 99% of the parameters within 1e-4
+# (measured on the reference GPT: under 1% of the elements move by more).
+MIXED_LOSS_TOL, MIXED_PARAM_TOL, MIXED_QUANTILE = 4e-2, 1e-4, 0.99
+
+
+def mixed_precision_verdicts(opts, loss_ours, loss_ref, params_ours, params_ref, against: str) -> list[Verdict]:
+    """The loss of each step and, for each rank, the 99th percentile of |ours - reference| over every parameter
+    element, held to the tolerances above. params_*: one {name: tensor} per rank."""
+    K = opts.steps
+    quantiles = []
+    for ours, ref in zip(params_ours, params_ref, strict=True):
+        errors = torch.cat([(ours[n].double() - ref[n].double()).abs().reshape(-1) for n in ref])
+        quantiles.append(torch.quantile(errors, MIXED_QUANTILE).item())
+    dtype = str(opts.grad_dtype()).removeprefix("torch.")
+    f64, default = torch.float64, torch.get_default_dtype()
+    return [
+        compare(
+            f"loss of each of {K} steps ({dtype} compute)",
+            host_values(loss_ours, f64),
+            host_values(loss_ref, f64),
+            MIXED_LOSS_TOL,
+            against=against,
+        ),
+        compare(
+            f"parameters after {K} steps, {MIXED_QUANTILE:.0%} of the elements ({dtype} compute), every rank",
+            host_values(quantiles, default),
+            host_values([0.0] * len(quantiles), default),
+            MIXED_PARAM_TOL,
+            against=against,
+        ),
+    ]
 
 
 # ------------------------------------------------------------------------------------------- ZeRO-Offload

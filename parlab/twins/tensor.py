@@ -162,6 +162,12 @@ def hybrid_skip(opts) -> str:
             "the twin composes fully_shard (dp) and parallelize_module (tp) on one DeviceMesh; with pp > 1 it would "
             "also need torch.distributed.pipelining on DTensor stages, not composed here (run pp alone for its twin)"
         )
+    if opts.cp > 1:
+        return (
+            "the twin composes fully_shard (dp) and parallelize_module (tp) on one DeviceMesh; with cp > 1 it would "
+            "also need torch's context_parallel on the cp axis, not composed here (run ring, ulysses or usp alone for "
+            "theirs)"
+        )
     if getattr(opts, "experts", 0):
         return (
             "the twin has no MoE: parallelize_module's plans and fully_shard do not route tokens to experts "

@@ -116,6 +116,8 @@ def check_parallel_dims(
     sizes = {axis: sizes.get(axis, 1) for axis in AXES}
     _check_mesh_shape(sizes, ep, world_size)
     D, S, C, T = (sizes[a] for a in ("dp", "pp", "cp", "tp"))
+    if microbatches < 1:
+        raise ValueError(f"microbatches={microbatches} must be >= 1")
     if batch % D or (batch // D) % microbatches:
         raise ValueError(
             f"batch={batch} must split into dp={D} replicas of microbatches={microbatches} equal micro-batches"

@@ -175,6 +175,9 @@ def make_schedule(
     return zero_bubble_h1(p, m, costs)
 
 
+MAX_MICROBATCHES = 1024  # micro-batches per step that a run here can check and execute within seconds
+
+
 def check_schedule_args(name: str, p: int, m: int, v: int = 1) -> None:
     """Reject what a schedule cannot run, with the reason."""
     if name not in SCHEDULES:
@@ -182,6 +185,12 @@ def check_schedule_args(name: str, p: int, m: int, v: int = 1) -> None:
     for what, n in (("stages p", p), ("microbatches m", m), ("virtual stages v", v)):
         if n < 1:
             raise ValueError(f"{what}={n} must be >= 1")
+    if m > MAX_MICROBATCHES:
+        raise ValueError(
+            f"microbatches m={m}: at most {MAX_MICROBATCHES} per step here (each is a forward and a backward on "
+            f"every stage, and checking the schedule takes seconds per thousand; at m = {MAX_MICROBATCHES} the "
+            f"1F1B bubble (p-1)/(m+p-1) is under 1% for p <= 8)"
+        )
     if name in V_SCHEDULES:
         schedules_v.check_v_args(name, p, m, v)
     elif name != "interleaved" and v != 1:
@@ -234,11 +243,11 @@ class Timed:
 def check_complete(schedule: Schedule) -> None:
     """Every rank runs, for each micro-batch and each of its chunks, exactly one F and one B (or one BI + one BW)."""
     for r, acts in enumerate(schedule.actions):
-        seen = [(a.op, a.mb, a.chunk) for a in acts]
         for a in acts:
             if a.op not in SPAN_KIND or not (0 <= a.mb < schedule.m) or not (0 <= a.chunk < schedule.v):
                 raise ScheduleError(f"rank {r}: action {a} is out of range (m={schedule.m}, v={schedule.v})")
-        if len(set(seen)) != len(seen):
+        seen = {(a.op, a.mb, a.chunk) for a in acts}  # a set: looked up m x v times (a list made this m^2)
+        if len(seen) != len(acts):
             raise ScheduleError(f"rank {r} runs an action twice")
         for mb in range(schedule.m):
             for k in range(schedule.v):
