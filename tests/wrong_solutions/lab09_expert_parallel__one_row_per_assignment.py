@@ -1,8 +1,8 @@
 # ruff: noqa
-# A wrong answer to labs/lab09_expert_parallel.ipynb (the other answers are the solution's). The lesson's layer:
-# one row per assignment (part 1's dispatch), each expert's output weighted at home. y and every gradient are right,
-# but a token whose two experts live on the same rank travels there twice and two rows come back: the messages
-# carry one row per assignment, not one per (token, destination).
+# A wrong answer to labs/lab09_expert_parallel.ipynb (the other answers are the solution's). The lesson's layer: one
+# row per assignment (part 1's dispatch), each expert's output weighted at home. y and every gradient are right, but
+# a token whose two experts live on the same rank travels there twice and two rows come back: the messages carry one
+# row per assignment, not one per (token, destination).
 # EXPECT FAIL: combine, capacity
 
 # ANSWER: combine
@@ -17,6 +17,7 @@ def combine(x, token, expert, gate, weights, experts, group=None):
         w = weights[r + j * P]
         y_j = (F.silu(received[rows] @ w["gate"].T) * (received[rows] @ w["up"].T)) @ w["down"].T
         out = out.index_add(0, rows, y_j)
-    send_splits = torch.bincount(expert % P, minlength=P).tolist()
-    back = Shuffle.apply(out, send_splits, recv_counts.sum(dim=1).tolist(), group)
+    send_splits = torch.bincount(expert % P, minlength=P)
+    _, sends = swap_counts(send_splits.view(P, 1), group)  # who sent whom rows: the way back is its transpose
+    back = Shuffle.apply(out, send_splits.tolist(), recv_counts.sum(dim=1).tolist(), sends.T, group)
     return torch.zeros_like(x).index_add(0, token[order], gate[order].unsqueeze(-1) * back)

@@ -1,14 +1,15 @@
-"""Lab 09's checks: the dispatch of expert parallelism without an all-to-all (P - 1 rounds of pairwise exchanges:
-counts, then rows; backward the other way), an MoE layer that sends each token at most once to each rank, a
-prediction of that layer's rows on the wire for two placements, and a capacity per expert over the whole group
-learnt from the least traffic, on live ranks (see parlab/grading).
+"""Lab 09's checks: the dispatch of expert parallelism without an all-to-all (pairwise exchanges in the fewest
+rounds for the routing: counts in P - 1 rounds, then the rows, backward the other way), an MoE layer that sends each
+token at most once to each rank, a prediction of the rounds of that layer's traffic on a 6-rank routing, and a
+capacity per expert over the whole group learnt from the least traffic, on live ranks (see parlab/grading).
 
 Every check runs on P = 4 ranks, E = 8 experts placed round-robin (expert e on rank e % P: rank r holds experts r
 and r + 4, not the lesson's contiguous blocks), H = 6, float64. The experts are the lab model's MLP
 (parlab/core/lab_model.py's SwiGLU, no biases: down(silu(gate x) * up x), width F = 8), not the lesson's. The inputs
 are seeded and skewed: some experts get no rows, one rank sends none to some ranks, and a token's two experts often
 live on the same rank (experts e and e + 4). Every call the ranks make into torch.distributed is recorded at the
-process group (its op, dtype, shape and peer), and what went through parlab.core.comm from its trace; calls into the
+process group (its op, dtype, shape and peer, when it was posted and when a wait on it returned: the rounds are
+measured, not read from the order of the calls), and what went through parlab.core.comm from its trace; calls into the
 library's own expert-parallel code, and into the checks' reference (parlab/grading/labs/lab09_reference.py: the
 inputs of every rank, one device's results), are seen too (`LIBRARY`, parlab/grading/labs/guard.py). The judge
 recomputes every reference on one device. A real deadlock (gloo's blocking send waits for its receive) is diagnosed
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import parlab
 from parlab.core import comm, probe
@@ -26,13 +28,17 @@ from parlab.grading.labs import lab09_reference, prediction_lines, run_check
 from parlab.grading.labs.guard import library_calls, library_line
 from parlab.grading.labs.lab09_reference import (
     CAPACITY,
+    FFN,
     PER,
+    PREDICT_P,
+    ROUTING,
     ROWS,
     TOKENS,
     E,
     H,
     K,
     P,
+    degree,
     dispatch_inputs,
     expert_weights,
     experts_of,
@@ -40,9 +46,9 @@ from parlab.grading.labs.lab09_reference import (
     layer_reference,
     owner,
     pair_matrix,
+    rounds_theory,
+    routing_pattern,
     shuffle_reference,
-    traffic_inputs,
-    traffic_theory,
     upstream,
 )
 
@@ -58,33 +64,39 @@ LIBRARY = (
     "lessons/expert_parallel.py",
 )
 WHAT = "parlab's expert-parallel and MoE code or the checks' reference"
-TRAFFIC_PAIRS = lab09_reference.TRAFFIC_PAIRS  # the prediction's table, read in the handout
+ROUTING_P = PREDICT_P  # the prediction's ranks (its experts: lab09_reference.PREDICT_E, round-robin)
+ROW_BYTES = 80  # the most bytes a float64 row of the part-2 layer may carry, per (token, destination rank)
 THEORY = lab09_reference.THEORY  # the prediction's theory, one home (tests/test_lab_design.py reads it here)
 
 STRUCTURAL = {
-    "dispatch": "round-robin placement, uneven rows (a rank with none, a rank that sends to only two, experts with "
-    "none): each rank's received rows (stacked by source rank, whatever round they came in), their counts per "
-    "source and expert, and the gradient of x equal one device's shuffle; only point-to-point messages, each through "
-    "parlab.core.comm, none to itself, no collective; each rank sends every other rank one int64 message of that "
-    "rank's E/P counts and, only when it has rows for it, one float64 message of exactly those rows, and in the "
-    "backward one float64 message of the gradients of the rows it received from each source; the counts go in P - 1 "
-    "rounds, each a permutation (every rank sends to one and receives from the one that sends to it, checked across "
-    "the ranks), the rows in the counts' rounds, the backward in the forward's rounds (in order or reversed); no "
-    "call into the library's expert-parallel or MoE code; a FAIL names the first rank, row, message or round with "
-    "expected and received",
-    "combine": "an MoE layer, top-2, round-robin placement, SwiGLU experts: the output, the gradients of x, of the "
-    "gates and of every expert's gate, up and down weights (each held by one rank only) equal one device; only "
-    "point-to-point messages (no collective); the float64 messages between every two ranks carry one row per "
-    "(token, destination rank) each way, forward and backward (a token whose two experts share a rank travels there "
-    "once), each row at least H and at most H + E/P numbers; no call into the library's code",
-    "traffic": "a routing given as a table of the tokens' expert pairs: the float64 rows that leave rank 0 in one "
-    "forward of the part-2 layer, round-robin and contiguous placements, exactly; once right, the rows measured from "
-    "the shapes of the messages the answer's own layer sent on that routing are shown beside it (not scored)",
+    "dispatch": "round-robin placement, uneven rows (a rank with none, a rank that receives none, experts with none): "
+    "each rank's received rows (stacked by source rank, whatever round they came in), their counts per source and "
+    "expert, and the gradient of x equal one device's shuffle; only point-to-point messages, each through "
+    "parlab.core.comm, none to itself, no collective; each rank sends every other rank one int64 message of at most "
+    "E numbers and, only when it has rows for it, one float64 message of exactly those rows, and in the backward one "
+    "float64 message of the gradients of the rows it received from each source; each phase (counts, rows, backward) "
+    "in real rounds measured from when each message was posted and when its wait returned (no rank with two sends or "
+    "two receives in flight at once; each message joins one round of its sender and of its receiver) and in the "
+    "fewest rounds one after another: P - 1 for the counts, the routing's most messages of one rank for the rows "
+    "and the backward (the shifted schedule needs one more on this routing); the pure schedule(pattern) on 40 "
+    "seeded patterns of 3 to 7 ranks in the kernel: every message once, each round one send and one receive per "
+    "rank, the fewest rounds; no call into the library's expert-parallel or MoE code; a FAIL names the first rank, "
+    "row, message or round with expected and received",
+    "combine": "an MoE layer, top-2, round-robin placement, SwiGLU experts, one chosen gate exactly 0: the output, "
+    "the gradients of x, of the gates and of every expert's gate, up and down weights (each held by one rank only) "
+    "equal one device; only point-to-point messages (no collective); the float64 messages between every two ranks "
+    f"carry one row per (token, destination rank) each way, forward and backward (a token whose two experts share a "
+    f"rank travels there once), each row at most {ROW_BYTES} bytes; each expert multiplies in the forward exactly "
+    "one row per assignment to it (counted from the matrix products with its gate matrix); no call into the "
+    "library's code",
+    "rounds": f"a routing of {PREDICT_P} ranks given as a table of the tokens' expert pairs: the rounds the token rows "
+    "of one forward of the part-2 layer need in the fewest-rounds schedule and in the shifted one with empty shifts "
+    "skipped, exactly; once right, the rounds of the answer's own schedule() on that routing are shown (not scored)",
     "capacity": f"a capacity of {CAPACITY} slots per expert over the whole group (rank order, then row order): the "
     "kept assignments of every rank, the output and all gradients equal one device's; the mask made from point-to-"
     "point int64 messages only, each rank receiving at most E numbers and sending at most E (what the lower ranks "
     "took, not every rank's counts); the layer's float64 messages carry one row per (token, destination) of the "
-    "kept assignments only; no collective; no call into the library's code",
+    "kept assignments only, each expert runs its kept rows only; no collective; no call into the library's code",
 }
 
 
@@ -131,13 +143,32 @@ def _on_device(*tensors: torch.Tensor) -> list[torch.Tensor]:
 # ------------------------------------------------------------------------------------------------ rank code
 
 
+class _Waited:
+    """A process group's handle that notes in the log when a wait on it returns (the end of its message's flight)."""
+
+    def __init__(self, work, log: list, index: int):
+        self._work, self._log, self._index = work, log, index
+
+    def wait(self, *args, **kwargs):
+        result = self._work.wait(*args, **kwargs)
+        if ("done", self._index) not in self._log:
+            self._log.append(("done", self._index))
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
 def _recorder():
     """A context that records, for every process-group call, [op, dtype of its data, its shape, peer]: the data of
     a send or receive is its tensor and the peer its rank in the group; for an all-to-all the input; for any other
-    call the first tensor it is handed (peer -1)."""
+    call the first tensor it is handed (peer -1). And a log, in this rank's order, of ("post", i) when call i is
+    made and ("done", i) when a wait on a send's or receive's handle returns (a blocking send or receive waits at
+    once): what was in flight together, whatever the order of the calls."""
     from torch._C._distributed_c10d import ProcessGroup
 
     calls: list[list] = []
+    log: list[tuple[str, int]] = []
     names = [n for n in probe._methods(ProcessGroup) if not isinstance(getattr(ProcessGroup, n), type)]
 
     def wrap(name, original):
@@ -146,11 +177,14 @@ def _recorder():
             peer = int(args[1]) if name in ("send", "recv") and len(args) > 1 else -1
             first = tensors[0] if tensors else torch.zeros(0)  # host: a stand-in for a call without data
             calls.append([name, str(first.dtype).removeprefix("torch."), list(first.shape), peer])
-            return original(self, *args, **kwargs)
+            index = len(calls) - 1
+            log.append(("post", index))
+            work = original(self, *args, **kwargs)
+            return _Waited(work, log, index) if name in P2P else work
 
         return recorded
 
-    return probe.wrapped(ProcessGroup, {n: getattr(ProcessGroup, n) for n in names}, wrap), calls
+    return probe.wrapped(ProcessGroup, {n: getattr(ProcessGroup, n) for n in names}, wrap), calls, log
 
 
 def _traced_p2p(calls_before: int) -> int:
@@ -163,7 +197,7 @@ def dispatch_rank(dispatch) -> dict:
     x, chosen = _on_device(*dispatch_inputs(rank))
     x.requires_grad_()
     start = len(comm.trace_events())
-    context, calls = _recorder()
+    context, calls, log = _recorder()
     with context:
         with library_calls(LIBRARY) as called:
             received, recv_counts, order = dispatch(x, chosen, E)
@@ -179,9 +213,36 @@ def dispatch_rank(dispatch) -> dict:
         "grad": grad.clone(),
         "forward": calls[:forward],
         "backward": calls[forward:],
+        "calls": calls,
+        "log": log,
         "traced": _traced_p2p(start),
         "library": list(called) + list(called_back),
     }
+
+
+class _ExpertRows(TorchDispatchMode):
+    """Counts, per expert, the rows its gate matrix multiplies: the multiply-adds of every matrix product with an
+    operand that is (a view of) that matrix, divided by the F x H of one row. An expert run on a row it was not
+    chosen for counts, whatever its gate."""
+
+    PRODUCTS = ("mm", "addmm", "bmm", "baddbmm")
+
+    def __init__(self, gate_matrices: dict[int, torch.Tensor]):
+        super().__init__()
+        self.storage = {w.untyped_storage().data_ptr(): e for e, w in gate_matrices.items()}
+        self.rows = {e: 0 for e in gate_matrices}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in self.PRODUCTS:
+            a, b = (args[1], args[2]) if name.startswith(("addmm", "baddbmm")) else (args[0], args[1])
+            for t in (a, b):
+                e = self.storage.get(t.untyped_storage().data_ptr())
+                if e is not None:
+                    inner = a.shape[-1]
+                    macs = a.numel() // inner * inner * b.shape[-1]
+                    self.rows[e] += macs // (FFN * H)
+        return func(*args, **(kwargs or {}))
 
 
 def layer_rank(combine, keep_within=None) -> dict:
@@ -197,14 +258,16 @@ def layer_rank(combine, keep_within=None) -> dict:
     }
     token = torch.arange(TOKENS, device=x.device).repeat_interleave(K)  # [N K]: one per (token, choice), token-major
     flat, gate = chosen.reshape(-1), gates.reshape(-1)
-    context, calls = _recorder()
+    context, calls, _ = _recorder()
+    counting = _ExpertRows({e: ws["gate"] for e, ws in weights.items()})
     with context:
         with library_calls(LIBRARY) as called:
             keep = torch.ones_like(flat, dtype=torch.bool)
             if keep_within is not None:
                 keep = torch.as_tensor(keep_within(flat, E, CAPACITY)).bool()
             keeping = len(calls)
-            y = combine(x, token[keep], flat[keep], gate[keep], weights, E)
+            with counting:  # the forward only: the backward multiplies by the same matrices again
+                y = combine(x, token[keep], flat[keep], gate[keep], weights, E)
         weight = upstream(rank, y.shape[0]).to(y.device)  # the check's, outside the guard
         with library_calls(LIBRARY) as called_back:
             (y * weight).sum().backward()
@@ -220,6 +283,7 @@ def layer_rank(combine, keep_within=None) -> dict:
         "keep": keep.clone(),
         "keep_calls": calls[:keeping],
         "calls": calls[keeping:],
+        "expert_rows": dict(counting.rows),
         "library": list(called) + list(called_back),
     }
 
@@ -237,7 +301,10 @@ def _shown(messages: list[list]) -> str:
     """Messages to or from one peer as text: 'int64 x2 + float64 [3, 6]', or 'nothing'."""
     parts = []
     for dtype, shape, _ in messages:
-        parts.append(f"{dtype} x{_numel(shape)}" if dtype == "int64" else f"{dtype} {shape}")
+        if shape == ["<= E"]:
+            parts.append(f"{dtype} x(at most {E})")
+        else:
+            parts.append(f"{dtype} x{_numel(shape)}" if dtype == "int64" else f"{dtype} {shape}")
     return " + ".join(parts) or "nothing"
 
 
@@ -259,67 +326,172 @@ def _not_p2p(ranks: list[dict], key: str) -> list[tuple[str, object, object]]:
     return items
 
 
-def _rounds_line(ranks: list[dict]) -> tuple[str, list[list[int]]]:
-    """The verdict on the counts' rounds (a rank's k-th int64 send and receive are its round k) and, per rank, the
-    peers it sends its counts to, in order."""
-    sends = [[peer for _, _, peer in _messages(res["forward"], "send", "int64")] for res in ranks]
-    recvs = [[peer for _, _, peer in _messages(res["forward"], "recv", "int64")] for res in ranks]
-    what = "the counts' P - 1 rounds: in each, every rank sends to one rank and receives from the one sending to it"
-    for r in range(P):
-        if len(sends[r]) != P - 1 or len(recvs[r]) != P - 1:
-            return (
-                f"{what}: rank {r} sends {len(sends[r])} and receives {len(recvs[r])} counts, expected {P - 1}: FAIL",
-                sends,
-            )
-    for k in range(P - 1):
-        to = [sends[r][k] for r in range(P)]
-        for d in range(P):
-            senders = [r for r in range(P) if to[r] == d]
-            if len(senders) > 1:
-                return f"{what}: round {k + 1}: ranks {senders} all send to rank {d}: FAIL", sends
-        for r in range(P):
-            if recvs[to[r]][k] != r:
-                return (
-                    f"{what}: round {k + 1}: rank {r} sends to rank {to[r]}, which receives from rank "
-                    f"{recvs[to[r]][k]} in that round: FAIL",
-                    sends,
-                )
-    return f"{what}: PASS", sends
+def _local_rounds(res: dict, phase: set[int], r: int) -> tuple[list[dict], str | None]:
+    """One rank's rounds in one phase (the indices of its calls that belong to it), from its log: messages in flight
+    together (a post before the wait of another returned) form one round, which may hold one send and one receive.
+    Returns the rounds in order, each {"send": peer or None, "recv": peer or None}, or an error."""
+    calls, position = res["calls"], {}
+    for step, (what, i) in enumerate(e for e in res["log"] if e[1] in phase):
+        position.setdefault(i, [None, None])[0 if what == "post" else 1] = step
+    rounds, reach = [], -1
+    for i in sorted(position, key=lambda i: position[i][0]):
+        post, done = position[i]
+        name, _, _, peer = calls[i]
+        op = "send" if name == "send" else "recv"
+        if done is None:
+            return [], f"rank {r}: its {op} {'to' if op == 'send' else 'from'} rank {peer} is never waited for"
+        if post > reach:
+            rounds.append({"send": None, "recv": None})
+        if rounds[-1][op] is not None:
+            way = "sends to ranks" if op == "send" else "receives from ranks"
+            return [], f"rank {r}: {way} {rounds[-1][op]} and {peer} in flight together (a round holds one of each)"
+        rounds[-1][op] = peer
+        reach = max(reach, done)
+    return rounds, None
 
 
-def _order_items(ranks: list[dict], M: list[list[int]], count_peers: list[list[int]]) -> list[tuple]:
-    """Per rank: the rows go in the counts' rounds (the same partners, in the same order, leaving out the pairs
-    without rows), and the backward in the forward's rounds, in order or reversed."""
-    items = []
+def _rounds(ranks: list[dict], phase: list[set[int]]) -> tuple[int, str | None]:
+    """The rounds of one phase across the ranks: a message joins its sender's round and its receiver's round into
+    one round of the group (the k-th send from s to d meets the k-th receive at d from s). Returns the number of
+    rounds one after another the phase needs (the longest chain of rounds, each after the one before it on some
+    rank), or an error: a rank in flight with two sends or two receives, two rounds of one rank joined, a cycle."""
+    local = []
     for r, res in enumerate(ranks):
-        recv_peers = [peer for _, _, peer in _messages(res["forward"], "recv", "int64")]
-        send_rows = [d for d in count_peers[r] if M[r][d] > 0]
-        recv_rows = [s for s in recv_peers if M[s][r] > 0]
-        got_send = [peer for _, _, peer in _messages(res["forward"], "send", "float64")]
-        got_recv = [peer for _, _, peer in _messages(res["forward"], "recv", "float64")]
-        items.append(
-            (f"rank {r}, forward", f"rows to {send_rows}, from {recv_rows}", f"rows to {got_send}, from {got_recv}")
-        )
-        back_send = [peer for _, _, peer in _messages(res["backward"], "send", "float64")]
-        back_recv = [peer for _, _, peer in _messages(res["backward"], "recv", "float64")]
-        ways = [(got_recv, got_send), (got_recv[::-1], got_send[::-1])]
-        expected = f"gradients to {got_recv}, from {got_send} (or both reversed)"
-        shown = f"gradients to {back_send}, from {back_recv}"
-        items.append((f"rank {r}, backward", expected, expected if (back_send, back_recv) in ways else shown))
-    return items
+        rounds, error = _local_rounds(res, phase[r], r)
+        if error:
+            return 0, error
+        local.append(rounds)
+    parent: dict[tuple, tuple] = {}
+
+    def root(node):
+        while parent.get(node, node) != node:
+            node = parent[node]
+        return node
+
+    def seen(r, op, peer):
+        return [i for i, rd in enumerate(local[r]) if rd[op] == peer]
+
+    for s in range(P):
+        for d in range(P):
+            sends, recvs = seen(s, "send", d), seen(d, "recv", s)
+            if len(sends) != len(recvs):
+                return 0, f"rank {s} sends rank {d} {len(sends)} messages, rank {d} receives {len(recvs)} from it"
+            for i, j in zip(sends, recvs, strict=True):
+                parent[root((s, i))] = root((d, j))
+    members: dict[tuple, list] = {}
+    for r in range(P):
+        for i in range(len(local[r])):
+            members.setdefault(root((r, i)), []).append((r, i))
+    for group in members.values():
+        ranks_in = [r for r, _ in group]
+        for r in set(ranks_in):
+            if ranks_in.count(r) > 1:
+                rounds = [i + 1 for q, i in group if q == r]
+                return 0, f"rank {r}'s rounds {rounds} are joined by its partners' messages into one round"
+    depth: dict[tuple, int] = {}
+    after = {key: set() for key in members}
+    for r in range(P):
+        for i in range(1, len(local[r])):
+            after[root((r, i))].add(root((r, i - 1)))
+    for _ in range(len(members) + 1):
+        changed = False
+        for key in members:
+            value = 1 + max((depth.get(k, 0) for k in after[key]), default=0)
+            if value > len(members):
+                return 0, "the rounds wait for each other in a cycle"
+            if depth.get(key) != value:
+                depth[key], changed = value, True
+        if not changed:
+            break
+    return max(depth.values(), default=0), None
+
+
+def _phase_line(what: str, ranks: list[dict], phase: list[set[int]], fewest: int) -> str:
+    """The verdict on one phase: real rounds (no rank with two sends or two receives in flight at once, each
+    message in one round of both its ends), and as many one after another as the fewest possible."""
+    got, error = _rounds(ranks, phase)
+    if error:
+        return f"{what}: not rounds: {error}: FAIL"
+    if got != fewest:
+        return f"{what}: expected {fewest} rounds one after another, received {got}: FAIL"
+    return f"{what}: {got} rounds: PASS"
+
+
+def _phase(res: dict, start: int, stop: int, dtype: str) -> set[int]:
+    """The indices of a rank's sends and receives of `dtype` among its calls [start, stop)."""
+    return {i for i in range(start, stop) if res["calls"][i][0] in P2P and res["calls"][i][1] == dtype}
 
 
 # ------------------------------------------------------------------------------------------------ the checks
 
 
-def collect_dispatch(dispatch) -> dict:
-    return {"ranks": list(parlab.launch(dispatch_rank, P, dispatch, **LAUNCH))}
+def schedule_patterns() -> list[list[list[bool]]]:
+    """The patterns the check hands `schedule` in the kernel: seeded, 3 to 7 ranks, sparse to full (pattern[s][d]:
+    s sends d one message; never s to itself)."""
+    gen = torch.Generator().manual_seed(909)
+    patterns = []
+    for i in range(40):
+        n = 3 + i % 5
+        density = (0.2, 0.4, 0.6, 0.8, 1.0)[i // 8]
+        draw = torch.rand(n, n, generator=gen) < density  # host: the seeded draw
+        patterns.append([[bool(draw[s, d]) and s != d for d in range(n)] for s in range(n)])
+    return patterns
+
+
+def _schedule_error(pattern: list[list[bool]], rounds) -> str | None:
+    """What is wrong with `rounds` as a schedule of `pattern` in the fewest rounds, or None."""
+    n = len(pattern)
+    edges = {(s, d) for s in range(n) for d in range(n) if pattern[s][d]}
+    seen: list[tuple[int, int]] = []
+    for k, pairs in enumerate(rounds):
+        pairs = [(int(s), int(d)) for s, d in pairs]
+        senders, receivers = [s for s, _ in pairs], [d for _, d in pairs]
+        for who, what in ((senders, "sends"), (receivers, "receives")):
+            twice = sorted({r for r in who if who.count(r) > 1})
+            if twice:
+                return f"round {k + 1}: rank {twice[0]} {what} twice"
+        seen += pairs
+    extra = [e for e in seen if e not in edges]
+    if extra:
+        return f"a message {extra[0][0]} -> {extra[0][1]} the pattern does not have"
+    missing = sorted(edges - set(seen))
+    if missing:
+        return f"no round for the message {missing[0][0]} -> {missing[0][1]}"
+    if len(seen) != len(set(seen)):
+        return "a message in two rounds"
+    if len(rounds) != degree(pattern):
+        return f"{len(rounds)} rounds, expected {degree(pattern)} (the fewest)"
+    return None
+
+
+def collect_dispatch(dispatch, schedule) -> dict:
+    answers = []
+    with library_calls(LIBRARY) as called:  # in the kernel: the pure schedule, on many patterns
+        for pattern in schedule_patterns():
+            try:
+                answers.append(schedule([row[:] for row in pattern]))
+            except Exception as exc:  # noqa: BLE001 (any failure of the answer)
+                answers.append(f"raised {type(exc).__name__}: {exc}")
+    verdicts = []
+    for pattern, answer in zip(schedule_patterns(), answers, strict=True):
+        try:  # judged outside the guard: the checks' own reference is on LIBRARY
+            verdicts.append(answer if isinstance(answer, str) else _schedule_error(pattern, answer))
+        except Exception as exc:  # noqa: BLE001 (an answer of the wrong shape)
+            verdicts.append(f"not a list of rounds of (s, d) pairs ({type(exc).__name__})")
+    ranks = list(parlab.launch(dispatch_rank, P, dispatch, **LAUNCH))
+    return {"ranks": ranks, "schedules": verdicts, "kernel_library": list(called)}
 
 
 def _counts(t: torch.Tensor) -> list:
     """Received counts as [P, E/P] when they have that many, else as they came."""
     t = t.reshape(-1).cpu()
     return t.reshape(P, PER).tolist() if t.numel() == P * PER else t.tolist()
+
+
+def _at_most(message: list) -> list:
+    """An int64 message of at most E numbers shown as such (its exact size is the answer's design)."""
+    dtype, shape, peer = message
+    return [dtype, ["<= E"], peer] if dtype == "int64" and _numel(shape) <= E else message
 
 
 def _which_row(row: torch.Tensor, names: dict[tuple, str]) -> str:
@@ -382,24 +554,54 @@ def judge_dispatch(data) -> list[str]:
         for d in range(P):
             if d == r:
                 continue
-            sent = [m for m in _messages(res["forward"], "send") if m[2] == d]
-            got = [m for m in _messages(res["forward"], "recv") if m[2] == d]
-            counts_msg = [["int64", [PER], -1]]
+            sent = [_at_most(m) for m in _messages(res["forward"], "send") if m[2] == d]
+            got = [_at_most(m) for m in _messages(res["forward"], "recv") if m[2] == d]
+            counts_msg = [["int64", ["<= E"], -1]]
             forward.append((f"rank {r} to rank {d}", _shown(counts_msg + wanted(M[r][d])), _shown(sent)))
             forward.append((f"rank {r} from rank {d}", _shown(counts_msg + wanted(M[d][r])), _shown(got)))
             sent = [m for m in _messages(res["backward"], "send") if m[2] == d]
             got = [m for m in _messages(res["backward"], "recv") if m[2] == d]
             backward.append((f"rank {r} to rank {d}", _shown(wanted(M[d][r])), _shown(sent)))
             backward.append((f"rank {r} from rank {d}", _shown(wanted(M[r][d])), _shown(got)))
-    what = "forward messages between every two ranks: the receiver's E/P counts (int64), then its rows if it has any"
+    what = "forward messages between every two ranks: one int64 message of at most E numbers, then the rows if any"
     lines.append(first_difference(what, forward))
     what = "backward messages between every two ranks: the gradients of the rows, back to where they came from"
     lines.append(first_difference(what, backward))
-    rounds, count_peers = _rounds_line(ranks)
-    lines.append(rounds)
-    what = "the rows in the counts' rounds (pairs without rows left out), the backward in the forward's rounds"
-    lines.append(first_difference(what, _order_items(ranks, M, count_peers)))
-    lines.append(library_line("dispatch", [n for res in ranks for n in res["library"]], WHAT))
+    fewest = degree([[M[s][d] > 0 and s != d for d in range(P)] for s in range(P)])
+    phases = (
+        (
+            "the counts (int64, every pair): rounds of one send and one receive per rank, the fewest",
+            0,
+            "forward",
+            "int64",
+            P - 1,
+        ),
+        (
+            "the rows (float64, pairs with rows only): rounds, the fewest for this routing",
+            0,
+            "forward",
+            "float64",
+            fewest,
+        ),
+        ("the backward (float64): rounds, the fewest for this routing", 1, "backward", "float64", fewest),
+    )
+    for what, after, key, dtype, least in phases:
+        phase = []
+        for res in ranks:
+            start = len(res["forward"]) * after
+            phase.append(_phase(res, start, start + len(res[key]), dtype))
+        lines.append(_phase_line(what, ranks, phase, least))
+    wrong = [(i, v) for i, v in enumerate(data["schedules"]) if v is not None]
+    what = f"schedule(pattern) in the kernel, {len(data['schedules'])} seeded patterns of 3 to 7 ranks"
+    if wrong:
+        i, error = wrong[0]
+        pattern = schedule_patterns()[i]
+        shown = [[d for d in range(len(pattern)) if pattern[s][d]] for s in range(len(pattern))]
+        lines.append(f"{what}: {len(wrong)} wrong; first pattern {i} (rank s sends to {shown}): {error}: FAIL")
+    else:
+        lines.append(f"{what}: each round one send and one receive per rank, every message once, fewest rounds: PASS")
+    called = data["kernel_library"] + [n for res in ranks for n in res["library"]]
+    lines.append(library_line("dispatch", called, WHAT))
     return lines
 
 
@@ -441,22 +643,33 @@ def _traffic_lines(ranks: list[dict], ref: list[dict], what: str) -> list[str]:
             expected = sorted([M[r][d]] * 2 * (M[r][d] > 0) + [M[d][r]] * 2 * (M[d][r] > 0))
             got = sorted(shape[0] if len(shape) == 2 else _numel(shape) for _, shape, peer in sent if peer == d)
             items.append((f"rank {r} to rank {d}", f"messages of {expected} rows", f"messages of {got} rows"))
-        bad = [shape for _, shape, _ in sent if len(shape) != 2 or not H <= shape[1] <= H + PER]
-        widths.append(
-            (
-                f"rank {r}",
-                f"rows of {H} to {H + PER} numbers",
-                f"a message of shape {bad[0]}" if bad else f"rows of {H} to {H + PER} numbers",
-            )
-        )
+        bad = [shape for _, shape, _ in sent if len(shape) != 2 or not H <= shape[1] <= ROW_BYTES // 8]
+        fine = f"rows of {8 * H} to {ROW_BYTES} bytes"
+        shown = f"a message of shape {bad[0]} ({8 * bad[0][-1]} bytes a row)" if bad else fine
+        widths.append((f"rank {r}", fine, shown))
     return [
         first_difference(
             f"{what}: float64 messages between every two ranks, forward and backward: one row per (token, "
             "destination rank) each way",
             items,
         ),
-        first_difference(f"{what}: every float64 message: rows [m, w] of H <= w <= H + E/P numbers", widths),
+        first_difference(
+            f"{what}: every float64 message: rows of at least the token's {8 * H} bytes, at most {ROW_BYTES}", widths
+        ),
+        _expert_rows_line(ranks, ref, what),
     ]
+
+
+def _expert_rows_line(ranks: list[dict], ref: list[dict], what: str) -> str:
+    """Each expert multiplies (in the forward) one row per kept assignment to it, none for a row that did not choose
+    it: counted from the matrix products with its gate matrix."""
+    items = []
+    for r, res in enumerate(ranks):
+        for e in experts_of(r):
+            wanted = sum(int(((x["chosen"] == e) & x["keep"]).sum()) for x in ref)
+            got = res["expert_rows"].get(e, 0)
+            items.append((f"expert {e} (rank {r})", f"{wanted} rows", f"{got} rows"))
+    return first_difference(f"{what}: rows each expert ran in the forward (one per kept assignment to it)", items)
 
 
 def _only_p2p(ranks: list[dict], key: str, what: str) -> str:
@@ -475,37 +688,27 @@ def judge_combine(data) -> list[str]:
     return lines
 
 
-def traffic_rank(combine) -> int:
-    """Rank code: the answer's own layer, forward only, on the prediction's routing (TRAFFIC_PAIRS); returns the
-    rows of the float64 messages this rank sent (the first dimension of each)."""
-    rank = dist.get_rank()
-    x, chosen, gates = _on_device(*traffic_inputs(rank))
-    W = expert_weights()
-    weights = {e: {name: W[name][e].to(parlab.device()) for name in W} for e in experts_of(rank)}
-    token = torch.arange(len(x), device=x.device).repeat_interleave(K)
-    context, calls = _recorder()
-    with context, torch.no_grad():
-        combine(x, token, chosen.reshape(-1), gates.reshape(-1), weights, E)
-    return sum(shape[0] for _, shape, _ in _messages(calls, "send", "float64") if shape)
+def collect_rounds(rounds_fewest, rounds_shifted, schedule) -> dict:
+    pattern = routing_pattern(ROUTING, ROUTING_P)
+    try:  # shown, not scored: a schedule that is not written yet costs the prediction nothing
+        with library_calls(LIBRARY) as called:
+            measured = len(schedule([row[:] for row in pattern]))
+        if called:
+            measured = "not measured: your schedule calls the library"
+    except Exception as exc:  # noqa: BLE001 (any failure of the answer's schedule)
+        measured = f"not measured: your schedule failed ({type(exc).__name__})"
+    return {"predicted": [rounds_fewest, rounds_shifted], "measured": measured}
 
 
-def collect_traffic(rows_round_robin, rows_contiguous, combine) -> dict:
-    try:  # the measurement is shown, not scored: a layer that is not written yet costs the prediction nothing
-        measured = parlab.launch(traffic_rank, P, combine, **LAUNCH)[0]
-    except Exception as exc:  # noqa: BLE001 (any failure of the answer's layer)
-        measured = f"not measured: your layer failed ({type(exc).__name__})"
-    return {"predicted": [rows_round_robin, rows_contiguous], "measured": measured}
-
-
-def judge_traffic(data) -> list[str]:
-    theory = traffic_theory()
-    (p_rr, p_contiguous), measured = data["predicted"], data["measured"]
-    label = "float64 rows leaving rank 0 in one forward of the part-2 layer"
-    rr = prediction_lines(f"{label}, round-robin", p_rr, theory["rows_round_robin"], rtol=0)
-    lines = rr + prediction_lines(f"{label}, contiguous blocks", p_contiguous, theory["rows_contiguous"], rtol=0)
-    if rr[-1].endswith("PASS"):  # shown once the prediction is right, as the theory is
-        shown = f"{measured} rows" if isinstance(measured, int) else measured
-        lines.append(f"{label}, round-robin, measured from your layer's messages on this routing: {shown}")
+def judge_rounds(data) -> list[str]:
+    theory = rounds_theory()
+    (fewest, shifted), measured = data["predicted"], data["measured"]
+    label = f"rounds of the token rows of one forward of the part-2 layer, {ROUTING_P} ranks"
+    lines = prediction_lines(f"{label}, the fewest", fewest, theory["rounds_fewest"], rtol=0)
+    lines += prediction_lines(f"{label}, shifted, empty shifts skipped", shifted, theory["rounds_shifted"], rtol=0)
+    if lines[1].endswith("PASS"):  # shown once the prediction is right, as the theory is
+        shown = f"{measured} rounds" if isinstance(measured, int) else measured
+        lines.append(f"{label}: your schedule() on this routing's pattern: {shown}")
     return lines
 
 

@@ -20,14 +20,29 @@ P, E, H, FFN = 4, 8, 6, 8  # ranks, experts, hidden size, each expert's SwiGLU w
 PER = E // P  # experts per rank: rank r holds r, r + P, r + 2P, ... (round-robin)
 K = 2  # experts per token
 TOKENS = 10  # tokens per rank in the combine and capacity checks
-ROWS = (5, 0, 7, 9)  # rows per rank in the dispatch check (rank 1 sends nothing)
+# The dispatch check's routing: the expert of each row of each rank. The pairs with rows (0 -> 1, 0 -> 3, 2 -> 0,
+# 2 -> 3, 3 -> 0, 3 -> 1) need 2 rounds at the least (no rank sends to or receives from more than two others); the
+# shifts d = s + k mod P, skipping the empty ones, need 3 chained rounds, and so does a greedy colouring in (s, d)
+# order. Rank 1 sends nothing, rank 2 receives nothing, experts 3 and 6 get no rows.
+DISPATCH_EXPERTS = (
+    (1, 7, 0, 5, 4),
+    (),
+    (0, 7, 2, 4, 7, 0, 2),
+    (5, 0, 7, 4, 1, 7, 0, 5, 4),
+)
+ROWS = tuple(len(e) for e in DISPATCH_EXPERTS)  # rows per rank in the dispatch check
+ZERO_GATE = (2, 3, 1)  # (rank, token, choice): a chosen expert whose gate is exactly 0 in the combine check
 CAPACITY = 8  # slots per expert over the whole group in the capacity check
-# The prediction's routing: TRAFFIC_PAIRS[s] lists (e1, e2, n): n tokens of rank s chose experts e1 and e2 (top-2).
-TRAFFIC_PAIRS = [
-    [(0, 4, 4), (0, 1, 3), (1, 5, 2), (2, 3, 1), (4, 6, 2), (3, 7, 1)],
-    [(1, 5, 3), (0, 4, 2), (2, 3, 2), (3, 6, 1), (1, 7, 2)],
-    [(2, 6, 4), (4, 5, 2), (0, 2, 1), (3, 7, 3)],
-    [(3, 7, 2), (6, 7, 3), (0, 5, 2), (1, 4, 2), (2, 6, 1)],
+# The prediction's routing, on PREDICT_P ranks with PREDICT_E experts placed round-robin: ROUTING[s] lists
+# (e1, e2, n): n tokens of rank s chose experts e1 and e2 (top-2).
+PREDICT_P, PREDICT_E = 6, 12
+ROUTING = [
+    [(1, 0, 3), (4, 10, 2), (0, 6, 2), (7, 1, 1)],
+    [(2, 8, 2), (1, 7, 2)],
+    [(5, 2, 3), (3, 2, 2), (8, 2, 1)],
+    [(1, 3, 2), (7, 9, 1)],
+    [(3, 4, 2), (10, 4, 2)],
+    [(0, 11, 2), (9, 5, 2), (6, 5, 1)],
 ]
 
 
@@ -63,12 +78,8 @@ def expert_weights() -> dict[str, torch.Tensor]:
 def dispatch_inputs(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank r's rows x [n, H] and the expert of each row [n] (skewed: experts 3 and 6 get none)."""
     gen = torch.Generator().manual_seed(100 + rank)
-    n = ROWS[rank]
-    x = torch.randn(n, H, generator=gen, dtype=torch.float64)  # host: the seeded draw
-    choices = torch.tensor([0, 1, 2, 4, 5, 7, 7, 0])  # host: the seeded draw's choices
-    if rank == 3:
-        choices = torch.tensor([2, 7, 7, 2])  # host: rank 3 sends nothing to ranks 0 and 1
-    return x, choices[torch.randint(len(choices), (n,), generator=gen)]  # host: the seeded draw
+    x = torch.randn(ROWS[rank], H, generator=gen, dtype=torch.float64)  # host: the seeded draw
+    return x, torch.tensor(DISPATCH_EXPERTS[rank], dtype=torch.long)  # host: the routing of the table above
 
 
 def layer_inputs(rank: int, tokens: int = TOKENS):
@@ -79,7 +90,10 @@ def layer_inputs(rank: int, tokens: int = TOKENS):
     probs = torch.tensor([7.0, 3, 1, 0.2, 6, 2, 0.5, 1.5], dtype=torch.float64)  # host: the router's skew
     chosen = torch.stack([torch.multinomial(probs, K, generator=gen) for _ in range(tokens)])
     gates = torch.rand(tokens, K, generator=gen, dtype=torch.float64) + 0.1  # host: the seeded draw
-    return x, chosen, gates / gates.sum(dim=1, keepdim=True)
+    gates = gates / gates.sum(dim=1, keepdim=True)
+    if rank == ZERO_GATE[0]:  # a router can hand a chosen expert a gate of exactly 0: it is still chosen
+        gates[ZERO_GATE[1], ZERO_GATE[2]] = 0.0
+    return x, chosen, gates
 
 
 def upstream(rank: int, rows: int) -> torch.Tensor:
@@ -151,32 +165,32 @@ def pair_matrix(ref: list[dict]) -> list[list[int]]:
     return [[int((((x["chosen"] % P) == d) & x["keep"]).any(dim=1).sum()) for d in range(P)] for x in ref]
 
 
-def traffic_inputs(rank: int):
-    """Rank r's tokens of the prediction's routing (TRAFFIC_PAIRS[r], in the table's order): x [N, H], their two
-    experts [N, 2] and gates [N, 2] (rows sum to 1)."""
-    chosen = torch.tensor([[a, b] for a, b, n in TRAFFIC_PAIRS[rank] for _ in range(n)])  # host: the table
-    gen = torch.Generator().manual_seed(400 + rank)
-    x = torch.randn(len(chosen), H, generator=gen, dtype=torch.float64)  # host: the seeded draw
-    gates = torch.rand(len(chosen), K, generator=gen, dtype=torch.float64) + 0.1  # host: the seeded draw
-    return x, chosen, gates / gates.sum(dim=1, keepdim=True)
+def degree(pattern: list[list[bool]]) -> int:
+    """The most messages one rank sends or receives in `pattern` (pattern[s][d]: s sends d one message): the fewest
+    rounds of one send and one receive per rank (a bipartite graph's edges coloured with its maximum degree
+    colours, Koenig)."""
+    n = len(pattern)
+    out = [sum(bool(pattern[s][d]) for d in range(n) if d != s) for s in range(n)]
+    into = [sum(bool(pattern[s][d]) for s in range(n) if s != d) for d in range(n)]
+    return max(out + into + [0])
 
 
-def rows_leaving(rank: int, owner_of) -> int:
-    """The float64 rows that leave `rank` in one forward of a layer that sends each token at most once to each rank
-    (one row per (token, destination)), on TRAFFIC_PAIRS, with expert e on rank owner_of(e): its tokens out to the
-    other ranks, and the results it sends back to the other ranks' tokens."""
-    out = sum(n * len({owner_of(a), owner_of(b)} - {rank}) for a, b, n in TRAFFIC_PAIRS[rank])
-    back = sum(n * (rank in {owner_of(a), owner_of(b)}) for s in range(P) if s != rank for a, b, n in TRAFFIC_PAIRS[s])
-    return out + back
+def routing_pattern(routing, ranks: int) -> list[list[bool]]:
+    """pattern[s][d]: rank s sends rank d at least one token row in the part-2 layer's forward (round-robin)."""
+    return [
+        [d != s and any(d in (a % ranks, b % ranks) for a, b, _ in routing[s]) for d in range(ranks)]
+        for s in range(ranks)
+    ]
 
 
-def traffic_theory() -> dict:
-    """Rank 0's rows on the wire in one forward of the part-2 layer on the table's routing: round-robin placement
-    (expert e on rank e % P), and contiguous blocks (experts [r E/P, (r+1) E/P) on rank r, lesson 09's)."""
-    return {
-        "rows_round_robin": rows_leaving(0, owner),
-        "rows_contiguous": rows_leaving(0, lambda e: e // PER),
-    }
+def rounds_theory() -> dict:
+    """The prediction: on ROUTING (PREDICT_P ranks, round-robin), the rounds of the part-2 layer's forward token
+    rows in the fewest-rounds schedule, and in the shifted schedule (round k: s sends to s + k mod P) that skips
+    the shifts in which no rank has a message."""
+    n = PREDICT_P
+    pattern = routing_pattern(ROUTING, n)
+    shifts = sum(any(pattern[s][(s + k) % n] for s in range(n)) for k in range(1, n))
+    return {"rounds_fewest": degree(pattern), "rounds_shifted": shifts}
 
 
-THEORY = {"traffic": traffic_theory}
+THEORY = {"rounds": rounds_theory}
