@@ -35,9 +35,9 @@ SCANNED_FOLDERS = ("parlab/schemes", "parlab/runs", "parlab/twins", "parlab/core
 # they hand to `launch(...)` or name as rank code (`*_rank_fn`, `*_rank`: a notebook launches those itself), and the
 # module's functions those call (see `rank_functions`).
 LESSON_FOLDER = "parlab/lessons"
-# Not scanned YET: the labs' checks run in ranks too, but the labs are being rewritten on other branches; the lead
-# adds this folder to SCANNED_FOLDERS once they are merged (and fixes what the guard then names).
-NOT_YET_SCANNED = ("parlab/grading/labs",)
+# The labs' checks modules hold rank code (handed to parlab.launch) beside what runs in the grader or the notebook
+# (the single-device references, the verdicts): like the lessons, only their rank functions are read.
+LAB_FOLDER = "parlab/grading/labs"
 
 # torch's functions that make a tensor from nothing: on the CPU unless told otherwise.
 FACTORIES = frozenset(
@@ -109,8 +109,12 @@ def rank_functions(tree: ast.Module) -> set[str]:
         node.args[0].id
         for node in ast.walk(tree)
         if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id == "launch"
+        and (
+            isinstance(node.func, ast.Name)
+            and node.func.id == "launch"
+            or isinstance(node.func, ast.Attribute)
+            and node.func.attr == "launch"  # parlab.launch(fn, ...)
+        )
         and node.args
         and isinstance(node.args[0], ast.Name)
     }
@@ -151,7 +155,7 @@ def violations(source: str, filename: str, only: set[str] | None = None) -> list
 def scanned_files() -> list[tuple[Path, bool]]:
     """(file, whole module?) for every module the guard reads."""
     files = [(p, True) for folder in SCANNED_FOLDERS for p in sorted((ROOT / folder).rglob("*.py"))]
-    return files + [(p, False) for p in sorted((ROOT / LESSON_FOLDER).rglob("*.py"))]
+    return files + [(p, False) for folder in (LESSON_FOLDER, LAB_FOLDER) for p in sorted((ROOT / folder).rglob("*.py"))]
 
 
 # ------------------------------------------------------------------------------------------------- the guard
@@ -174,7 +178,7 @@ def test_rank_code_makes_its_tensors_on_the_device():
 
 
 def test_the_guard_reads_what_it_should():
-    """The scanned set holds the rank-side folders and the lessons' rank code, and leaves the labs out (for now)."""
+    """The scanned set holds the rank-side folders and the rank code of the lessons and of the labs. checks."""
     files = {str(p.relative_to(ROOT)) for p, _ in scanned_files()}
     for must in (
         "parlab/runs/collectives.py",
@@ -184,10 +188,13 @@ def test_the_guard_reads_what_it_should():
         "parlab/schemes/zero/offload.py",
     ):
         assert must in files
-    assert not any(f.startswith(NOT_YET_SCANNED) for f in files)
+    assert "parlab/grading/labs/lab07_hybrid.py" in files and "parlab/grading/labs/lab_bug_hunt_pipeline.py" in files
     source = (ROOT / LESSON_FOLDER / "collectives.py").read_text()
     assert {"collective_rank_fn", "ring_demo_rank_fn", "initial_chunks"} <= rank_functions(ast.parse(source))
     assert "draw_ring_step" not in rank_functions(ast.parse(source))  # a figure, drawn in the notebook
+    source = (ROOT / LAB_FOLDER / "lab07_hybrid.py").read_text()
+    assert {"run_step", "measure_states"} <= rank_functions(ast.parse(source))  # parlab.launch(run_step, ...)
+    assert "judge_step" not in rank_functions(ast.parse(source))  # the verdicts: in the grader
 
 
 @pytest.mark.parametrize(

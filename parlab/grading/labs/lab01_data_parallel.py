@@ -209,7 +209,7 @@ def checks_model(rank: int | None = None) -> torch.nn.Module:
     Same weights on every rank as build_lab_model(TIED, 0)."""
     if rank is None:
         rank = dist.get_rank() if dist.is_initialized() else 0
-    model = _register_as_meta_llama(build_lab_model(TIED, 0))
+    model = _register_as_meta_llama(build_lab_model(TIED, 0, device=parlab.device()))
     if rank % 2:
         for block in model.blocks:
             block.mlp.forward = functools.partial(_up_first, block.mlp)
@@ -598,7 +598,7 @@ def judge_shard(data) -> list[str]:
 
 
 def _run_average(token_step, batches, rows) -> dict:
-    model = build_lab_model(CFG, seed=0).to(parlab.device())
+    model = build_lab_model(CFG, seed=0, device=parlab.device())
     opt = make_optimizer(model.parameters(), "sgd", LR)
     mine = _block(rows, dist.get_rank())
     steps, losses, grads = [], [], None

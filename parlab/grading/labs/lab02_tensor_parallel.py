@@ -443,7 +443,7 @@ def row_units(F_: int, saved: int, fused: str) -> tuple[torch.Tensor, torch.Tens
 def swiglu_problem(seed: int = 2) -> dict[str, torch.Tensor]:
     """The lab model's first MLP (parlab.core.lab_model.SwiGLU, H -> F -> H, no biases): gate and up [F, H], down
     [H, F]. x: [B, SEQ, H] and G = dL/dy: [B, SEQ, H]."""
-    mlp = build_lab_model(MLP_CFG, seed).blocks[0].mlp
+    mlp = build_lab_model(MLP_CFG, seed).blocks[0].mlp  # host: the problem's data; rank code moves it (_on_device)
     gen = torch.Generator().manual_seed(seed + 10)
     return {
         "gate": mlp.gate.weight.detach().clone(),  # [F, H]
@@ -634,7 +634,7 @@ def run_gqa(module_class, f, g, gather_tokens, scatter_tokens) -> dict:
     backward of sum(y * G), then its gradient sync."""
     r, out = dist.get_rank(), {}
     for name, (cfg, where, layout_name) in GQA_CASES.items():
-        full = build_lab_model(cfg, seed=3).blocks[0].attn.to(parlab.device())
+        full = build_lab_model(cfg, seed=3, device=parlab.device()).blocks[0].attn
         data = _on_device(gqa_problem(cfg))
         mine = slice(None) if layout_name is None else _tokens(LAYOUTS[layout_name], r)
         x = data["x"][:, mine].clone().requires_grad_()
@@ -852,7 +852,7 @@ def run_layer(gather_tokens, scatter_tokens, swiglu, module_class) -> list[list]
     (their region operators on LAYER_LAYOUT, their attention and MLP), the RMSNorm gains' partial gradients summed
     by this check: every call recorded."""
     r, cfg, layout = dist.get_rank(), LAYER_CFG, LAYER_LAYOUT
-    block = build_lab_model(cfg, seed=5).blocks[0].to(parlab.device())
+    block = build_lab_model(cfg, seed=5, device=parlab.device()).blocks[0]
     gen = torch.Generator().manual_seed(6)
     x_all, g_all = (_randn(gen, LAYER_BATCH, cfg.seq_len, cfg.hidden).to(parlab.device()) for _ in range(2))
     mine = _tokens(layout, r)

@@ -200,7 +200,7 @@ def layer_model() -> GQAttention:
     """The attention of the lab model's first block (the weights every rank and the reference use), its q and k
     weights grown tenfold as training grows them: scores of a few units, so that a softmax picks its keys (at
     initialisation every score is ~0.02 and attention is a plain average, blind to most mistakes)."""
-    attn = build_lab_model(CFG, seed=4).blocks[0].attn
+    attn = build_lab_model(CFG, seed=4).blocks[0].attn  # host: the weights; each user moves them to its device
     with torch.no_grad():
         attn.q.weight.mul_(10.0)
         attn.k.weight.mul_(10.0)

@@ -167,7 +167,7 @@ def _as_owners(value, count: int, P: int) -> list[int] | str:
 def train_owners(assign_owners, init_owned, owner_step, batches, library: tuple) -> dict:
     """Rank code: the lab model trained with LAMB, each tensor stepped whole by its owner (your three functions)."""
     P, r = dist.get_world_size(), dist.get_rank()
-    model = build_lab_model(CFG, seed=0).to(parlab.device())  # the same weights on every rank
+    model = build_lab_model(CFG, seed=0, device=parlab.device())  # the same weights on every rank
     params = list(model.parameters())
     with library_calls(library) as called:
         owners = assign_owners([p.numel() for p in params], P)

@@ -127,7 +127,7 @@ def my_rows(x: torch.Tensor, y: torch.Tensor, r: int, P: int) -> tuple[torch.Ten
 def flat_model() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     """The lab model whose parameters and gradients are views of two flat buffers of Psi numbers (not padded):
     flat_param (writing it writes the parameters) and flat_grad (backward accumulates into it)."""
-    model = build_lab_model(CFG, seed=0).to(parlab.device())  # the same weights on every rank
+    model = build_lab_model(CFG, seed=0, device=parlab.device())  # the same weights on every rank
     flat_param = torch.cat([p.detach().reshape(-1) for p in model.parameters()])  # [Psi]
     flat_grad = torch.zeros_like(flat_param)  # [Psi]
     offset = 0
@@ -366,7 +366,7 @@ def run_zero2(Zero2Accumulate, x, y) -> dict:
     x_r, y_r = my_rows(x, y, r, P)  # [b, T], b = B2/N rows
     out, called = [], []
     for M, budget in CONFIGS:
-        model = build_lab_model(CFG, seed=0).to(parlab.device())
+        model = build_lab_model(CFG, seed=0, device=parlab.device())
         params, names = list(model.parameters()), {id(p): n for n, p in model.named_parameters()}
         yours, held, micro = [], [], [0]
 

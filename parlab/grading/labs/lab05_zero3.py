@@ -96,7 +96,8 @@ def lab_forward(Linear, Embedding, pre, shards: dict, idx: torch.Tensor, inputs:
 
 def matrices() -> dict[str, torch.Tensor]:
     """The tied lab model's matrices (seed 0), by name: the embedding (also the LM head) and each block's seven."""
-    return {n: p.detach() for n, p in build_lab_model(CFG3, seed=0).named_parameters() if p.dim() == 2}
+    model = build_lab_model(CFG3, seed=0)  # host: the reference's matrices; rank code moves what it takes
+    return {n: p.detach() for n, p in model.named_parameters() if p.dim() == 2}
 
 
 def _kept_for_backward(output: torch.Tensor, allowed: list[torch.Tensor]) -> int:

@@ -214,8 +214,8 @@ def deal(cfg: LabConfig, axes: dict[str, int], rank: int, full: dict[str, torch.
 
 def lab_weights(cfg: LabConfig = CFG) -> dict[str, torch.Tensor]:
     """The lab model's full weights, seeded: the same on every rank."""
-    # host: the seeded model; each rank copies its pieces onto its device (deal)
-    return {name: p.detach() for name, p in build_lab_model(cfg, 0).named_parameters()}
+    model = build_lab_model(cfg, 0)  # host: the seeded model; each rank copies its pieces onto its device (deal)
+    return {name: p.detach() for name, p in model.named_parameters()}
 
 
 # ----------------------------------------------------------------------------------------- part 1: groups
@@ -383,7 +383,9 @@ def run_step(hybrid_step, layouts: list[dict[str, int]], rows: int = B) -> list[
             {
                 "coords": dict(mesh.coords),
                 "ids": ids,
-                "loss": None if loss is None else torch.as_tensor(loss, dtype=torch.float64).detach().reshape(()),
+                "loss": None
+                if loss is None
+                else torch.as_tensor(loss, dtype=torch.float64).detach().reshape(()),  # host: handed back
                 "grads": [{key: w.grad for key, w in block.items()} for block in blocks],
                 "calls": calls,
                 "library": list(called),

@@ -271,7 +271,7 @@ def _backup_rank(backup_server) -> dict:
     rank, out = dist.get_rank(), {}
     for tag, run_ in BACKUP_RUNS.items():
         batches = lab_batches(CFG, B, run_["updates"], seed=run_["seed"], device=parlab.device())
-        model = build_lab_model(CFG).to(parlab.device())
+        model = build_lab_model(CFG, device=parlab.device())
         comm.barrier()  # the runs do not overlap
         if rank == 0:
             workers = list(range(1, N + 1))
@@ -585,7 +585,7 @@ def _library_runs(batches) -> dict:
     server's messages and where its updates came."""
     out = {}
     for mode in ("sync", "async"):
-        model = build_lab_model(CFG).to(parlab.device())
+        model = build_lab_model(CFG, device=parlab.device())
         start = len(comm.trace_events())
         result = train_parameter_server(
             model,
@@ -660,7 +660,7 @@ def run_server_and_workers(server, batches, *args) -> dict:
     """Rank code: rank 0 calls server(theta_0, K, LR, *args) on the flat parameters [Psi] and returns its final
     theta and its calls; ranks 1..N run parlab's worker (worker STRAGGLER slowed by SLOWDOWN)."""
     rank = dist.get_rank()
-    model = build_lab_model(CFG).to(parlab.device())  # theta_0, the same on every rank
+    model = build_lab_model(CFG, device=parlab.device())  # theta_0, the same on every rank
     if rank == 0:
         record = recorded(server, flat_params(model), len(batches), LR, *args)
         return {**record, "theta": _host(record.pop("out"))}
@@ -864,7 +864,7 @@ def _sharded_once(plan, failure, sharded_server, sharded_worker, batches) -> dic
     order, at theta_0); ranks S..S+N-1 call sharded_worker(model, rows, plan, failure) with their b rows of every
     batch."""
     rank, workers = dist.get_rank(), list(range(SERVERS, SERVERS + N))
-    model = build_lab_model(CFG).to(parlab.device())  # theta_0 on every rank
+    model = build_lab_model(CFG, device=parlab.device())  # theta_0 on every rank
     if rank < SERVERS:
         mine = {n: p.detach().clone() for n, p in model.named_parameters() if plan[n] == rank}
         before = (rank - 1) % SERVERS
@@ -1099,7 +1099,7 @@ def _straggler_rank(ssp_server, s: int, batches, slowdown: float) -> dict:
     out, rank = {}, dist.get_rank()
     batches = [(x.to(parlab.device()), y.to(parlab.device())) for x, y in batches]
     for mode in ("sync", "async", f"ssp s={s}"):
-        model = build_lab_model(CFG).to(parlab.device())
+        model = build_lab_model(CFG, device=parlab.device())
         comm.barrier()
         start, first = time.perf_counter(), len(comm.trace_events())
         if mode.startswith("ssp"):

@@ -208,8 +208,8 @@ def dispatch_rank(dispatch) -> dict:
     grad = x.grad if x.grad is not None else torch.zeros_like(x)
     return {
         "received": received.detach().clone(),
-        "recv_counts": torch.as_tensor(recv_counts).clone(),
-        "order": torch.as_tensor(order).clone(),
+        "recv_counts": torch.as_tensor(recv_counts).clone(),  # host: the student's counts, handed back to the check
+        "order": torch.as_tensor(order).clone(),  # host: likewise
         "grad": grad.clone(),
         "forward": calls[:forward],
         "backward": calls[forward:],
@@ -264,7 +264,7 @@ def layer_rank(combine, keep_within=None) -> dict:
         with library_calls(LIBRARY) as called:
             keep = torch.ones_like(flat, dtype=torch.bool)
             if keep_within is not None:
-                keep = torch.as_tensor(keep_within(flat, E, CAPACITY)).bool()
+                keep = torch.as_tensor(keep_within(flat, E, CAPACITY), device=flat.device).bool()
             keeping = len(calls)
             with counting:  # the forward only: the backward multiplies by the same matrices again
                 y = combine(x, token[keep], flat[keep], gate[keep], weights, E)

@@ -170,8 +170,8 @@ def run_plan(answer, kind: str, loss_backward, configs: list[LabConfig]) -> dict
     mesh = init_device_mesh(parlab.device().type, (P,), mesh_dim_names=("tp",))
     out = []
     for cfg in configs:
-        model = build_lab_model(cfg, SEED).to(parlab.device())
-        x, y = (t.to(parlab.device()) for t in lab_batches(cfg, BATCH, 1, SEED)[0])
+        model = build_lab_model(cfg, SEED, device=parlab.device())
+        x, y = lab_batches(cfg, BATCH, 1, SEED, device=parlab.device())[0]
         with library_calls(LIBRARY) as called:
             if kind == "plan":
                 parallelize_module(model, mesh, answer(model))

@@ -234,7 +234,7 @@ def elastic_rank(plan: FaultPlan, rows: int, micro_batches: int) -> dict:
     rank = comm.group_rank()
     # ZeRO-1: each .grad a view of its unit's flat gradient, so the micro-batches' backwards add up in place, and the
     # step reduce-scatters the sum once
-    zero = ZeRO(build_model(CFG, 0).to(parlab.device()), 1, lr=LR)
+    zero = ZeRO(build_model(CFG, 0, device=parlab.device()), 1, lr=LR)
     start, size = 0, rows // micro_batches
     folder = ckpt.latest(plan.root) if plan.resume else None
     if folder is not None:  # rank r of P reads the ranges of its own shard (a reshard from the saving world size)
@@ -558,7 +558,7 @@ def tp_save_rank(root: str, writes: dict[int, dict[str, tuple]]) -> int:
     checkpoint (parlab's writer: each rank the boxes `writes[rank]` gives it, each with its m and v; rank 0 the
     metadata); the bytes this rank wrote."""
     r = comm.group_rank()
-    model = build_lab_model(LAB, seed=0).to(parlab.device())
+    model = build_lab_model(LAB, seed=0, device=parlab.device())
     opt = make_optimizer(model.parameters(), "adam", LR)
     x, y = (t.to(parlab.device()) for t in LAB_BATCHES[0])
     lab_loss(model(x), y).backward()
@@ -706,7 +706,7 @@ def zero_save_lab_rank(root: str) -> None:
     """Rank code: ZeRO-2 trains the lab model SAVED_AT Adam steps on this rank's rows and saves its sharded
     checkpoint under root (parlab's own code: every rank its flat shard's pieces, rank 0 the metadata)."""
     P, rank = comm.group_size(), comm.group_rank()
-    zero = ZeRO(build_lab_model(LAB, seed=0).to(parlab.device()), 2, lr=LR)
+    zero = ZeRO(build_lab_model(LAB, seed=0, device=parlab.device()), 2, lr=LR)
     for k, (x, y) in enumerate(LAB_BATCHES):
         b = len(x) // P
         x_r, y_r = x[rank * b : (rank + 1) * b].to(parlab.device()), y[rank * b : (rank + 1) * b].to(parlab.device())
