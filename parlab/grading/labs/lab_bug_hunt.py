@@ -76,25 +76,28 @@ STRUCTURAL = {
     "one [B, T, H] per sublayer in forward and one in backward, and after backward the gradients of its K/V head "
     "only; no call into parlab's tensor parallelism",
     "zigzag_targets": "for T = 16 and 24 on 4 ranks, each rank given only its zigzag block of token ids: every "
-    "rank's targets equal one device's next tokens in the same layout (a FAIL shows the loss they give against one "
-    "device's); each rank exchanges only with ranks r-1 and r+1, point to point, at most two token ids per "
-    "sequence; no call into parlab's sequence code",
+    "rank's targets, each, equal one device's next tokens in the same layout (a FAIL shows the loss they give "
+    "against one device's and the first target that differs); each rank exchanges only with ranks r-1 and r+1, "
+    "point to point, at most two token ids per sequence; no call into parlab's sequence code",
     "zero_clip": "3 Adam steps with the gradient clipped at a global norm, the lab model's matrices sharded over "
-    "groups of 2 ranks and replicated across the 2 groups, its RMSNorm gains replicated: the norm each rank clipped "
-    "by and every parameter equal one device's; per step each rank reduce-scatters the gradient in its shard "
-    "group, all-reduces its shard across the replicas, all-gathers the parameters in its shard group and "
+    "shard groups and replicated across them, on two layouts (groups of 2 ranks, replicated twice; one group of 4, "
+    "its last shard padded), its RMSNorm gains replicated: on each layout the norm each rank clipped by and every "
+    "parameter equal one device's; per step each rank reduce-scatters the gradient in its shard group, all-reduces "
+    "its shard across the replicas (if it has any), all-gathers the parameters in its shard group and "
     "all-reduces the gains' gradients, and at most 2P numbers more, nothing else; no call into parlab's ZeRO",
     "clip_at_scale": "predictions for a Llama-3-8B-sized lab model on 384 ranks in shard groups of 96: the fixed "
     "step's shard and padding (exact) and the norm the handed-out step clips by (0.1%)",
     "pipeline_m": "the lab model (LM head tied to the embedding) over 4 stages, m = 4, 3, 2 and 1 micro-batches, "
-    "2 SGD steps each (the loader going on into the next step): no hang (a hang fails within seconds, naming each "
+    "2 SGD steps each: no hang (a hang fails within seconds, naming each "
     "rank's call), the loss of each step and every stage's parameters after the last equal one device's; every "
     "stage sends m activations forward and m gradients back per step, and the first and last stage all-reduce the "
     "tied matrix's gradient once, nothing else; no call into parlab's pipeline code (not known, and a FAIL, for a "
     "launch whose ranks did not finish)",
     "ring_gqa": "a ring-attention forward of grouped K/V heads under the library's backward, for (nq, nkv) = (4, 4) "
     "and (6, 2): the output and dL/dq, dL/dk, dL/dv equal one device's causal attention; each rank sends P-1 K/V "
-    "blocks of the nkv heads only in forward; no call into parlab's sequence code",
+    "blocks of the nkv heads only in forward, and no tensor its forward makes holds a K/V block copied for each "
+    "query head (watched with a TorchFunctionMode: the library's tiles on repeated K/V fail); no call into "
+    "parlab's sequence code",
 }
 
 # The predictions' theory, one function per PREDICT cell: what its judge scores against.
@@ -269,7 +272,8 @@ def unzigzag(blocks: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _targets_line(ranks, T: int) -> str:
-    """The verdict on every rank's targets, said as the user sees it: the loss they give against one device's."""
+    """The verdict on every rank's targets, each against one device's, said as the user sees it (the loss they give
+    against one device's) with the first target that differs."""
     x, y = zigzag_problem(T)
     what = f"T={T}: the loss with the ranks' targets"
     for r in range(P):
@@ -281,10 +285,23 @@ def _targets_line(ranks, T: int) -> str:
     if torch.equal(in_order, y):
         return f"{what}: {expected:.6f}, as one device's: PASS"
     got, error = _no_error(what, zigzag_loss, in_order, x)  # a target out of the vocabulary: no loss at all
+    first = _first_wrong_target(ranks, y, T)
     if got is None:
-        return f"{what}: expected {expected:.6f} (one device), received no loss ({error[0].split(': ', 1)[1]}"
+        return f"{what}: expected {expected:.6f} (one device), received no loss; {first}: FAIL"
     want, came = digits_apart(expected, got)
-    return f"{what}: expected {want} (one device), received {came}: FAIL"
+    return f"{what}: expected {want} (one device), received {came}; {first}: FAIL"
+
+
+def _first_wrong_target(ranks, y: torch.Tensor, T: int) -> str:
+    """The first target that differs from one device's, rank by rank and column by column of the block."""
+    for r in range(P):
+        got, want = ranks[r][T]["targets"].to(torch.int64), zigzag_block(y, r)
+        wrong = (got != want).nonzero()
+        if len(wrong):
+            i, j = (int(n) for n in wrong[0])
+            expected, received = int(want[i, j]), int(got[i, j])
+            return f"rank {r}, sequence {i}, column {j} of its block: expected {expected}, received {received}"
+    return "every target as one device's"
 
 
 def judge_zigzag_targets(data) -> list[str]:

@@ -7,9 +7,8 @@ them): stage 0 and the last stage each hold a copy of it, and after backward bot
 device computes for the tied matrix (Megatron's embedding group: the first and the last stage). The student's
 function is the loop of one stage (Megatron's non-interleaved 1F1B: warm-up forwards, one forward and one backward
 alternately, cool-down backwards), then the tied gradient; `Stage` hands it the stage's forward and backward and its
-messages, the paired ones with both directions in flight together. Stage 0 takes its inputs from a data loader that
-goes on into the next step, as a real one does; the last stage takes its targets from its own. Between steps every
-stage takes an SGD step on its parameters.
+messages, the paired ones with both directions in flight together. Stage 0 takes its inputs from the data loader,
+the last stage its targets from its own. Between steps every stage takes an SGD step on its parameters.
 """
 
 from __future__ import annotations

@@ -5,12 +5,16 @@ student's forward passes the K/V block round the ring (`pass_on`, K/V heads only
 backward is the library's (`RingAttention.backward`, parlab/schemes/sequence/ring_attention.py), run on the
 (q, k, v, out, lse) that forward returned, with each K/V head repeated for its query heads (the library's backward
 knows no grouped heads); the K/V gradients of a group's query heads are then summed back into their K/V head.
+While the forward runs, every tensor it makes is watched (a TorchFunctionMode): none may hold a K/V block copied for
+each query head of its group, the cost grouped-query attention exists to avoid (bytes sent are not the only place
+it shows: a copy made after receiving a block costs the same memory and memory traffic).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.overrides import TorchFunctionMode
 
 import parlab
 from parlab.core import comm, probe
@@ -40,14 +44,46 @@ def pass_on(block: torch.Tensor):
     return incoming, works
 
 
+class KVCopies(TorchFunctionMode):
+    """Counts the tensors made while it is on (the results of every torch function and tensor method called) that
+    hold one of `blocks` entry for entry, in any order: the K/V blocks [B, nkv, c, hd] copied once per query head,
+    [B, nq, c, hd], alone or K and V stacked."""
+
+    def __init__(self, blocks: list[torch.Tensor]):
+        super().__init__()
+        self.sorted: dict[int, list[torch.Tensor]] = {}
+        for b in blocks:
+            self.sorted.setdefault(b.numel(), []).append(b.reshape(-1).sort().values)
+        self.found = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() in self.sorted:
+                values = t.detach().reshape(-1).sort().values
+                self.found += any(torch.equal(values, b) for b in self.sorted[t.numel()])
+        return out
+
+
+def copied_blocks(k: torch.Tensor, v: torch.Tensor, group: int) -> list[torch.Tensor]:
+    """Every rank's K/V block of the whole sequence's k, v [B, nkv, P c, hd], each K/V head repeated for the `group`
+    query heads that read it: K, V and the two stacked, for each of the P blocks."""
+    out = []
+    for k_j, v_j in zip(k.chunk(P, dim=-2), v.chunk(P, dim=-2), strict=True):
+        k_rep, v_rep = k_j.repeat_interleave(group, dim=1), v_j.repeat_interleave(group, dim=1)  # [B, nq, c, hd]
+        out += [k_rep, v_rep, torch.stack([k_rep, v_rep])]
+    return out
+
+
 class _RingWithYourForward(torch.autograd.Function):
     """The library's ring attention, causal, contiguous layout, with your forward in place of its own: its backward
     gets the (q, k, v, out, lse) your forward returns, each K/V head repeated for its query heads, and the K/V
     gradients of a group's query heads are summed back into their K/V head."""
 
     @staticmethod
-    def forward(ctx, q, k, v, ring_forward):
-        out, lse = ring_forward(q, k, v)
+    def forward(ctx, q, k, v, ring_forward, watch):
+        with watch:
+            out, lse = ring_forward(q, k, v)
         group = q.shape[1] // k.shape[1]
         k_all, v_all = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [B, nq, c, hd]
         ctx.save_for_backward(q, k_all, v_all, out, lse)
@@ -58,22 +94,23 @@ class _RingWithYourForward(torch.autograd.Function):
     def backward(ctx, dout):
         dq, dk, dv = RingAttention.backward(ctx, dout)[:3]  # the library's: each tile's softmax from lse
         dk, dv = (t.unflatten(1, (-1, ctx.kv_group)).sum(2) for t in (dk, dv))  # [B, nkv, c, hd]
-        return dq, dk, dv, None
+        return dq, dk, dv, None, None
 
 
 def run_ring(ring_forward) -> dict:
     """Rank code: for each (nq, nkv) of RING_HEADS, rank r holds tokens [r c, (r+1) c) of q, k, v, runs your forward
-    (the bytes it sends recorded) and the library's backward from sum(out_r * G_r)."""
+    (the bytes it sends recorded, and the tensors it makes watched) and the library's backward from sum(out_r G_r)."""
     r, c = dist.get_rank(), RING_C
     out = {}
     for heads, kv_heads in RING_HEADS:
-        q, k, v, g = (
-            t[..., r * c : (r + 1) * c, :].clone() for t in attention_problem(heads, kv_heads, P * c, seed=60 + heads)
-        )
+        whole = attention_problem(heads, kv_heads, P * c, seed=60 + heads)  # [1, n, P c, HD]: the whole sequence
+        q, k, v, g = (t[..., r * c : (r + 1) * c, :].clone() for t in whole)
         for t in (q, k, v):
             t.requires_grad_()
+        group = heads // kv_heads
+        watch = KVCopies(copied_blocks(whole[1], whole[2], group) if group > 1 else [])
         with probe.recording(keep_sent_data=False) as calls, library_calls(LIBRARY) as called:
-            o = _RingWithYourForward.apply(q, k, v, ring_forward)  # [1, nq, c, HD]
+            o = _RingWithYourForward.apply(q, k, v, ring_forward, watch)  # [1, nq, c, HD]
         (o * g).sum().backward()
         sent = sum(int(c["bytes"]) for c in calls if c["op"] == "send")
         out[(heads, kv_heads)] = {
@@ -82,6 +119,7 @@ def run_ring(ring_forward) -> dict:
             "dk": k.grad,
             "dv": v.grad,
             "sent": sent,
+            "copies": watch.found,
             "library": called,
         }
     return out
@@ -124,6 +162,14 @@ def judge_ring_gqa(data) -> list[str]:
             f"{shape}: bytes each rank sends in forward (P-1 K/V blocks of the {kv_heads} K/V heads, {(P - 1) * block})"
         )
         lines.append(f"{what}: " + ("PASS" if wrong is None else f"rank {wrong}: received {sent[wrong]}: FAIL"))
+        if heads > kv_heads:
+            copies = [ranks[r][key]["copies"] for r in range(P)]
+            what = f"{shape}: tensors each rank's forward makes holding a K/V block copied for each query head"
+            wrong = next((r for r in range(P) if copies[r]), None)
+            lines.append(
+                f"{what}: "
+                + ("none: PASS" if wrong is None else f"rank {wrong}: expected none, received {copies[wrong]}: FAIL")
+            )
     called = [c for res in ranks for part in res.values() for c in part["library"]]
     lines.append(library_verdict("ring_forward", called))
     return lines

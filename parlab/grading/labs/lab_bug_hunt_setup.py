@@ -50,10 +50,12 @@ ZIGZAG_T = (16, 24)
 ZZ_B = 2
 ZZ_CFG = LabConfig(vocab_size=32, seq_len=24, hidden=8, heads=2, kv_heads=1, ffn=16, layers=1)  # the loss shown
 # Part 4, hybrid sharding with clipping: the lab model's matrices (PSI_M = 642 numbers) sharded over groups of
-# SHARD ranks, replicated over the P / SHARD groups (rank r in shard group r // SHARD); its RMSNorm gains (18
-# numbers) replicated on every rank; Adam with ZERO_LR for ZERO_STEPS steps, the gradient clipped at MAX_NORM.
+# `shard` ranks, replicated over the P / shard groups (rank r in shard group r // shard), for each shard-group size
+# in ZERO_LAYOUTS (2: two groups of 2, the user's nodes; 4: one group of all 4, the user's earlier run, its last shard
+# padded); its RMSNorm gains (18 numbers) replicated on every rank; Adam with ZERO_LR for ZERO_STEPS steps, the
+# gradient clipped at MAX_NORM.
 ZERO_CFG = LabConfig(vocab_size=29, seq_len=8, hidden=6, heads=3, kv_heads=1, ffn=11, layers=1)
-SHARD = 2
+ZERO_LAYOUTS = (2, 4)
 B_ZERO, ZERO_STEPS, ZERO_LR, MAX_NORM = 8, 3, 0.05, 0.05
 # The prediction: a Llama-3-8B-sized lab model (untied head) on PREDICT_N ranks in shard groups of PREDICT_SHARD, and
 # the norms of the two parts of an averaged gradient.

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import parlab
 from parlab.core import probe
 from parlab.core.check import compare
-from parlab.core.lab_model import LabBlock
+from parlab.core.lab_model import LabBlock, gqa_attention
 from parlab.grading.labs.guard import library_calls
 from parlab.grading.labs.lab_bug_hunt_setup import (
     BATCH,
@@ -62,23 +62,38 @@ def tp_weights() -> dict[str, torch.Tensor]:
 
 
 def tp_slices(full: dict[str, torch.Tensor], r: int) -> dict[str, torch.Tensor]:
-    """Rank r's weights: its query heads' rows of q and columns of o, its K/V head's rows of k and v (query head h
-    reads K/V head h // (nq/nkv)), its SwiGLU units' rows of gate and up and columns of down; the gains whole."""
-    hd, nq, nkv = TP_CFG.head_size, TP_CFG.heads, TP_CFG.kv_heads
+    """Rank r's weights: its query heads' rows of q and columns of o, the rows of k and v its query heads read (the
+    lab model's pairing: gqa_attention's), its SwiGLU units' rows of gate and up and columns of down; the gains."""
+    hd, nq, nkv, H = TP_CFG.head_size, TP_CFG.heads, TP_CFG.kv_heads, TP_CFG.hidden
     heads = slice(r * nq // P * hd, (r + 1) * nq // P * hd)  # this rank's query heads, hd rows each
-    kv = r * nq // P // (nq // nkv)  # the K/V head they read
     units = slice(r * TP_CFG.ffn // P, (r + 1) * TP_CFG.ffn // P)
+
+    def read_by_my_heads(w: torch.Tensor) -> torch.Tensor:  # [nkv hd, H] -> [hd, H]
+        per_query_head = gqa_pairing(w.view(1, nkv, hd, H), nq)[0]  # [nq, hd, H]: the K/V rows each query head reads
+        return per_query_head[r * nq // P].clone()
+
     return {
         "attn_norm": full["attn_norm"].clone(),  # [H], replicated
         "q": full["q"][heads].clone(),  # [nq/P hd, H]
-        "k": full["k"][kv * hd : (kv + 1) * hd].clone(),  # [hd, H]: replicated on the ranks reading this head
-        "v": full["v"][kv * hd : (kv + 1) * hd].clone(),  # [hd, H]
+        "k": read_by_my_heads(full["k"]),  # [hd, H]: replicated on the ranks reading this head
+        "v": read_by_my_heads(full["v"]),  # [hd, H]
         "o": full["o"][:, heads].clone(),  # [H, nq/P hd]
         "mlp_norm": full["mlp_norm"].clone(),  # [H], replicated
         "gate": full["gate"][units].clone(),  # [F/P, H]
         "up": full["up"][units].clone(),  # [F/P, H]
         "down": full["down"][:, units].clone(),  # [H, F/P]
     }
+
+
+def gqa_pairing(kv: torch.Tensor, nq: int) -> torch.Tensor:
+    """The K/V entries each of nq query heads reads in the lab model's attention: gqa_attention run on heads that
+    pick them out (q one-hot, no softmax spread: one key per query), so that the pairing has one home, the model.
+    kv: [B, nkv, n, d] -> [B, nq, n, d]."""
+    B, nkv, n, d = kv.shape
+    eye = torch.eye(n, dtype=kv.dtype, device=kv.device)
+    q = eye.expand(B, nq, n, n) * 1e4  # query i sees key i with a score that leaves the others no weight
+    keys = eye.expand(B, nkv, n, n)
+    return gqa_attention(q, keys, kv.contiguous(), causal=False)
 
 
 def tp_data(step: int) -> tuple[torch.Tensor, torch.Tensor]:

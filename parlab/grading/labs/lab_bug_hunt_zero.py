@@ -1,14 +1,16 @@
 """The bug hunt, part 4: hybrid sharding (ZeRO inside groups of ranks, replicated across them) with global-norm
 gradient clipping, and its prediction at Llama-3-8B scale.
 
-The lab model's matrices (every 2-D parameter) lie side by side in one flat buffer, padded into SHARD equal shards;
-rank r holds shard r % SHARD of them (master weights and Adam's moments), as does every rank of its replica group.
+The lab model's matrices (every 2-D parameter) lie side by side in one flat buffer, padded into `shard` equal
+shards; rank r holds shard r % shard of them (master weights and Adam's moments), as does every rank of its
+replica group.
 A step (Rajbhandari et al. 2020's stage-2 communication inside a shard group; PyTorch FSDP's HYBRID_SHARD and
 Zhao et al. 2023's hybrid sharding across groups): reduce-scatter the gradient in the shard group, all-reduce the
 shard across the replicas, average, Adam on the shard, all-gather the parameters in the shard group. The RMSNorm
 gains are replicated on every rank, their gradients all-reduced over all ranks. Clipping (Pascanu et al. 2013)
 multiplies every gradient by min(1, max_norm / (norm + 1e-6)), the norm that of the whole model's averaged
-gradient, as torch.nn.utils.clip_grad_norm_ computes it on one device.
+gradient, as torch.nn.utils.clip_grad_norm_ computes it on one device. The check runs every layout of
+ZERO_LAYOUTS (shard groups of 2, replicated twice; one shard group of all P ranks).
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from parlab.grading.labs.lab_bug_hunt_setup import (
     PREDICT_NORMS,
     PREDICT_SHARD,
     REDUCE_SCATTER,
-    SHARD,
     ZERO_CFG,
+    ZERO_LAYOUTS,
     ZERO_LR,
     ZERO_STEPS,
     P,
@@ -75,20 +77,21 @@ def flat_lab_model(seed: int = 40) -> tuple[LabModel, torch.Tensor, torch.Tensor
     return model, flat_param, flat_grad, gains
 
 
-def hybrid_groups() -> tuple[list[list[int]], list[list[int]]]:
-    """(the shard groups, the replica groups): rank r shards with the ranks of r // SHARD's group and is replicated
-    across the ranks holding the same shard (r % SHARD)."""
-    shards = [list(range(g * SHARD, (g + 1) * SHARD)) for g in range(P // SHARD)]
-    replicas = [list(range(i, P, SHARD)) for i in range(SHARD)]
+def hybrid_groups(shard: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(the shard groups, the replica groups) of `shard` ranks per shard group: rank r shards with the ranks of
+    group r // shard and is replicated across the ranks holding the same shard (r % shard)."""
+    shards = [list(range(g * shard, (g + 1) * shard)) for g in range(P // shard)]
+    replicas = [list(range(i, P, shard)) for i in range(shard)]
     return shards, replicas
 
 
-def run_zero(zero_step) -> dict:
-    """Rank code: the process groups made (every rank makes each, in order); then ZERO_STEPS steps with `zero_step`
-    (your code), each rank on its rows of the batch; the norm it logged (state["grad_norm"]) after every step, every
-    step's calls into torch.distributed (with the ranks of their group) and the parameters after the last."""
+def run_zero(zero_step, shard: int) -> dict:
+    """Rank code: the process groups of shard groups of `shard` ranks made (every rank makes each, in order); then
+    ZERO_STEPS steps with `zero_step` (your code), each rank on its rows of the batch; the norm it logged
+    (state["grad_norm"]) after every step, every step's calls into torch.distributed (with the ranks of their group)
+    and the parameters after the last."""
     r = dist.get_rank()
-    shards, replicas = hybrid_groups()
+    shards, replicas = hybrid_groups(shard)
     made = {tuple(ranks): dist.new_group(ranks) for ranks in shards + replicas}
     shard_group = made[tuple(next(g for g in shards if r in g))]
     replica_group = made[tuple(next(g for g in replicas if r in g))]
@@ -135,7 +138,7 @@ def zero_single_device() -> tuple[dict[str, torch.Tensor], list[float]]:
 
 
 def collect_zero_clip(zero_step) -> dict:
-    return {"ranks": list(parlab.launch(run_zero, P, zero_step, **LAUNCH))}
+    return {str(shard): list(parlab.launch(run_zero, P, zero_step, shard, **LAUNCH)) for shard in ZERO_LAYOUTS}
 
 
 def _bytes(step: list, ops: tuple[str, ...], size: int | None) -> int:
@@ -144,47 +147,61 @@ def _bytes(step: list, ops: tuple[str, ...], size: int | None) -> int:
 
 
 def judge_zero_clip(data) -> list[str]:
-    ranks = data["ranks"]
     reference, norms = zero_single_device()
+    lines = []
+    for shard in ZERO_LAYOUTS:
+        lines += _judge_layout(data[str(shard)], shard, reference, norms)
+    called = [c for shard in ZERO_LAYOUTS for res in data[str(shard)] for c in res["library"]]
+    lines.append(library_verdict("zero_step", called))
+    return lines
+
+
+def _judge_layout(ranks: list[dict], shard: int, reference: dict, norms: list[float]) -> list[str]:
+    """The verdicts on one layout: shard groups of `shard` ranks, replicated P / shard times."""
     _, flat_param, _, gains = flat_lab_model()
     psi_m, n_gains = flat_param.numel(), sum(g.numel() for g in gains)
-    S = math.ceil(psi_m / SHARD)  # a shard: the last one ends in padding where SHARD does not divide PSI_M
-    R = P // SHARD  # replicas
+    S = math.ceil(psi_m / shard)  # a shard: the last one ends in padding where shard does not divide PSI_M
+    R = P // shard  # replicas
+    layout = f"shard groups of {shard} ({R} {'replica' if R == 1 else 'replicas'})"
     lines = []
     for r in range(P):
         got = ranks[r]["norms"]
         if any(v is None for v in got):
-            lines.append(f"the gradient norm logged in state['grad_norm'], rank {r}: missing: FAIL")
+            lines.append(f"{layout}: the gradient norm logged in state['grad_norm'], rank {r}: missing: FAIL")
             break
     else:  # the same curve on every rank: the first rank whose curve differs speaks for all
-        what = f"the gradient norm clipped by in each of {ZERO_STEPS} steps (clipped at {MAX_NORM})"
+        what = f"{layout}: the gradient norm clipped by in each of {ZERO_STEPS} steps (clipped at {MAX_NORM})"
         curves = [curve_line(f"{what}, rank {r}", ranks[r]["norms"], norms) for r in range(P)]
         wrong = [line for line in curves if line.endswith(": FAIL")]
         lines.append(wrong[0] if wrong else curve_line(f"{what}, every rank", ranks[0]["norms"], norms))
     params = [res["params"] for res in ranks]
-    lines.append(compare(f"every rank's parameters after {ZERO_STEPS} steps", params, [reference] * P).line)
+    lines.append(compare(f"{layout}: every rank's parameters after {ZERO_STEPS} steps", params, [reference] * P).line)
     few = 2 * P * 8  # beside the step's own collectives, a rank may all-reduce or gather 2P numbers
-    own = S * 8 + SHARD * S * 8 + S * 8 + n_gains * 8
-    for bytes_of, what, least, most in [
-        (lambda st: _bytes(st, REDUCE_SCATTER, SHARD), "bytes reduce-scattered in the shard group", S * 8, S * 8),
-        (lambda st: _bytes(st, ALL_REDUCE, R), "bytes all-reduced across the replicas", S * 8, S * 8 + few),
+    own = S * 8 + shard * S * 8 + (S * 8 if R > 1 else 0) + n_gains * 8
+    alone = (lambda st: _bytes(st, ALL_REDUCE, 1)) if R == 1 else (lambda st: 0)  # a replica group of one: free
+    checks = [
+        (lambda st: _bytes(st, REDUCE_SCATTER, shard), "bytes reduce-scattered in the shard group", S * 8, S * 8),
         (
-            lambda st: _bytes(st, ALL_GATHER, SHARD),
+            lambda st: _bytes(st, ALL_GATHER, shard),
             "bytes all-gathered in the shard group",
-            SHARD * S * 8,
-            SHARD * S * 8,
+            shard * S * 8,
+            shard * S * 8,
         ),
         (lambda st: _bytes(st, ALL_REDUCE, P), "bytes all-reduced over all ranks", n_gains * 8, n_gains * 8 + few),
         (
-            lambda st: _bytes(st, tuple({op for op, _, _ in st}), None) - own,
+            lambda st: _bytes(st, tuple({op for op, _, _ in st}), None) - own - alone(st),
             f"bytes beside these (at most {2 * P} numbers)",
             0,
             few,
         ),
-    ]:
+    ]
+    if R > 1:
+        checks.insert(
+            1, (lambda st: _bytes(st, ALL_REDUCE, R), "bytes all-reduced across the replicas", S * 8, S * 8 + few)
+        )
+    for bytes_of, what, least, most in checks:
         per_step = [[bytes_of(step) for step in res["steps"]] for res in ranks]
-        lines.append(bytes_line(f"{what}, in every step", per_step, least, most))
-    lines.append(library_verdict("zero_step", [c for res in ranks for c in res["library"]]))
+        lines.append(bytes_line(f"{layout}: {what}, in every step", per_step, least, most))
     return lines
 
 
