@@ -116,8 +116,7 @@ def dp_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The DP_STEPS global batches of token ids, x, y [B_DP, T] each: in batch k, document i has
     DP_LENGTHS[(i + 5 k) % B_DP] real targets, then padding (input PAD, target IGNORE: the loss leaves it out)."""
     batches = []
-    for k, (x, y) in enumerate(lab_batches(DP_CFG, B_DP, DP_STEPS, seed=11)):
-        x, y = x.to(parlab.device()), y.to(parlab.device())
+    for k, (x, y) in enumerate(lab_batches(DP_CFG, B_DP, DP_STEPS, seed=11, device=parlab.device())):
         for i in range(B_DP):
             n = DP_LENGTHS[(i + 5 * k) % B_DP]
             x[i, n:], y[i, n:] = PAD, IGNORE
@@ -138,7 +137,7 @@ def run_dp(train_step) -> dict:
     each global batch: `train_step` (your code), then SGD. Returns the parameters after each step and the bytes
     each step communicated (the process group watched)."""
     r, b = dist.get_rank(), B_DP // P
-    model = build_lab_model(DP_CFG, seed=10).to(parlab.device())  # the same weights on every rank
+    model = build_lab_model(DP_CFG, seed=10, device=parlab.device())  # the same weights on every rank
     params, sent, called = [], [], []
     for x, y in dp_batches():
         with probe.recording(keep_sent_data=False) as calls, library_calls(LIBRARY) as seen:

@@ -44,8 +44,8 @@ from parlab.runtime.errors import LaunchTimeout, RankError
 def pipe_data(m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The loader's token ids for m micro-batches per step: x, y [(PIPE_STEPS + 1) m PIPE_B, T], micro-batch i is
     rows [i b, (i+1) b); step k (from 0) uses micro-batches [k m, (k+1) m). One step more than the run takes."""
-    x, y = lab_batches(PIPE_CFG, (PIPE_STEPS + 1) * m * PIPE_B, 1, seed=51 + m)[0]
-    return x.to(parlab.device()), y.to(parlab.device())
+    x, y = lab_batches(PIPE_CFG, (PIPE_STEPS + 1) * m * PIPE_B, 1, seed=51 + m, device=parlab.device())[0]
+    return x, y
 
 
 def stage_parameters(model: LabModel, s: int) -> dict[str, torch.Tensor]:
@@ -153,7 +153,9 @@ def run_1f1b(one_f_one_b, ms: tuple[int, ...]) -> dict[int, list[dict]]:
     tied_group = dist.new_group([0, P - 1])  # every rank makes it
     out = {}
     for m in ms:
-        model = build_lab_model(PIPE_CFG, seed=50).to(parlab.device())  # every rank builds it; stage s uses its part
+        model = build_lab_model(
+            PIPE_CFG, seed=50, device=parlab.device()
+        )  # every rank builds it; stage s uses its part
         x, y = pipe_data(m)
         inputs = iter(x.chunk(len(x) // PIPE_B)) if s == 0 else iter(())  # the loader: micro-batches [b, T]
         targets = iter(y.chunk(len(y) // PIPE_B)) if s == P - 1 else iter(())

@@ -54,7 +54,7 @@ def tp_weights() -> dict[str, torch.Tensor]:
     initial N(0, 0.02^2) and its gains moved off 1, as a trained model's are."""
     from parlab.core.lab_model import build_lab_model
 
-    block = build_lab_model(TP_CFG, seed=20).blocks[0]
+    block = build_lab_model(TP_CFG, seed=20).blocks[0]  # host: the weights, scaled and moved below
     full = {name: block.get_parameter(NAMES[name]).detach().to(parlab.device()) * 10 for name in NAMES}
     full["attn_norm"] = 1 + _randn(TP_CFG.hidden, seed=22) / 4
     full["mlp_norm"] = 1 + _randn(TP_CFG.hidden, seed=23) / 4

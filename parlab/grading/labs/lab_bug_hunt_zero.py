@@ -53,15 +53,15 @@ from parlab.grading.labs.lab_bug_hunt_setup import (
 
 def zero_data() -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch of token ids: x, y [B_ZERO, T]; rank r trains on rows [r b, (r+1) b), b = B_ZERO / P."""
-    x, y = lab_batches(ZERO_CFG, B_ZERO, 1, seed=41)[0]
-    return x.to(parlab.device()), y.to(parlab.device())
+    x, y = lab_batches(ZERO_CFG, B_ZERO, 1, seed=41, device=parlab.device())[0]
+    return x, y
 
 
 def flat_lab_model(seed: int = 40) -> tuple[LabModel, torch.Tensor, torch.Tensor, list[torch.nn.Parameter]]:
     """The lab model whose matrices (every 2-D parameter, in named_parameters() order) are views of two flat buffers
     of PSI_M numbers (no padding): flat_param (writing it writes the matrices) and flat_grad (backward adds into it);
     and its RMSNorm gains, [H] each, as they are (replicated on every rank, each with its own .grad)."""
-    model = build_lab_model(ZERO_CFG, seed).to(parlab.device())
+    model = build_lab_model(ZERO_CFG, seed, device=parlab.device())
     matrices = [p for p in model.parameters() if p.dim() == 2]
     gains = [p for p in model.parameters() if p.dim() == 1]
     psi_m = sum(p.numel() for p in matrices)
