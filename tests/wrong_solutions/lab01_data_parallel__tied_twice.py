@@ -5,8 +5,8 @@
 # EXPECT FAIL: step_traffic
 
 # PREDICT: step_traffic
-def arrival(rank):
-    model, order = checks_model(rank), []
+def arrival(up_first):
+    model, order = checks_model(up_first), []
     names = {id(p): name for name, p in model.named_parameters()}
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda p: order.append(names[id(p)]))
@@ -15,10 +15,10 @@ def arrival(rank):
     return order
 
 
-model = checks_model(0)
-plan = plan_in_order(model, arrival(0), 16 * 1024)
+model = checks_model()
+plan = plan_in_order(model, arrival(True), 16 * 1024)  # rank 0's order: it computes up first
 size = [sum(model.get_parameter(name).numel() * 8 for name in bucket) for bucket in plan]
 size[-1] += model.embed.weight.numel() * 8  # "the head's matrix" as well, in the last bucket
 exposed_bytes = size[-1]
 held_back_bytes_rank0 = 0
-held_back_bytes_rank1 = 2 * 16384  # gate's bucket waits for up's, in each block
+held_back_bytes_rank1 = 2 * 16384  # up's bucket waits for gate's, in each block

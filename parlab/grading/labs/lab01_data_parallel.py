@@ -9,10 +9,12 @@ with its embedding tied to the LM head, and with its modules registered in the o
 them (`checks_model`): attention, feed-forward, then the two norms; in the feed-forward w1 = gate, w2 = down, w3 = up.
 So the reverse of the registration order, DDP's first bucket plan, is not the order backward produces the
 gradients: buckets complete out of plan order, and the tied matrix, whose gradient is complete only when backward
-reaches the embedding, arrives last. And the ranks do not all run the same build of the code: on odd ranks the
+reaches the embedding, arrives last. And the ranks do not all run the same build of the code: on some ranks the
 feed-forward evaluates up(x) before gate(x) (the same numbers), so backward there produces gate's gradient before
-up's. Buckets rebuilt by each rank from its own order differ across ranks with the same sizes: the all-reduces
-then sum one rank's up with another's gate, silently. The ranks must agree on one order (rank 0's, as DDP does).
+up's. Which ranks, changes from case to case (`OVERLAP_UP_FIRST`, rank 0 among them in one case; the handout says
+only that some ranks' builds differ): an answer cannot know another rank's order without asking it. Buckets rebuilt
+by each rank from its own order differ across ranks with the same sizes: the all-reduces then sum one rank's up with
+another's gate, silently. The ranks must agree on one order (rank 0's, as DDP does).
 
 The batches of parts 2 and 4 are padded: row i holds L_i real tokens, then padding (`padded_batches`); the rows of a
 rank, or a micro-batch, may hold none. In part 2 the real tokens are documents packed one after the other (row after
@@ -46,9 +48,10 @@ from parlab.core import probe
 from parlab.core.check import compare
 from parlab.core.lab_model import LabConfig, build_lab_model, lab_batches, lab_loss
 from parlab.core.models import make_optimizer
-from parlab.grading.labs import prediction_lines, run_check
+from parlab.grading.labs import error_summary, prediction_lines, run_check
 from parlab.grading.labs.guard import library_calls, library_line
 from parlab.grading.labs.notebook_watch import NotebookWatch
+from parlab.runtime.errors import RankError
 
 LAUNCH = {"timeout": 30, "echo": False}  # a hang (a collective some rank never calls) is diagnosed after 30 s
 # What the parts must not call: the library's data parallelism, its lesson, its runs and its torch twin.
@@ -90,12 +93,18 @@ CAP = 16 * 1024  # parts 3 and 4: a bucket closes once it holds at least this ma
 DP_RANKS = 2  # parts 3 and 4
 OVERLAP_B, OVERLAP_STEPS = 8, 2  # part 3: 4 rows per rank, no padding, 2 steps (the first plan, then the rebuilt one)
 OVERLAP_BATCHES = lab_batches(TIED, OVERLAP_B, OVERLAP_STEPS, seed=1)
+# Part 3's cases: the ranks whose build computes up before gate. Rank 1 has that build in both, rank 0 only in the
+# second: no rule on a rank's own order and number (keep it, swap it, odd ranks swap, canonical) gives rank 0's order
+# in both; only asking rank 0 does.
+OVERLAP_UP_FIRST = ((1,), (0, 1))
+ACC_UP_FIRST = (0,)  # part 4: rank 0's build computes up before gate, rank 1's does not
 
 # Part 4: 7 rows on 2 ranks holding 5 and 2, in M = 3 micro-batches (x_r.tensor_split(3): 2, 2, 1 and 1, 1, 0
 # rows); in step 1 rank 0's last micro-batch is one row of padding, and in both steps rank 1's last one is empty.
 ACC_ROWS, ACC_M, ACC_STEPS = (5, 2), 3, 2
 ACC_LENGTHS = [[9, 16, 4, 12, 0, 7, 3], [0, 5, 16, 2, 8, 11, 0]]
-TRAFFIC = {"P": 4, "M": 3, "B": 24, "cap": CAP}  # the prediction: ranks, micro-batches, batch, bucket cap
+# The prediction: ranks, micro-batches, batch, bucket cap, the ranks whose build computes up before gate.
+TRAFFIC = {"P": 4, "M": 3, "B": 24, "cap": CAP, "up_first": (0, 3)}
 
 
 def padded_batches(cfg: LabConfig, lengths: list[list[int]], seed: int) -> list[tuple]:
@@ -142,27 +151,30 @@ STRUCTURAL = {
     "documents each rank sees, which counts a split document twice; a NaN from a rank without tokens fails); per "
     "rank and step exactly one collective, an all-reduce of one copy of the gradients and at most 2 numbers more "
     "(one all-reduce per parameter, or a second one for a count, fails); no library code called",
-    "overlap": "2 ranks, 2 steps of the tied lab model registered as Meta's Llama, rank 1 producing gate's gradient "
-    "before up's: parameters equal one device (buckets rebuilt by each rank from its own order have the same sizes "
-    "but sum rank 0's up with rank 1's gate: the parameters fail); step 1 all-reduces the first plan's buckets and, "
-    "after backward, at most one collective of at most P x 20 integers to agree on the order; step 2 the buckets "
-    "rebuilt in the order rank 0's backward produced the gradients, each in plan order and nothing else (FAIL: the "
-    "first call that differs); each bucket started in the hook of the gradient that completed it and every bucket "
-    "before it on that rank (not earlier, not after); no wait() at all on an all-reduce's handle during backward "
-    "(a hook that waits even on a handle is_completed() reported done, as parlab's BucketedDP does, fails), no "
-    "blocking all-reduce (seen on torch's Work itself, whatever the timing); every all-reduce waited for by the end "
-    "of finish(); no library code",
+    "overlap": "2 cases of 2 ranks, 2 steps each, of the tied lab model registered as Meta's Llama, rank 1 producing "
+    "gate's gradient before up's in both and rank 0 in the second only (so no rule on a rank's own order and number "
+    "finds rank 0's order in both; one without the agreement fails a case): parameters equal one device (buckets "
+    "rebuilt by each rank from its own order have the same sizes but sum rank 0's up with rank 1's gate: the "
+    "parameters fail); step 1 all-reduces the first plan's buckets and, after backward, at most one collective of at "
+    "most P x 20 integers to agree on the order; step 2 the buckets rebuilt in the order rank 0's backward produced "
+    "the gradients, each in plan order and nothing else (FAIL: the first call that differs); each bucket started in "
+    "the hook of the gradient that completed it and every bucket before it on that rank (not earlier, not after); no "
+    "wait() at all on an all-reduce's handle during backward (a hook that waits even on a handle is_completed() "
+    "reported done, as parlab's BucketedDP does, fails), no blocking all-reduce (seen on torch's Work itself, "
+    "whatever the timing); every all-reduce waited for by the end of finish(); no library code",
     "step_traffic": "the predicted bytes that start only with the last gradient, and on rank 0 and on rank 1 the "
     "bytes of buckets complete before they may start, per step once the buckets are rebuilt (tied lab model, P=4, "
-    "M=3, cap 16 KiB; the first plan, or each rank's own order, gives other numbers), exactly against the theory "
-    "and against parlab's bucketed DP run with that plan, measured; no library call from the notebook's cells",
-    "training": "2 steps on 2 ranks holding 5 and 2 padded rows in 3 micro-batches (one of only padding, one "
-    "empty): the loss each rank returns and every parameter equal one device's mean over the real tokens of the "
-    "whole batch; on every rank and step: the plan's buckets all-reduced once each in plan order (step 1 the first "
-    "plan and at most the one collective that agrees on the order after backward, step 2 rank 0's rebuilt one) with "
-    "at most 2 numbers more in all and nothing else, all of them during the last "
-    "backward pass the rank ran, each in the hook of the gradient that completed it and every bucket before it; "
-    "none in flight at the optimizer step; no library code",
+    "ranks 0 and 3 computing up before gate, M=3, cap 16 KiB; the first plan, or each rank's own order, gives other "
+    "numbers), exactly against the theory and against parlab's bucketed DP run with that plan, measured; no library "
+    "call from the notebook's cells",
+    "training": "2 steps on 2 ranks holding 5 and 2 padded rows in 3 micro-batches (one of only padding, one empty; "
+    "rank 0 computing up before gate): a rank that raises (e.g. a forward on the empty micro-batch) is a FAIL line "
+    "naming the rank and its error; the loss each rank returns and every parameter equal one device's mean over the "
+    "real tokens of the whole batch; on every rank and step: the plan's buckets all-reduced once each in plan order "
+    "(step 1 the first plan and at most the one collective that agrees on the order after backward, step 2 rank 0's "
+    "rebuilt one) with at most 2 numbers more in all and nothing else, all of them during the last backward pass the "
+    "rank ran, each in the hook of the gradient that completed it and every bucket before it; none in flight at the "
+    "optimizer step; no library code",
 }
 
 WATCH = NotebookWatch(LIBRARY)  # the notebook's own cells (the prediction): started by the setup cell
@@ -203,14 +215,12 @@ def _up_first(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return mlp.down(F.silu(mlp.gate(x)) * up)
 
 
-def checks_model(rank: int | None = None) -> torch.nn.Module:
+def checks_model(up_first: bool = False) -> torch.nn.Module:
     """The model of parts 3 and 4: the tied lab model (float64), registered as Meta's Llama registers its modules,
-    on this rank's device; on odd ranks (rank: this process's by default) its feed-forwards compute up before gate.
-    Same weights on every rank as build_lab_model(TIED, 0)."""
-    if rank is None:
-        rank = dist.get_rank() if dist.is_initialized() else 0
+    on this rank's device; with up_first, the build whose feed-forwards compute up before gate (the checks give it
+    to some ranks). Same weights, same numbers, as build_lab_model(TIED, 0)."""
     model = _register_as_meta_llama(build_lab_model(TIED, 0, device=parlab.device()))
-    if rank % 2:
+    if up_first:
         for block in model.blocks:
             block.mlp.forward = functools.partial(_up_first, block.mlp)
     return model.to(parlab.device())
@@ -236,13 +246,16 @@ def first_plan(model: torch.nn.Module, cap_bytes: int) -> list[list[str]]:
     return plan_in_order(model, [name for name, _ in reversed(list(model.named_parameters()))], cap_bytes)
 
 
+def _rank_model(up_first_ranks: tuple[int, ...]) -> torch.nn.Module:
+    """Rank code: this rank's build of checks_model in a case where the ranks up_first_ranks compute up before gate."""
+    return checks_model(up_first=dist.get_rank() in up_first_ranks)
+
+
 @functools.lru_cache(maxsize=2)
-def arrival_order(rank: int = 0) -> tuple[str, ...]:
-    """The order in which one backward of rank `rank`'s model produces its gradients (one device, its own hooks);
-    it depends only on whether the rank is odd."""
-    if rank % 2 != rank:
-        return arrival_order(rank % 2)
-    model = checks_model(rank)
+def arrival_order(up_first: bool = False) -> tuple[str, ...]:
+    """The order in which one backward of checks_model(up_first) produces its gradients (one device, its own
+    hooks)."""
+    model = checks_model(up_first)
     x, y = OVERLAP_BATCHES[0]
     order = []
     names = {id(p): name for name, p in model.named_parameters()}
@@ -253,31 +266,31 @@ def arrival_order(rank: int = 0) -> tuple[str, ...]:
     return tuple(order)
 
 
-def rebuilt_plan(cap_bytes: int, rank: int = 0) -> list[list[str]]:
-    """The buckets rebuilt in the order rank `rank`'s backward produces the gradients; every rank uses rank 0's (the
-    theory of part 3 and the prediction)."""
-    return plan_in_order(checks_model(0), list(arrival_order(rank)), cap_bytes)
+def rebuilt_plan(cap_bytes: int, up_first: bool) -> list[list[str]]:
+    """The buckets rebuilt in the order the build checks_model(up_first) produces the gradients: every rank uses rank
+    0's, so up_first is rank 0's build (the theory of parts 3-4 and the prediction)."""
+    return plan_in_order(checks_model(), list(arrival_order(up_first)), cap_bytes)
 
 
 @functools.lru_cache(maxsize=1)
 def _sizes() -> dict[str, int]:
-    return {name: p.numel() * p.element_size() for name, p in checks_model(0).named_parameters()}
+    return {name: p.numel() * p.element_size() for name, p in checks_model().named_parameters()}
 
 
 def _bucket_bytes(plan: list[list[str]]) -> list[int]:
     return [sum(_sizes()[name] for name in bucket) for bucket in plan]
 
 
-def _completes(plan: list[list[str]], rank: int = 0) -> list[int]:
-    """Per bucket k: the index (in rank `rank`'s arrival order) of the gradient that completes it."""
-    position = {name: i for i, name in enumerate(arrival_order(rank))}
+def _completes(plan: list[list[str]], up_first: bool) -> list[int]:
+    """Per bucket k: the index (in build up_first's arrival order) of the gradient that completes it."""
+    position = {name: i for i, name in enumerate(arrival_order(up_first))}
     return [max(position[name] for name in bucket) for bucket in plan]
 
 
-def _starts(plan: list[list[str]], rank: int = 0) -> list[int]:
-    """Per bucket k: the index (in rank `rank`'s arrival order) of the gradient whose hook must start it: the last
+def _starts(plan: list[list[str]], up_first: bool) -> list[int]:
+    """Per bucket k: the index (in build up_first's arrival order) of the gradient whose hook must start it: the last
     gradient of buckets 0..k to arrive (a bucket starts once it and every bucket before it are complete)."""
-    complete = _completes(plan, rank)
+    complete = _completes(plan, up_first)
     return [max(complete[: k + 1]) for k in range(len(plan))]
 
 
@@ -460,10 +473,10 @@ def _agreement(label: str, step: dict, world: int) -> tuple[list[dict], str]:
 
 
 def _start_verdict(
-    label: str, calls, passes: list[dict], plan: list[list[str]], what: str, rank: int, extra: int = 0
+    label: str, calls, passes: list[dict], plan: list[list[str]], what: str, up_first: bool, extra: int = 0
 ) -> str:
     """Each bucket started in the last backward pass, in the hook of the gradient that completed it and every bucket
-    before it, in the order rank `rank`'s backward produces the gradients."""
+    before it, in the order the rank's build (up_first) produces the gradients."""
     when = "in the last backward pass the rank ran, " if extra else ""  # part 4 (accumulation)
     text = f"{label}: {what}: each bucket started {when}as soon as it and every bucket before it were complete"
     allreduces = [i for i, c in enumerate(calls) if c["op"] == "allreduce"]
@@ -474,9 +487,9 @@ def _start_verdict(
         return f"{text}: not checked, the all-reduces are not the plan's buckets: FAIL"
     if not passes:
         return f"{text}: no backward pass ran: FAIL"
-    order, last = arrival_order(rank), passes[-1]
+    order, last = arrival_order(up_first), passes[-1]
     arrivals, first = last["arrivals"], last["arrivals"][0][1]
-    for k, (call, expected_at) in enumerate(zip(allreduces, _starts(plan, rank), strict=True)):
+    for k, (call, expected_at) in enumerate(zip(allreduces, _starts(plan, up_first), strict=True)):
         if call >= last["ended"]:
             where = "after backward returned"
         elif call < first:
@@ -656,9 +669,9 @@ def judge_average(data) -> list[str]:
 # --------------------------------------------------------------------------- 3 · buckets during backward
 
 
-def _run_overlap(overlapped_dp, batches) -> dict:
+def _run_overlap(overlapped_dp, batches, up_first_ranks: tuple[int, ...]) -> dict:
     world, r = dist.get_world_size(), dist.get_rank()
-    model = checks_model()
+    model = _rank_model(up_first_ranks)
     gradients = GradientWatch(model)  # registered before your hooks: it sees each gradient arrive first
     handles = HandleWatch(gradients)
     opt = make_optimizer(model.parameters(), "sgd", LR)
@@ -689,7 +702,10 @@ def _run_overlap(overlapped_dp, batches) -> dict:
 
 
 def collect_overlap(overlapped_dp) -> dict:
-    return {"ranks": list(parlab.launch(_run_overlap, DP_RANKS, overlapped_dp, OVERLAP_BATCHES, **LAUNCH))}
+    cases = []
+    for up_first in OVERLAP_UP_FIRST:
+        cases.append(list(parlab.launch(_run_overlap, DP_RANKS, overlapped_dp, OVERLAP_BATCHES, up_first, **LAUNCH)))
+    return {"cases": cases}
 
 
 def _blocked_verdict(label: str, step: dict) -> str:
@@ -708,25 +724,33 @@ def _finished_verdict(label: str, step: dict, when: str) -> str:
 
 
 def judge_overlap(data) -> list[str]:
-    ranks, reference = data["ranks"], _reference("overlap")
-    plans = {"step 1, the first plan": first_plan(checks_model(0), CAP), "step 2, the rebuilt plan": rebuilt_plan(CAP)}
+    reference = _reference("overlap")
     lines = []
-    for r, res in enumerate(ranks):
-        lines.append(
-            compare(f"rank {r}: parameters after {OVERLAP_STEPS} steps", res["params"], reference["params"]).line
-        )
-        steps = res["steps"]
-        for k, ((what, plan), step) in enumerate(zip(plans.items(), steps, strict=True)):
-            calls = step["calls"]
-            if k == 0:
-                calls, line = _agreement(f"rank {r}", step, len(ranks))
-                lines.append(line)
-            lines.append(_bucket_verdict(f"rank {r}", calls, _bucket_bytes(plan), what))
-            lines.append(_start_verdict(f"rank {r}", calls, step["passes"], plan, what, r))
-        for k, step in enumerate(steps):
-            lines.append(_blocked_verdict(f"rank {r}, step {k + 1}", step))
-            lines.append(_finished_verdict(f"rank {r}, step {k + 1}", step, "by the end of finish()"))
-    called = [name for res in ranks for name in res["library"]]
+    for c, (ranks, up_first) in enumerate(zip(data["cases"], OVERLAP_UP_FIRST, strict=True)):
+        builds = ", ".join(f"rank {r} {'up' if r in up_first else 'gate'} first" for r in range(len(ranks)))
+        lines.append(f"case {c + 1}: {builds}")  # shown, not scored
+        rebuilt = rebuilt_plan(CAP, 0 in up_first)  # rank 0's order, on every rank
+        plans = {
+            "step 1, the first plan": first_plan(checks_model(), CAP),
+            "step 2, the rebuilt plan (rank 0's order)": rebuilt,
+        }
+        for r, res in enumerate(ranks):
+            who = f"case {c + 1}, rank {r}"
+            lines.append(
+                compare(f"{who}: parameters after {OVERLAP_STEPS} steps", res["params"], reference["params"]).line
+            )
+            steps = res["steps"]
+            for k, ((what, plan), step) in enumerate(zip(plans.items(), steps, strict=True)):
+                calls = step["calls"]
+                if k == 0:
+                    calls, line = _agreement(who, step, len(ranks))
+                    lines.append(line)
+                lines.append(_bucket_verdict(who, calls, _bucket_bytes(plan), what))
+                lines.append(_start_verdict(who, calls, step["passes"], plan, what, r in up_first))
+            for k, step in enumerate(steps):
+                lines.append(_blocked_verdict(f"{who}, step {k + 1}", step))
+                lines.append(_finished_verdict(f"{who}, step {k + 1}", step, "by the end of finish()"))
+    called = [name for ranks in data["cases"] for res in ranks for name in res["library"]]
     lines.append(library_line("OverlappedDP", called, "the library's data parallelism"))
     return lines
 
@@ -738,13 +762,14 @@ def step_traffic_theory() -> dict[str, float]:
     """Per step once the buckets are rebuilt (rank 0's order, on every rank: the prediction's case): the bytes of
     the buckets that can only start once backward has produced its last gradient, and on rank 0 and rank 1 the bytes
     of the buckets that are complete before they may start (an earlier bucket of the plan is not)."""
-    plan = rebuilt_plan(TRAFFIC["cap"])
+    up_first = TRAFFIC["up_first"]
+    plan = rebuilt_plan(TRAFFIC["cap"], 0 in up_first)
     sizes = _bucket_bytes(plan)
     last = len(arrival_order()) - 1
-    exposed = sum(size for size, start in zip(sizes, _starts(plan), strict=True) if start == last)
+    exposed = sum(size for size, start in zip(sizes, _starts(plan, 0 in up_first), strict=True) if start == last)
 
     def held_back(rank: int) -> int:
-        done, start = _completes(plan, rank), _starts(plan, rank)
+        done, start = _completes(plan, rank in up_first), _starts(plan, rank in up_first)
         return sum(size for size, d, s in zip(sizes, done, start, strict=True) if d < s)
 
     return {"exposed_bytes": exposed, "held_back_bytes_rank0": held_back(0), "held_back_bytes_rank1": held_back(1)}
@@ -753,14 +778,14 @@ def step_traffic_theory() -> dict[str, float]:
 THEORY = {"step_traffic": step_traffic_theory}  # what the prediction's judge scores against
 
 
-def _library_step(batches, plan: list[list[str]], microbatches: int) -> dict:
+def _library_step(batches, plan: list[list[str]], microbatches: int, up_first_ranks: tuple[int, ...]) -> dict:
     """Rank code: one step of parlab's bucketed DP (parlab.schemes.data_parallel.BucketedDP) given `plan`'s
     buckets, with M micro-batches; what it handed to all_reduce, and when each gradient of the last backward arrived
     (the calls made before its hook)."""
     from parlab.schemes.data_parallel import Bucket, BucketedDP
 
     world, r = dist.get_world_size(), dist.get_rank()
-    model = checks_model()  # this rank's build: odd ranks produce gate's gradient before up's
+    model = _rank_model(up_first_ranks)  # this rank's build: some produce gate's gradient before up's
     watch = GradientWatch(model)
     dp = BucketedDP(model)  # its hooks call dp._grad_ready, which reads dp.buckets: given the plan's buckets
     named = dict(model.named_parameters())
@@ -795,8 +820,8 @@ def _measured_traffic(res: dict, plan: list[list[str]]) -> tuple[int, int]:
 def collect_step_traffic(exposed_bytes, held_back_bytes_rank0, held_back_bytes_rank1) -> dict:
     world, m = TRAFFIC["P"], TRAFFIC["M"]
     batches = lab_batches(TIED, TRAFFIC["B"], 1, seed=3)  # one optimizer step
-    plan = rebuilt_plan(TRAFFIC["cap"])
-    ranks = parlab.launch(_library_step, world, batches, plan, m, **LAUNCH)
+    plan = rebuilt_plan(TRAFFIC["cap"], 0 in TRAFFIC["up_first"])
+    ranks = parlab.launch(_library_step, world, batches, plan, m, TRAFFIC["up_first"], **LAUNCH)
     (exposed, held0), (_, held1) = _measured_traffic(ranks[0], plan), _measured_traffic(ranks[1], plan)
     return {
         "predicted": [_number(v) for v in (exposed_bytes, held_back_bytes_rank0, held_back_bytes_rank1)],
@@ -833,10 +858,12 @@ def judge_step_traffic(data) -> list[str]:
 # ----------------------------------------------------------------------- 4 · gradient accumulation
 
 
-def train_accumulating(token_dp, accumulation_step, batches, rows: tuple[int, ...], microbatches: int) -> dict:
+def train_accumulating(
+    token_dp, accumulation_step, batches, rows: tuple[int, ...], microbatches: int, up_first_ranks: tuple[int, ...]
+) -> dict:
     """Rank code: data parallelism with your TokenDP and your accumulation_step, SGD on every rank. Rank r holds
     rows[r] rows of each padded global batch (x, y, mask: [B, T])."""
-    model = checks_model()  # the same weights on every rank (odd ranks: up before gate)
+    model = _rank_model(up_first_ranks)  # the same weights on every rank (some: up before gate)
     gradients = GradientWatch(model)  # the check's: when each gradient arrives, when each backward pass ends
     handles = HandleWatch(gradients)  # the check's: which all-reduces are still in flight
     opt = make_optimizer(model.parameters(), "sgd", LR)
@@ -865,27 +892,33 @@ def train_accumulating(token_dp, accumulation_step, batches, rows: tuple[int, ..
 
 
 def collect_training(token_dp, accumulation_step) -> dict:
-    args = (token_dp, accumulation_step, ACC_BATCHES, ACC_ROWS, ACC_M)
-    return {"ranks": list(parlab.launch(train_accumulating, DP_RANKS, *args, **LAUNCH))}
+    args = (token_dp, accumulation_step, ACC_BATCHES, ACC_ROWS, ACC_M, ACC_UP_FIRST)
+    try:
+        return {"ranks": list(parlab.launch(train_accumulating, DP_RANKS, *args, **LAUNCH))}
+    except RankError as error:  # a rank raised (e.g. the lab model's forward on a micro-batch of 0 rows)
+        return {"raised": error_summary(error)}
 
 
 def judge_training(data) -> list[str]:
+    if "raised" in data:
+        what = "every rank ran accumulation_step to its end, each step"
+        return [f"{what}: expected no error, received {data['raised']}: FAIL"]
     ranks, reference = data["ranks"], _reference("training")
     lines = []
     for r, res in enumerate(ranks):
         lines.append(compare(f"rank {r}: the loss it returned, each step", res["losses"], reference["losses"]).line)
         lines.append(compare(f"rank {r}: parameters after {ACC_STEPS} steps", res["params"], reference["params"]).line)
-    plans = [first_plan(checks_model(0), CAP), rebuilt_plan(CAP)]
+    plans = [first_plan(checks_model(), CAP), rebuilt_plan(CAP, 0 in ACC_UP_FIRST)]
     extra = 8 * MAX_EXTRA
     for r, res in enumerate(ranks):
         for k, (step, plan) in enumerate(zip(res["steps"], plans, strict=True)):
-            what = f"step {k + 1}, {'the first plan' if k == 0 else 'the rebuilt plan'}"
+            what = f"step {k + 1}, " + ("the first plan" if k == 0 else "the rebuilt plan (rank 0's order)")
             calls = step["calls"]
             if k == 0:
                 calls, line = _agreement(f"rank {r}", step, len(ranks))
                 lines.append(line)
             lines.append(_bucket_verdict(f"rank {r}", calls, _bucket_bytes(plan), what, extra))
-            lines.append(_start_verdict(f"rank {r}", calls, step["passes"], plan, what, r, extra))
+            lines.append(_start_verdict(f"rank {r}", calls, step["passes"], plan, what, r in ACC_UP_FIRST, extra))
         flying = [int(step["in_flight_after_finish"]) for step in res["steps"]]
         what = f"rank {r}, every step: every all-reduce waited for before the optimizer step"
         lines.append(
