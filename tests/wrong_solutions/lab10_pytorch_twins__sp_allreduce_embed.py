@@ -23,7 +23,8 @@ def apply_sp(model, mesh):
         plan[f"{b}.mlp"] = PrepareModuleInput(
             input_layouts=(tokens,), desired_input_layouts=(Replicate(),), use_local_output=False
         )
-        plan |= {f"{b}.attn.{w}": ColwiseParallel() for w in ("q", "k", "v")}
+        plan[f"{b}.attn.q"] = ColwiseParallel()
+        plan |= {f"{b}.attn.{w}": WholeKV() for w in ("k", "v")}
         plan |= {f"{b}.mlp.{w}": ColwiseParallel() for w in ("gate", "up")}
         plan[f"{b}.attn.o"] = RowwiseParallel(output_layouts=tokens)
         plan[f"{b}.mlp.down"] = RowwiseParallel(output_layouts=tokens)

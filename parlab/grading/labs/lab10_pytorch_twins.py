@@ -1,6 +1,8 @@
-"""Lab 10's checks: PyTorch's own tensor parallelism (DTensor's `parallelize_module`) on the lab model, planned by the
-student: Megatron's splits of the blocks, a prediction of where torch then puts its all-reduces, a plan with
-Megatron's traffic, the vocabulary-parallel embedding, head and loss, and Megatron's sequence parallelism.
+"""Lab 10's checks: PyTorch's own tensor parallelism (DTensor's `parallelize_module`) on the lab model with fewer K/V
+heads than ranks (one K/V head, two ranks: k and v cannot be split by heads), planned by the student: Megatron's splits
+with the K/V projections replicated and their gradient synced where it is narrowest, a prediction of that plan's
+collectives, a plan with Megatron's traffic, the vocabulary-parallel embedding, head and loss, and Megatron's sequence
+parallelism.
 
 Every check builds the lab model (parlab.core.lab_model, float64, the same seed on every rank), applies the student's
 plan on a one-axis "tp" DeviceMesh of P ranks (gloo, CPU), runs one forward and backward of the lab loss, and
@@ -33,31 +35,40 @@ from parlab.grading.labs.guard import library_calls, library_line
 
 LAUNCH = {"timeout": 60, "echo": False}  # a hang stops after 60 s and names the ranks
 P, BATCH, SEED = 2, 2, 0  # the tp mesh's ranks; sequences per batch; the lab model's seed
-CFG = LabConfig()  # V = 64, T = 16, H = 32, nq = 4, nkv = 2, F = 64, two layers, untied head, float64
+# V = 64, T = 16, H = 32, nq = 4, F = 64, two layers, untied head, float64; one K/V head (nkv = 1 < P): every rank
+# needs the whole K/V head, which a split by output features (ColwiseParallel) would cut in half.
+CFG = LabConfig(kv_heads=1)
 TIED = dataclasses.replace(CFG, tied=True)  # the head is the embedding matrix
 LIBRARY = ("twins/", "lessons/twins.py")
-ROWS = ("attn.q", "attn.k", "attn.v", "mlp.gate", "mlp.up")  # Megatron: split by output features (W's rows)
+ROWS = ("attn.q", "mlp.gate", "mlp.up")  # Megatron: split by output features (W's rows)
+KV = ("attn.k", "attn.v")  # the one K/V head: whole on every rank (a Replicate DTensor, or a plain weight)
+LINEARS = (*ROWS[:1], *KV, "attn.o", *ROWS[1:], "mlp.down")  # the blocks' nn.Linear modules
 COLUMNS = ("attn.o", "mlp.down")  # split by input features (W's columns)
 
 STRUCTURAL = {
-    "tp_plan": "the loss and every gradient (gathered to full shape, on every rank) equal one device's lab model; "
-    "q, k, v, gate, up sharded by rows and o, down by columns, the embedding, norms and head left whole; forward: one "
-    "all-reduce of [B, T, H] per sub-layer and nothing else; backward: all-reduces of [B, T, H] only, at least one "
-    "per sub-layer; no call into parlab's twin code",
-    "layer_collectives": "the predicted all-reduces per layer and step of a plan with one style per Linear (forward, "
-    "backward) and their payload per rank, against the grader's theory (exact); your part-1 plan's measured counts "
-    "shown beside it once the prediction is right",
-    "megatron_plan": "as tp_plan, and exactly one all-reduce of [B, T, H] per sub-layer in backward too (Megatron's "
-    "f), whatever the number of Linears that read its input",
-    "vocab_parallel": "untied and tied head: the loss and every gradient equal one device's; the embedding and head "
-    "sharded over the vocabulary; the logits a DTensor sharded on the vocabulary (the [B, T, V] logits never travel: "
-    "the loss's collectives move at most B T numbers each); forward: one all-reduce of [B, T, H] per sub-layer and "
-    "one for the embedding; backward: one per sub-layer and one for the head; nothing else; no call into parlab's "
-    "twin code",
-    "sequence_parallel": "the loss and every gradient (the norms' Partial gradients summed) equal one device's; every "
-    "block and the final norm receive this rank's T/P tokens; logits sharded on the vocabulary; forward and backward "
-    "each exactly 2L+1 reduce-scatters of [B, T, H] and 2L+1 all-gathers of [B, T/P, H] (the embedding "
-    "reduce-scattered, never all-reduced), the loss's small all-reduces, nothing else; no call into parlab's twin code",
+    "tp_plan": "the plan's keys exactly the blocks' nn.Linear modules (one style each, nothing else); the loss and "
+    "every gradient (gathered to full shape, on every rank) equal one device's lab model; q, gate, up sharded by "
+    "rows, o, down by columns, k and v whole on every rank (the one K/V head), the embedding, norms and head whole; "
+    "every gradient complete on every rank after backward (none Partial: ready for the update); forward: one "
+    "all-reduce of [B, T, H] per sub-layer and nothing else; backward: one all-reduce of [B, T, H] per column-"
+    "parallel Linear (q, gate, up) and one of [B, T, nkv hd] for each of k and v (their gradient summed where it is "
+    "narrowest), nothing else; no call into parlab's twin code",
+    "layer_collectives": "the predicted all-reduces per layer and step of the part-1 plan (forward, backward) and "
+    "their payload per rank, against the grader's theory (exact); your part-1 plan's measured counts shown beside it "
+    "once the prediction is right and the plan has part 1's traffic (else a line says it does not)",
+    "megatron_plan": "as tp_plan without the keys' rule, and exactly one all-reduce of [B, T, H] per sub-layer in "
+    "backward too (Megatron's f), whatever the number of Linears that read its input, beside k's and v's [B, T, nkv "
+    "hd] syncs; every gradient complete",
+    "vocab_parallel": "untied and tied head: the loss and every gradient equal one device's, every gradient complete; "
+    "the embedding and head sharded over the vocabulary; the logits a DTensor sharded on the vocabulary (the "
+    "[B, T, V] logits never travel: the loss's collectives move at most B T numbers each); forward: one all-reduce "
+    "of [B, T, H] per sub-layer and one for the embedding; backward: one per sub-layer and one for the head, and "
+    "k's and v's [B, T, nkv hd] syncs; nothing else; no call into parlab's twin code",
+    "sequence_parallel": "the loss and every gradient (the norms' Partial gradients summed; every other gradient "
+    "complete) equal one device's; every block and the final norm receive this rank's T/P tokens; logits sharded on "
+    "the vocabulary; forward and backward each exactly 2L+1 reduce-scatters of [B, T, H] and 2L+1 all-gathers of "
+    "[B, T/P, H] (the embedding reduce-scattered, never all-reduced), in backward k's and v's [B, T, nkv hd] syncs, "
+    "the loss's small all-reduces, nothing else; no call into parlab's twin code",
 }
 
 
@@ -172,9 +183,12 @@ def run_plan(answer, kind: str, loss_backward, configs: list[LabConfig]) -> dict
     for cfg in configs:
         model = build_lab_model(cfg, SEED, device=parlab.device())
         x, y = lab_batches(cfg, BATCH, 1, SEED, device=parlab.device())[0]
+        keys: list[str] = []
         with library_calls(LIBRARY) as called:
             if kind == "plan":
-                parallelize_module(model, mesh, answer(model))
+                plan = answer(model)
+                keys = sorted(str(name) for name in plan) if isinstance(plan, dict) else []
+                parallelize_module(model, mesh, plan)
             else:
                 answer(model, mesh)
         record = Collectives()
@@ -201,6 +215,7 @@ def run_plan(answer, kind: str, loss_backward, configs: list[LabConfig]) -> dict
                 "inputs": inputs,
                 "logits": logits[:1],
                 "library": [*called, *called_loss],
+                "plan_keys": keys,
             }
         )
     return {"configs": out}
@@ -263,12 +278,14 @@ def numbers_lines(label: str, ranks: list[dict], ref: dict) -> list[str]:
     return lines
 
 
-def expected_placements(cfg: LabConfig, vocab: bool) -> dict[str, str]:
-    """Megatron's splits of the blocks (and, with vocab, of the embedding and head); the rest whole."""
+def expected_placements(cfg: LabConfig, vocab: bool) -> dict[str, str | tuple[str, ...]]:
+    """Megatron's splits of the blocks (and, with vocab, of the embedding and head); k and v whole on every rank (a
+    Replicate DTensor or a plain weight: either holds the one K/V head whole); the rest whole."""
     names = build_lab_model(cfg, SEED).state_dict()
-    placements = {name: "whole" for name in names}
+    placements: dict[str, str | tuple[str, ...]] = {name: "whole" for name in names}
     for i in range(cfg.layers):
         placements |= {f"blocks.{i}.{m}.weight": "Shard(dim=0)" for m in ROWS}
+        placements |= {f"blocks.{i}.{m}.weight": ("Replicate()", "whole") for m in KV}
         placements |= {f"blocks.{i}.{m}.weight": "Shard(dim=1)" for m in COLUMNS}
     if vocab:
         placements["embed.weight"] = "Shard(dim=0)"  # rank r: the embedding rows of its V/P tokens
@@ -277,14 +294,43 @@ def expected_placements(cfg: LabConfig, vocab: bool) -> dict[str, str]:
     return placements
 
 
-def placements_line(label: str, ranks: list[dict], expected: dict[str, str], what: str) -> str:
+def placements_line(label: str, ranks: list[dict], expected: dict[str, str | tuple[str, ...]], what: str) -> str:
     text = f"{label}{what}"
     for r, res in enumerate(ranks):
         for name, placement in expected.items():
+            accepted = placement if isinstance(placement, tuple) else (placement,)
             got = res["placements"].get(name, "missing")
-            if got != placement:
-                return f"{text}: rank {r}, {name}: expected {placement}, received {got}: FAIL"
+            if got not in accepted:
+                return f"{text}: rank {r}, {name}: expected {' or '.join(accepted)}, received {got}: FAIL"
     return f"{text}: PASS"
+
+
+def complete_line(label: str, ranks: list[dict], exempt: tuple[str, ...] = ()) -> str:
+    """Every gradient complete on every rank after backward: none left Partial (a sum still owed by the ranks),
+    except the parameters whose names contain one of `exempt` (the norms' gains under sequence parallelism)."""
+    what = f"{label}every gradient complete on every rank after backward (none Partial)"
+    what += ", the norms' gains excepted" if exempt else ""
+    for r, res in enumerate(ranks):
+        for name, placement in res["grad_placements"].items():
+            if placement.startswith("Partial") and not any(e in name for e in exempt):
+                return f"{what}: rank {r}, {name}: expected a complete gradient, received {placement}: FAIL"
+    return f"{what}: PASS"
+
+
+def plan_keys_line(ranks: list[dict], cfg: LabConfig) -> str:
+    """The plan names each of the blocks' nn.Linear modules once, and nothing else."""
+    expected = {f"blocks.{i}.{m}" for i in range(cfg.layers) for m in LINEARS}
+    what = f"plan: one style for each nn.Linear of the blocks ({len(expected)} keys), nothing else"
+    got = set(ranks[0]["plan_keys"])
+    if got != expected:
+        extra, missing = sorted(got - expected), sorted(expected - got)
+        shown = "; ".join(
+            f"{kind} {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+            for kind, names in (("extra", extra), ("missing", missing))
+            if names
+        )
+        return f"{what}: {shown}: FAIL"
+    return f"{what}: PASS"
 
 
 def _count(calls: list[list], phase: str) -> dict[tuple[str, int], int]:
@@ -315,6 +361,11 @@ def _activation(cfg: LabConfig) -> int:
     return BATCH * cfg.seq_len * cfg.hidden * cfg.dtype_bytes
 
 
+def _kv_sync(cfg: LabConfig) -> int:
+    """Bytes of the gradient of k's (or v's) output, [B, T, nkv hd]: where the K/V head's gradient is narrowest."""
+    return BATCH * cfg.seq_len * cfg.kv_heads * cfg.head_size * cfg.dtype_bytes
+
+
 def _library_line(ranks: list[dict]) -> str:
     called = sorted({name for res in ranks for config in res["configs"] for name in config["library"]})
     return library_line("plan", called, "parlab's twin code")
@@ -324,18 +375,20 @@ def _configs(data: dict, index: int) -> list[dict]:
     return [res["configs"][index] for res in data["ranks"]]
 
 
-def block_lines(data: dict, backward_min: int, backward_max: int) -> list[str]:
-    """Parts 1 and 2: the numbers, the placements, and the all-reduces of each direction (counts in a range)."""
-    ranks, L, act = _configs(data, 0), CFG.layers, _activation(CFG)
+def block_lines(data: dict, backward_activations: int) -> list[str]:
+    """Parts 1 and 2: the numbers, the placements, complete gradients, and the all-reduces of each direction: in
+    backward `backward_activations` of [B, T, H] and one [B, T, nkv hd] for each of k and v per layer."""
+    ranks, L, act, kv = _configs(data, 0), CFG.layers, _activation(CFG), _kv_sync(CFG)
     lines = numbers_lines("", ranks, reference(CFG))
     lines.append(
         placements_line(
             "",
             ranks,
             expected_placements(CFG, vocab=False),
-            "q, k, v, gate, up split by rows, o, down by columns, the rest whole",
+            "q, gate, up split by rows, o, down by columns, k and v whole on every rank, the rest whole",
         )
     )
+    lines.append(complete_line("", ranks))
     lines.append(
         traffic_line(
             f"forward, every rank: one all-reduce of [B, T, H] per sub-layer ({2 * L}), nothing else",
@@ -344,17 +397,16 @@ def block_lines(data: dict, backward_min: int, backward_max: int) -> list[str]:
             {("all_reduce", act): 2 * L},
         )
     )
-    what = "backward, every rank: all-reduces of [B, T, H] only"
-    what += f", one per sub-layer ({backward_min})" if backward_min == backward_max else ", at least one per sub-layer"
-    verdict = f"{what}: PASS"
-    for r, res in enumerate(ranks):
-        counts = _count(res["calls"], "backward")
-        n = counts.get(("all_reduce", act), 0)
-        if set(counts) - {("all_reduce", act)} or not backward_min <= n <= backward_max:
-            expected = f"{backward_min}" if backward_min == backward_max else f"{backward_min} to {backward_max}"
-            verdict = f"{what}: rank {r} ran {_listed(counts)}, expected {expected} all_reduce of {act} bytes: FAIL"
-            break
-    lines += [verdict, _library_line(data["ranks"])]
+    lines.append(
+        traffic_line(
+            f"backward, every rank: {backward_activations} all-reduces of [B, T, H] and {len(KV) * L} of "
+            "[B, T, nkv hd] (k's and v's gradients), nothing else",
+            ranks,
+            "backward",
+            {("all_reduce", act): backward_activations, ("all_reduce", kv): len(KV) * L},
+        )
+    )
+    lines.append(_library_line(data["ranks"]))
     return lines
 
 
@@ -372,24 +424,27 @@ def collect_tp_plan(tp_plan) -> dict:
 
 
 def judge_tp_plan(data) -> list[str]:
-    L = CFG.layers
-    return block_lines(data, 2 * L, len(ROWS) * L)
+    return [plan_keys_line(_configs(data, 0), CFG), *block_lines(data, len(ROWS) * CFG.layers)]
 
 
 # ---------------------------------------------------------------------------------------- the prediction
 
 
 def layer_collectives_theory(cfg: LabConfig = CFG, batch: int = BATCH) -> dict[str, int]:
-    """Per layer and step, a plan with one style per Linear: a RowwiseParallel leaves a Partial output, made
-    Replicate by one all-reduce (o, down: one per sub-layer in forward); each ColwiseParallel turns its plain input
-    into a Replicate DTensor of its own, whose gradient comes back Partial and is all-reduced on its own (q, k, v,
-    gate, up: one each in backward). Each all-reduce moves one [B, T, H] activation."""
-    forward, backward = len(COLUMNS), len(ROWS)
+    """Per layer and step, part 1's plan (one style per Linear, the one K/V head whole on every rank, every gradient
+    complete after backward, the fewest bytes): a RowwiseParallel leaves a Partial output, made Replicate by one
+    all-reduce of [B, T, H] (o, down: one per sub-layer in forward). In backward each ColwiseParallel turns its
+    plain input into a Replicate DTensor of its own, whose gradient comes back Partial and is all-reduced on its own
+    (q, gate, up: one [B, T, H] each). k and v are whole, but each rank's gradient of their output holds only its
+    own query heads' share: summed over the ranks where it is [B, T, nkv hd] (narrower than x's [B, T, H], and it
+    leaves the weights' gradients and x's share complete)."""
     activation = batch * cfg.seq_len * cfg.hidden * cfg.dtype_bytes
+    kv = batch * cfg.seq_len * cfg.kv_heads * cfg.head_size * cfg.dtype_bytes
+    forward, backward = len(COLUMNS), len(ROWS) + len(KV)
     return {
         "forward_all_reduces": forward,
         "backward_all_reduces": backward,
-        "payload_bytes": (forward + backward) * activation,
+        "payload_bytes": (forward + len(ROWS)) * activation + len(KV) * kv,
     }
 
 
@@ -431,14 +486,16 @@ def judge_layer_collectives(data) -> list[str]:
         return lines
     if "ranks" not in data:
         return [*lines, f"your part-1 plan could not be measured ({data.get('measured_error', '')})"]
-    calls, L, act = _configs(data, 0)[0]["calls"], CFG.layers, _activation(CFG)
-    forward, backward = _count(calls, "forward"), _count(calls, "backward")
-    measured = [
-        forward.get(("all_reduce", act), 0) / L,
-        backward.get(("all_reduce", act), 0) / L,
-        sum(n * nbytes for (kind, nbytes), n in {**forward}.items() if kind == "all_reduce") / L
-        + sum(n * nbytes for (kind, nbytes), n in backward.items() if kind == "all_reduce") / L,
-    ]
+    # The measurement is shown only when it is part 1's plan's (its keys and traffic as tp_plan's check wants them):
+    # another plan's counts would contradict the theory just accepted.
+    ranks, L = _configs(data, 0), CFG.layers
+    calls = ranks[0]["calls"]
+    alls = {phase: [nbytes for kind, nbytes, where in calls if kind == "all_reduce" and where == phase] for phase in
+            ("forward", "backward")}  # fmt: skip
+    measured = [len(alls["forward"]) / L, len(alls["backward"]) / L, (sum(alls["forward"]) + sum(alls["backward"])) / L]
+    part1 = [plan_keys_line(ranks, CFG), *block_lines(data, len(ROWS) * L)[2:]]
+    if not all(line.endswith(": PASS") for line in part1):
+        return [*lines, "your part-1 plan does not pass tp_plan's check (its keys or traffic): no measurement shown"]
     shown = ", ".join(
         f"{label} {value:g}" for label, value in zip(("forward", "backward", "bytes"), measured, strict=True)
     )
@@ -453,8 +510,7 @@ def collect_megatron_plan(megatron_plan) -> dict:
 
 
 def judge_megatron_plan(data) -> list[str]:
-    L = CFG.layers
-    return block_lines(data, 2 * L, 2 * L)
+    return block_lines(data, 2 * CFG.layers)
 
 
 # ------------------------------------------------------------------------ 3 · vocabulary-parallel embedding, head
@@ -480,7 +536,7 @@ def logits_line(label: str, ranks: list[dict], cfg: LabConfig) -> str:
 def judge_vocab_parallel(data) -> list[str]:
     lines = []
     for index, (name, cfg) in enumerate((("untied head", CFG), ("tied head", TIED))):
-        ranks, L, act = _configs(data, index), cfg.layers, _activation(cfg)
+        ranks, L, act, kv = _configs(data, index), cfg.layers, _activation(cfg), _kv_sync(cfg)
         label = f"{name}: "
         rows = BATCH * cfg.seq_len * cfg.dtype_bytes  # one number per token: what the loss may all-reduce
         lines += numbers_lines(label, ranks, reference(cfg))
@@ -491,6 +547,7 @@ def judge_vocab_parallel(data) -> list[str]:
                 expected_placements(cfg, vocab=True),
                 "embedding and head split by vocabulary, the blocks as before, the norms whole",
             ),  # fmt: skip
+            complete_line(label, ranks),
             logits_line(label, ranks, cfg),
             traffic_line(
                 f"{label}forward, every rank: {2 * L + 1} all-reduces of [B, T, H] (sub-layers, embedding), nothing "
@@ -507,10 +564,11 @@ def judge_vocab_parallel(data) -> list[str]:
                 small=rows,
             ),
             traffic_line(
-                f"{label}backward, every rank: {2 * L + 1} all-reduces of [B, T, H] (sub-layers, head), nothing else",
+                f"{label}backward, every rank: {2 * L + 1} all-reduces of [B, T, H] (sub-layers, head) and "
+                f"{len(KV) * L} of [B, T, nkv hd] (k, v), nothing else",
                 ranks,
                 "backward",
-                {("all_reduce", act): 2 * L + 1},
+                {("all_reduce", act): 2 * L + 1, ("all_reduce", kv): len(KV) * L},
             ),
         ]
     lines.append(_library_line(data["ranks"]))
@@ -529,6 +587,7 @@ def judge_sequence_parallel(data) -> list[str]:
     L, act, rows = cfg.layers, _activation(cfg), BATCH * cfg.seq_len * cfg.dtype_bytes
     n = 2 * L + 1  # the embedding's reduce-scatter, then two per layer; the final norm's all-gather, two per layer
     mirror = {("reduce_scatter", act): n, ("all_gather", act // P): n}
+    kv = {("all_reduce", _kv_sync(cfg)): len(KV) * L}  # k's and v's gradients, summed where they are narrowest
     local = [BATCH, cfg.seq_len // P, cfg.hidden]
     what = "every block and the final norm receive this rank's T/P tokens, [B, T/P, H]"
     shapes = f"{what}: PASS"
@@ -542,6 +601,7 @@ def judge_sequence_parallel(data) -> list[str]:
     return [
         *numbers_lines("", ranks, reference(cfg)),
         shapes,
+        complete_line("", ranks, exempt=("norm",)),
         logits_line("", ranks, cfg),
         traffic_line(
             f"forward, every rank: {n} reduce-scatters of [B, T, H] and {n} all-gathers of [B, T/P, H], nothing else",
@@ -553,10 +613,11 @@ def judge_sequence_parallel(data) -> list[str]:
             "loss, every rank: all-reduces of at most B T numbers, nothing else", ranks, "loss", {}, small=rows
         ),
         traffic_line(
-            f"backward, every rank: {n} reduce-scatters of [B, T, H] and {n} all-gathers of [B, T/P, H], nothing else",
+            f"backward, every rank: {n} reduce-scatters of [B, T, H], {n} all-gathers of [B, T/P, H] and "
+            f"{len(KV) * L} all-reduces of [B, T, nkv hd] (k, v), nothing else",
             ranks,
             "backward",
-            mirror,
+            mirror | kv,
         ),
         _library_line(data["ranks"]),
     ]
