@@ -83,7 +83,7 @@ def test_offload_host_holds_fp32_gradients_beside_master_m_v(mixed_precision_cpu
 
 def test_offload_lesson_states_the_library_figures_and_the_papers():
     cells = _cells("06_offload.ipynb")
-    table = _source(cells[0])
+    table = _source(cells[0]) + _source(cells[1])  # the opening, on two slides
     assert table.count("b_m S$ grads") == 3 and "$b_c S$" in table  # every target: fp32 gradient shard
     assert "14\\Psi" in table and "16\\Psi" in table  # the paper's count beside parlab's
     psi = 10_000_000_000
