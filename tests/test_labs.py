@@ -39,6 +39,16 @@ def _load_make_labs():
 # ------------------------------------------------------------------------------------------- generation (fast)
 
 
+def test_a_check_cells_points_are_the_same_in_its_header_and_its_metadata():
+    """The grader reads the header (`# CHECK: name (N points)`); the cell's metadata says the same, in every handout
+    and solution (a student read 2 in one and 3 in the other)."""
+    for path in SOLUTIONS + [LABS / s.name for s in SOLUTIONS]:
+        for cell in nbformat.read(path, as_version=4).cells:
+            marker, meta = markers.check_marker(cell), cell.get("metadata", {}).get("parlab", {})
+            if marker and "points" in meta:
+                assert meta["points"] == marker[1], f"{path.name}: {marker[0]}: metadata {meta['points']} points"
+
+
 def test_there_are_labs_and_each_has_a_student_version_and_a_wrong_solution():
     assert SOLUTIONS, "no lab in labs/solutions"
     for solution in SOLUTIONS:
