@@ -1,7 +1,8 @@
 """Lab 09's checks: the dispatch of expert parallelism without an all-to-all (pairwise exchanges in the fewest
 rounds for the routing: counts in P - 1 rounds, then the rows, backward the other way), an MoE layer that sends each
-token at most once to each rank, a prediction of the rounds of that layer's traffic on a 6-rank routing, and a
-capacity per expert over the whole group learnt from the least traffic, on live ranks (see parlab/grading).
+token at most once to each rank, a prediction of the rounds of that layer's traffic on a 64-rank routing described
+in words, and a capacity per expert over the whole group learnt from the least traffic, on live ranks (see
+parlab/grading).
 
 Every check runs on P = 4 ranks, E = 8 experts placed round-robin (expert e on rank e % P: rank r holds experts r
 and r + 4, not the lesson's contiguous blocks), H = 6, float64. The experts are the lab model's MLP
@@ -90,9 +91,9 @@ STRUCTURAL = {
     f"rank travels there once), each row at most {ROW_BYTES} bytes; each expert multiplies in the forward exactly "
     "one row per assignment to it (counted from the matrix products with its gate matrix); no call into the "
     "library's code",
-    "rounds": f"a routing of {PREDICT_P} ranks given as a table of the tokens' expert pairs: the rounds the token rows "
-    "of one forward of the part-2 layer need in the fewest-rounds schedule and in the shifted one with empty shifts "
-    "skipped, exactly; once right, the rounds of the answer's own schedule() on that routing are shown (not scored)",
+    "rounds": f"a routing of {PREDICT_P} ranks described in words (a hot rank, tokens that stay home): the rounds the "
+    "token rows of one forward of the part-2 layer need in the fewest-rounds schedule and in the shifted one with "
+    "empty shifts skipped, exactly; once right, the rounds of the answer's own schedule() on that routing are shown (not scored)",
     "capacity": f"a capacity of {CAPACITY} slots per expert over the whole group (rank order, then row order): the "
     "kept assignments of every rank, the output and all gradients equal one device's; the mask made from point-to-"
     "point int64 messages only, each rank receiving at most E numbers and sending at most E, and the numbers each "
