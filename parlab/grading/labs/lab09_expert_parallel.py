@@ -93,7 +93,8 @@ STRUCTURAL = {
     "library's code",
     "rounds": f"a routing of {PREDICT_P} ranks described in words (a hot rank, tokens that stay home): the rounds the "
     "token rows of one forward of the part-2 layer need in the fewest-rounds schedule and in the shifted one with "
-    "empty shifts skipped, exactly; once right, the rounds of the answer's own schedule() on that routing are shown (not scored)",
+    "empty shifts skipped, exactly; once right, the rounds of the answer's own schedule() on that routing are "
+    "shown (not scored)",
     "capacity": f"a capacity of {CAPACITY} slots per expert over the whole group (rank order, then row order): the "
     "kept assignments of every rank, the output and all gradients equal one device's; the mask made from point-to-"
     "point int64 messages only, each rank receiving at most E numbers and sending at most E, and the numbers each "
