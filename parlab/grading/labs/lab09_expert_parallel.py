@@ -1,7 +1,8 @@
 """Lab 09's checks: the dispatch of expert parallelism without an all-to-all (pairwise exchanges in the fewest
 rounds for the routing: counts in P - 1 rounds, then the rows, backward the other way), an MoE layer that sends each
-token at most once to each rank, a prediction of the rounds of that layer's traffic on a 6-rank routing, and a
-capacity per expert over the whole group learnt from the least traffic, on live ranks (see parlab/grading).
+token at most once to each rank, a prediction of the rounds of that layer's traffic on a 64-rank routing described
+in words, and a capacity per expert over the whole group learnt from the least traffic, on live ranks (see
+parlab/grading).
 
 Every check runs on P = 4 ranks, E = 8 experts placed round-robin (expert e on rank e % P: rank r holds experts r
 and r + 4, not the lesson's contiguous blocks), H = 6, float64. The experts are the lab model's MLP
@@ -65,7 +66,8 @@ LIBRARY = (
 )
 WHAT = "parlab's expert-parallel and MoE code or the checks' reference"
 ROUTING_P = PREDICT_P  # the prediction's ranks (its experts: lab09_reference.PREDICT_E, round-robin)
-ROW_BYTES = 80  # the most bytes a float64 row of the part-2 layer may carry, per (token, destination rank)
+ROW_BYTES = 8 * (H + E)  # the most bytes a float64 row of the part-2 layer may carry, per (token, destination):
+# room for more than one layout of what travels with the token (the solution's needs 8 (H + 2 E/P))
 THEORY = lab09_reference.THEORY  # the prediction's theory, one home (tests/test_lab_design.py reads it here)
 
 STRUCTURAL = {
@@ -89,13 +91,15 @@ STRUCTURAL = {
     f"rank travels there once), each row at most {ROW_BYTES} bytes; each expert multiplies in the forward exactly "
     "one row per assignment to it (counted from the matrix products with its gate matrix); no call into the "
     "library's code",
-    "rounds": f"a routing of {PREDICT_P} ranks given as a table of the tokens' expert pairs: the rounds the token rows "
-    "of one forward of the part-2 layer need in the fewest-rounds schedule and in the shifted one with empty shifts "
-    "skipped, exactly; once right, the rounds of the answer's own schedule() on that routing are shown (not scored)",
+    "rounds": f"a routing of {PREDICT_P} ranks described in words (a hot rank, tokens that stay home): the rounds the "
+    "token rows of one forward of the part-2 layer need in the fewest-rounds schedule and in the shifted one with "
+    "empty shifts skipped, exactly; once right, the rounds of the answer's own schedule() on that routing are "
+    "shown (not scored)",
     "capacity": f"a capacity of {CAPACITY} slots per expert over the whole group (rank order, then row order): the "
     "kept assignments of every rank, the output and all gradients equal one device's; the mask made from point-to-"
-    "point int64 messages only, each rank receiving at most E numbers and sending at most E (what the lower ranks "
-    "took, not every rank's counts); the layer's float64 messages carry one row per (token, destination) of the "
+    "point int64 messages only, each rank receiving at most E numbers and sending at most E, and the numbers each "
+    f"rank sends what ranks 0..r took of each expert (at most {CAPACITY}; or the slots still free), not the exact "
+    "counts of the lower ranks; the layer's float64 messages carry one row per (token, destination) of the "
     "kept assignments only, each expert runs its kept rows only; no collective; no call into the library's code",
 }
 
@@ -164,11 +168,13 @@ def _recorder():
     a send or receive is its tensor and the peer its rank in the group; for an all-to-all the input; for any other
     call the first tensor it is handed (peer -1). And a log, in this rank's order, of ("post", i) when call i is
     made and ("done", i) when a wait on a send's or receive's handle returns (a blocking send or receive waits at
-    once): what was in flight together, whatever the order of the calls."""
+    once): what was in flight together, whatever the order of the calls. And `sent`: for each call, the numbers of
+    an int64 send (what a rank tells another), None for any other call."""
     from torch._C._distributed_c10d import ProcessGroup
 
     calls: list[list] = []
     log: list[tuple[str, int]] = []
+    sent: list[list[int] | None] = []
     names = [n for n in probe._methods(ProcessGroup) if not isinstance(getattr(ProcessGroup, n), type)]
 
     def wrap(name, original):
@@ -177,6 +183,8 @@ def _recorder():
             peer = int(args[1]) if name in ("send", "recv") and len(args) > 1 else -1
             first = tensors[0] if tensors else torch.zeros(0)  # host: a stand-in for a call without data
             calls.append([name, str(first.dtype).removeprefix("torch."), list(first.shape), peer])
+            told = name == "send" and first.dtype == torch.int64
+            sent.append(first.detach().reshape(-1).tolist() if told else None)
             index = len(calls) - 1
             log.append(("post", index))
             work = original(self, *args, **kwargs)
@@ -184,7 +192,7 @@ def _recorder():
 
         return recorded
 
-    return probe.wrapped(ProcessGroup, {n: getattr(ProcessGroup, n) for n in names}, wrap), calls, log
+    return probe.wrapped(ProcessGroup, {n: getattr(ProcessGroup, n) for n in names}, wrap), calls, log, sent
 
 
 def _traced_p2p(calls_before: int) -> int:
@@ -197,7 +205,7 @@ def dispatch_rank(dispatch) -> dict:
     x, chosen = _on_device(*dispatch_inputs(rank))
     x.requires_grad_()
     start = len(comm.trace_events())
-    context, calls, log = _recorder()
+    context, calls, log, _ = _recorder()
     with context:
         with library_calls(LIBRARY) as called:
             received, recv_counts, order = dispatch(x, chosen, E)
@@ -258,7 +266,7 @@ def layer_rank(combine, keep_within=None) -> dict:
     }
     token = torch.arange(TOKENS, device=x.device).repeat_interleave(K)  # [N K]: one per (token, choice), token-major
     flat, gate = chosen.reshape(-1), gates.reshape(-1)
-    context, calls, _ = _recorder()
+    context, calls, _, sent = _recorder()
     counting = _ExpertRows({e: ws["gate"] for e, ws in weights.items()})
     with context:
         with library_calls(LIBRARY) as called:
@@ -282,6 +290,7 @@ def layer_rank(combine, keep_within=None) -> dict:
         "dW": {str(e): {name: grad(w) for name, w in ws.items()} for e, ws in weights.items()},
         "keep": keep.clone(),
         "keep_calls": calls[:keeping],
+        "keep_sent": sent[:keeping],
         "calls": calls[keeping:],
         "expert_rows": dict(counting.rows),
         "library": list(called) + list(called_back),
@@ -744,8 +753,24 @@ def judge_capacity(data) -> list[str]:
         expected = f"int64 messages only, at most {E} numbers in and {E} out"
         shown = f"also {others[:3]}" if others else f"{got} numbers in, {sent} out"
         least.append((f"rank {r}", expected, expected if not others and got <= E and sent <= E else shown))
-    what = "the mask: what each rank learns from the others (the least it needs: what the lower ranks took)"
-    lines.append(first_difference(what, least))
+    lines.append(first_difference("the mask: what each rank learns from the others, int64 numbers in and out", least))
+    # The values: rank r's drops depend on the lower ranks only through what they took of each expert, at most C
+    # (their exact counts say more than any rank needs); what r + 1 must learn is what ranks 0..r took.
+    counts = torch.stack([torch.bincount(x["chosen"].flatten(), minlength=E) for x in ref])  # [P, E]
+    took = counts.cumsum(dim=0).clamp(max=CAPACITY)  # [P, E] row r: what ranks 0..r took of each expert
+    told = []
+    for r, res in enumerate(ranks):
+        msgs = [(c[3], v) for c, v in zip(res["keep_calls"], res["keep_sent"], strict=True) if v is not None]
+        got = "; ".join(f"to rank {peer}: {v}" for peer, v in msgs) or "nothing"
+        if r == P - 1:
+            expected = "nothing"
+        else:
+            expected = f"to rank {r + 1}: {took[r].tolist()}"
+            left = f"to rank {r + 1}: {(CAPACITY - took[r]).tolist()}"  # the same fact as the slots still free
+            got = expected if got == left else got
+        told.append((f"rank {r}", expected, got))
+    what = f"the mask: the numbers each rank sends (the least the next needs: what ranks 0..r took, at most {CAPACITY})"
+    lines.append(first_difference(what, told))
     lines += _layer_lines(ranks, ref, f"capacity {CAPACITY}")
     lines.append(
         _only_p2p(ranks, "calls", f"capacity {CAPACITY}: calls of the layer, every rank: sends and receives only")

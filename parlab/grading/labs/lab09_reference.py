@@ -33,16 +33,13 @@ DISPATCH_EXPERTS = (
 ROWS = tuple(len(e) for e in DISPATCH_EXPERTS)  # rows per rank in the dispatch check
 ZERO_GATE = (2, 3, 1)  # (rank, token, choice): a chosen expert whose gate is exactly 0 in the combine check
 CAPACITY = 8  # slots per expert over the whole group in the capacity check
-# The prediction's routing, on PREDICT_P ranks with PREDICT_E experts placed round-robin: ROUTING[s] lists
-# (e1, e2, n): n tokens of rank s chose experts e1 and e2 (top-2).
-PREDICT_P, PREDICT_E = 6, 12
+# The prediction's routing, on PREDICT_P ranks with PREDICT_E experts placed round-robin, given to the student in
+# words (lab 09, part 3), here as ROUTING[s]: (e1, e2, n), n tokens of rank s chose experts e1 and e2 (top-2):
+# every rank s: tokens that chose experts 2s and 2s + 1; ranks s >= 48: also tokens that chose experts 5 and 69 (a
+# hot rank); ranks s that are multiples of 4: also tokens that chose experts s and s + 64 (both on rank s itself).
+PREDICT_P, PREDICT_E = 64, 128
 ROUTING = [
-    [(1, 0, 3), (4, 10, 2), (0, 6, 2), (7, 1, 1)],
-    [(2, 8, 2), (1, 7, 2)],
-    [(5, 2, 3), (3, 2, 2), (8, 2, 1)],
-    [(1, 3, 2), (7, 9, 1)],
-    [(3, 4, 2), (10, 4, 2)],
-    [(0, 11, 2), (9, 5, 2), (6, 5, 1)],
+    [(2 * s, 2 * s + 1, 2)] + [(5, 69, 1)] * (s >= 48) + [(s, s + 64, 1)] * (s % 4 == 0) for s in range(PREDICT_P)
 ]
 
 
