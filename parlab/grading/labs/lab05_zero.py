@@ -322,6 +322,8 @@ def _moved_line(ranks: list[dict], taken: list[bool]) -> str:
     names = ["the model's parameters", "master", "m", "v"]
     for r, res in enumerate(ranks):
         for step, (changed, took) in enumerate(zip(res["moved"], taken, strict=True), start=1):
+            if took and not any(changed):
+                return f"{what}: rank {r}, step {step} (taken): nothing changed, as if the step were skipped: FAIL"
             if took and not changed[0]:
                 why = "the master weights changed but " if changed[1] else ""
                 return (
