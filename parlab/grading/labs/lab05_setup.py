@@ -20,13 +20,17 @@ LR = 1e-3  # Adam's and LAMB's learning rate
 CFG = LabConfig()
 B, STEPS = 6, 2  # global batch rows (b = B/N = 2 per rank), training steps of part 4
 
-# Part 1: 5 steps, two of them with an overflowed gradient on one rank (an fp16 overflow, planted): {step: (the
-# rank whose gradient overflows, the element of its flat gradient [Psi], the value)}. The element lies in another
-# rank's shard, so that the rank that overflowed is not the one whose shard holds the bad number.
-STEPS1 = 5
+# Part 1: 6 steps under dynamic loss scaling (torch's GradScaler: the loss is multiplied by the scale; a step whose
+# gradient holds an inf or a NaN is skipped and halves the scale; GROWTH steps taken in a row double it). Planted in
+# each rank's scaled gradient: {step: (the rank, the element of its flat gradient [Psi], the value)}: an inf in step
+# 3, a NaN in step 5 (fp16 overflows), and in step 6 a finite value so large that its square overflows float64 while
+# the unscaled whole-batch gradient's does not (the float64 analogue of an fp16 gradient whose norm overflows fp16).
+# Each element lies in another rank's shard, so that the rank that planted it is not the one whose shard holds it.
+STEPS1 = 6
 BATCHES1 = lab_batches(CFG, B, STEPS1, seed=0)  # [(x, y)], x, y: [B, T] token ids
-OVERFLOW = {2: (1, 5, float("inf")), 4: (2, 7_570, float("nan"))}
-MAX_NORM = 1.0  # the gradient's norm is clipped to this (the lab model's is about 1.04, 1.05, 0.97 in steps 1, 3, 5)
+OVERFLOW = {3: (1, 5, float("inf")), 5: (2, 7_570, float("nan")), 6: (0, 15_200, 1e156)}
+MAX_NORM = 1.0  # the gradient's norm is clipped to this (the lab model's is about 1 in the plain steps)
+SCALE0, GROWTH = 2.0**16, 2  # the first loss scale (GradScaler's init_scale); steps taken in a row before it doubles
 BATCHES = BATCHES1[:STEPS]  # part 4's
 
 # Part 2: gradient accumulation over M micro-batches of equal size, under a budget of full-gradient bytes. Each rank
