@@ -125,7 +125,8 @@ def test_the_class_summary_counts_what_the_class_did():
     out = summary.class_summary(table, grades, students)
     lab00 = out["labs"]["lab00"]
     assert (lab00["submissions"], lab00["mean"], lab00["median"], lab00["min"], lab00["max"]) == (2, 3.5, 3.5, 2, 5)
-    assert lab00["distribution"] == [0, 0, 1, 0, 0, 1]
+    assert lab00["distribution"] == [0, 0, 1, 0, 0, 1] and lab00["handed_in"] == 3  # cy handed the stub in
+    assert "| lab00 (/5) | 2 (of 3) | 3.5 | 3.5 | 2-5 |" in summary.markdown(out)
     assert {c["check"]: (c["passed"], c["attempted"]) for c in lab00["checks"]} == {"a": (2, 2), "b": (1, 2)}
     assert lab00["not_attempted"] == ["cy"] and out["labs"]["lab01"]["not_attempted"] == ["bob", "cy"]
     columns, rows = summary.wide_rows(table)

@@ -45,6 +45,8 @@ def _refused(capsys, *argv: str) -> str:
         (["pp", "--virtual", "-1", "--pace", "h100"], "virtual stages v=-1 must be >= 1"),
         (["hybrid", "--tp", "0"], "tp=0 must be >= 1"),
         (["hybrid", "--dp", "-2"], "dp=-2 must be >= 1"),
+        # More ranks than one machine starts before the launch times out (a user typed 999).
+        (["collectives", "--world", "999"], "world_size=999: more ranks than this machine starts"),
         # Item 13: bounded as hybrid bounds it.
         (["moe", "--capacity-factor", "1e300"], "capacity_factor=1e+300 must be in (0, 1000]"),
         (["moe", "--aux-weight", "1e300"], "aux_weight=1e+300 must be in [0, 100]"),

@@ -33,7 +33,8 @@ import sys
 import unicodedata
 from pathlib import Path
 
-COLUMNS = ["student", "lab", "notebook", "points", "max_points", "parts", "failed", "seconds", "notes"]
+# feedback: the name of the student's feedback file (an ASCII slug and a hash: which file is whose, at a glance)
+COLUMNS = ["student", "lab", "notebook", "points", "max_points", "parts", "failed", "seconds", "notes", "feedback"]
 SEPARATORS = "_-. "  # what joins a lab's prefix to a student's name in a file name (lab00_bob, lab00-bob)
 SPREADSHEET_FORMULA = ("=", "+", "-", "@", "\t", "\r")  # a cell starting so is a formula to a spreadsheet
 
@@ -144,6 +145,7 @@ def rows(grades: list[dict], students: list[str], roots: list[Path | None]) -> l
                 "failed": sum(not c["passed"] for c in checks),
                 "seconds": f"{grade['seconds']:.1f}",
                 "notes": " | ".join(notes),
+                "feedback": file_name_of(student),
             }
         )
     out.sort(key=lambda row: (row["student"], row["lab"], row["notebook"]))

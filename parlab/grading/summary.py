@@ -1,7 +1,8 @@
 """The class at a glance, written beside the gradebook (`python -m parlab grade DIR --gradebook grades.csv`):
 
-    grades_summary.md     per lab: submissions, mean, median, range and the distribution of points; per check: the
-                          pass rate (which part the class found hard); who did not attempt which lab
+    grades_summary.md     per lab: how many attempted (of those handed in), and over them the mean, median, range
+                          and the distribution of points; per check: the pass rate (which part the class found
+                          hard); who did not attempt which lab
     grades_summary.html   the same, with a bar chart of each lab's distribution (inline SVG: no script, no network)
     grades_wide.csv       one row per student, one column per lab (the points), what a course system imports
 
@@ -49,7 +50,8 @@ def class_summary(table: list[dict], grades: list[dict], students: list[str], sk
         points = lab["points"]
         out["labs"][name] = {
             "max_points": lab["max_points"],
-            "submissions": len(points),
+            "submissions": len(points),  # attempted: the statistics are over these
+            "handed_in": len(lab["by"]),
             "mean": round(statistics.fmean(points), 2) if points else None,
             "median": statistics.median(points) if points else None,
             "min": min(points) if points else None,
@@ -82,13 +84,14 @@ def wide_rows(table: list[dict]) -> tuple[list[str], list[dict]]:
 def markdown(summary: dict) -> str:
     lines = [f"# Class summary: {len(summary['students'])} students, {summary['notebooks']} notebooks", ""]
     lines += [
-        "| lab | submissions | mean | median | range | distribution (points: notebooks) |",
+        "| lab | attempted (of handed in) | mean | median | range | distribution (points: notebooks) |",
         "|---|---|---|---|---|---|",
     ]
     for name, lab in summary["labs"].items():
         spread = ", ".join(f"{p}: {n}" for p, n in enumerate(lab["distribution"]) if n)
         figures = "- | - | -" if lab["mean"] is None else f"{lab['mean']} | {lab['median']} | {lab['min']}-{lab['max']}"
-        lines.append(f"| {name} (/{lab['max_points']}) | {lab['submissions']} | {figures} | {spread or '-'} |")
+        attempted = f"{lab['submissions']} (of {lab['handed_in']})"
+        lines.append(f"| {name} (/{lab['max_points']}) | {attempted} | {figures} | {spread or '-'} |")
     lines += [
         "",
         "## Pass rate per check (the hardest first)",
@@ -143,7 +146,8 @@ def html_page(summary: dict) -> str:
             else (f"mean {lab['mean']}, median {lab['median']}, range {lab['min']}-{lab['max']} of {lab['max_points']}")
         )
         parts.append(
-            f"<h2>{e(name)}</h2><p>{lab['submissions']} submissions: {figures}</p>{_bars(lab['distribution'])}"
+            f"<h2>{e(name)}</h2><p>{lab['submissions']} attempted of {lab['handed_in']} handed in; over those "
+            f"attempted: {figures}</p>{_bars(lab['distribution'])}"
         )
         rows = "".join(
             f"<tr><td>{e(c['check'])}</td><td>{c['points']}</td><td>{c['passed']}/{c['attempted']}</td>"

@@ -25,6 +25,17 @@ from parlab.core.models import DTYPES, RECOMPUTE, GPTConfig
 from parlab.core.pace import Pace
 from parlab.core.pace import parse as parse_pace
 
+# The most ranks one `run` starts: each rank is a process that imports its scheme and joins the group; far beyond a
+# few dozen per core they do not all start before the launch's timeout (999 ranks on 2 cores: 3 minutes, then a
+# timeout on every rank).
+RANKS_PER_CORE, MIN_MAX_WORLD = 32, 256
+
+
+def max_world() -> int:
+    import os
+
+    return max(MIN_MAX_WORLD, RANKS_PER_CORE * (os.cpu_count() or 1))
+
 
 def option(
     default: Any, help: str, *, flag: str | None = None, choices=None, parse=None, const=None, bounds: str = ""
@@ -106,6 +117,12 @@ class RunOptions:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 check_number(f.name, value, f.metadata.get("bounds", ""))
         positive("world_size", self.world_size)
+        if self.world_size > max_world():
+            raise ValueError(
+                f"world_size={self.world_size}: more ranks than this machine starts before a launch times out (at "
+                f"most {max_world()} here: {RANKS_PER_CORE} per core, {MIN_MAX_WORLD} at least); across machines, "
+                "run the rank code under torchrun (README)"
+            )
         positive("steps", self.steps)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")

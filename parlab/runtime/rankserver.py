@@ -51,15 +51,18 @@ from multiprocessing.connection import Connection, wait
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     del sys.path[0]
 
-import cloudpickle  # noqa: F401  (preloaded: the ranks unpickle the shipped function with it)
-import torch
-import torch._dynamo  # noqa: F401  (preloaded: the first torch.optim optimizer imports it, ~3 s per rank)
+try:
+    import cloudpickle  # noqa: F401  (preloaded: the ranks unpickle the shipped function with it)
+    import torch
+    import torch._dynamo  # noqa: F401  (preloaded: the first torch.optim optimizer imports it, ~3 s per rank)
 
-try:  # preloaded: every rank seeds NumPy's generator, and importing numpy.random costs a rank ~10 ms
-    import numpy.random  # noqa: F401
-except ImportError:
-    pass
-torch.manual_seed(0)  # its first call initialises lazily (~3-10 ms in each rank otherwise); each rank reseeds
+    try:  # preloaded: every rank seeds NumPy's generator, and importing numpy.random costs a rank ~10 ms
+        import numpy.random  # noqa: F401
+    except ImportError:
+        pass
+    torch.manual_seed(0)  # its first call initialises lazily (~3-10 ms in each rank otherwise); each rank reseeds
+except KeyboardInterrupt:  # Ctrl-C while torch loads reaches this process too: the parent says "interrupted"
+    sys.exit(130)
 
 PR_SET_CHILD_SUBREAPER = 36  # prctl: orphaned descendants become this process's children
 RENDEZVOUS_PREFIX = "parlab-rendezvous-"  # + "<server pid>-<job id>", in the temp folder
