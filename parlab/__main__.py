@@ -1,5 +1,10 @@
 import sys
 
-from parlab.cli import main
+try:
+    from parlab.cli import main
 
-sys.exit(main())
+    status = main()
+except KeyboardInterrupt:  # Ctrl-C before the command's own handling began (while parlab and torch import)
+    print("parlab: interrupted", file=sys.stderr)
+    status = 130
+sys.exit(status)

@@ -103,9 +103,15 @@ def test_ctrl_c_stops_a_run_quietly_with_status_130():
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(5)  # the ranks are running
+    seen, deadline = [], time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait for the launch's first progress line (a loaded machine is slow)
+        line = process.stderr.readline()
+        seen.append(line)
+        if not line or "ranks started" in line:
+            break
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
+    err = "".join(seen) + err
     assert process.returncode == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.strip().splitlines()[-1] == "parlab: interrupted"
 

@@ -208,7 +208,7 @@ def test_dp_holds_the_same_full_state_on_every_rank():
     "options, message",
     [
         ({"stage": 4}, "stage=4 must be one of (1, 2, 3)"),
-        ({"world_size": 40000, "batch": 40000}, "more than the 30080 parameters"),
+        ({"world_size": 40000, "batch": 40000}, "world_size=40000: more ranks than this machine starts"),
         (
             {"mixed_precision": True, "compute_dtype": "float8_e4m3fn"},
             "compute_dtype='float8_e4m3fn' must be bfloat16 or float16",

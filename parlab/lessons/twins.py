@@ -188,13 +188,15 @@ def _lonely_receive() -> None:
         comm.recv(torch.empty(4, device=comm.device()), src=0, label="the message rank 0 never sends")
 
 
-def parlab_hang(timeout: float = 3.0) -> list[str]:
-    """parlab's launch, on a receive nobody sends to: the timeout names each unfinished rank's traced call."""
+def parlab_hang(timeout: float = 60.0) -> list[str]:
+    """parlab's launch, on a receive nobody sends to: its diagnosis names each rank's traced call (the calls can never
+    match, so it stops the ranks after they waited 2 s, long before `timeout`). The lines as printed, without the
+    seconds waited (not deterministic)."""
     from parlab.runtime.errors import LaunchTimeout
 
     try:
         launch(_lonely_receive, 2, echo=False, timeout=timeout)
-    except LaunchTimeout as exc:
-        lines = [line for line in str(exc).splitlines() if line.strip().startswith("rank")]
-        return [re.sub(r" for [\d.]+ s$", "", line) for line in lines]  # how long it waited: not deterministic
+    except LaunchTimeout as exc:  # CollectiveMismatch is one: a hang diagnosed before the timeout
+        text = re.sub(r"the ranks waited [\d.]+ s and were stopped", "the ranks were stopped", str(exc))
+        return [re.sub(r" for [\d.]+ s$", "", line) for line in text.splitlines()]
     return ["(no hang?)"]
