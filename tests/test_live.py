@@ -67,7 +67,7 @@ def test_a_live_timeline_gains_events_while_the_ranks_run_and_ends_with_the_whol
     nows = [fig.layout.shapes[0].x0 for fig in drafts]  # the red "now" line moves right
     assert nows == sorted(nows) and nows[-1] > nows[0] > 0
     assert view.final and final is view.shown[-1] and sum(len(bar.x) for bar in final.data) == len(results.trace) == 32
-    assert final.layout.title.text == "demo: 32 events" and not final.layout.shapes
+    assert final.layout.title.text == "demo: what each rank did (measured)" and not final.layout.shapes
 
 
 def test_without_a_live_view_ranks_stream_nothing_and_bad_scheme_names_fail_before_launch():

@@ -132,7 +132,7 @@ class LiveTimeline:
         """The finished timeline of the whole run replaces the drafts (it is what a saved notebook keeps)."""
         from parlab.views import plots
 
-        final = plots.timeline(trace, title=f"{self.title}: {len(trace)} events")
+        final = plots.timeline(trace, title=f"{self.title}: what each rank did (measured)")
         if self.show or self.display_final:
             self._display(final, final=True)
         return final
