@@ -69,7 +69,10 @@ def test_a_smaller_global_batch_is_the_documented_difference():
     exists; batch 8 on 4 ranks: the 3 survivors keep 2 rows each (6 in all); one device on that schedule agrees."""
     _, report = launch_scheme("dp", world_size=4, kill_rank=2, at_step=5)
     assert report["passed"] and report["restarted_on"] == 3 and report["steps"] == 8
-    assert report["global_batch_after"] == 6 and report["steps_lost"] == 1
+    # The newest complete checkpoint: step 4's, or step 2's when step 4's was still being written as the rank died
+    # (seen on a loaded machine); the steps lost are counted from the one it resumed from.
+    assert report["global_batch_after"] == 6 and report["resumed_from"] in (2, 4)
+    assert report["steps_lost"] == 5 - report["resumed_from"]
     assert not report["equal_to_uninterrupted"] and report["vs_uninterrupted_max_abs_err"] > 1e-6
     assert "as expected: the survivors' global batch is 6 rows, not 8" in report["verdicts"][-1]
 
