@@ -296,8 +296,10 @@ def _run_reduce_scatter(phase, numel: int, ring: list[int]) -> dict:
 
 
 def collect_reduce_scatter(reduce_scatter_phase) -> dict:
-    runs = [list(parlab.launch(_run_reduce_scatter, len(ring), reduce_scatter_phase, numel, ring, **LAUNCH))
-            for ring, numel in RING_CASES]  # fmt: skip
+    runs = [
+        list(parlab.launch(_run_reduce_scatter, len(ring), reduce_scatter_phase, numel, ring, **LAUNCH))
+        for ring, numel in RING_CASES
+    ]
     return {"ranks": runs[0], "more": runs[1:]}
 
 
@@ -337,13 +339,13 @@ def judge_reduce_scatter(data) -> list[str]:
                 list(total),
                 [f"rank {r}" for r in range(world)],
                 {name: per_rank for name, per_rank in units.items()},
-            ),  # fmt: skip
+            ),
             receives_line(
                 case,
                 "P-1 receives, from the previous rank of the ring",
                 ranks,
                 [Counter({ring[(ring.index(r) - 1) % world]: world - 1}) for r in range(world)],
-            ),  # fmt: skip
+            ),
             messages_line(
                 case,
                 "P-1 messages to the next rank, the k-th one chunk summed over the sender and the k ranks before it",
@@ -356,7 +358,7 @@ def judge_reduce_scatter(data) -> list[str]:
                 case,
                 [probe.total_bytes(res["calls"], "send") for res in ranks],
                 [8 * (numel - sizes[r]) for r in range(world)],
-            ),  # fmt: skip
+            ),
             guard_line(case, ranks),
         ]
     return lines
@@ -421,10 +423,13 @@ def bidirectional_bytes(world: int, numel: int) -> list[int]:
     halves = [_sizes(n, 2) for n in _sizes(numel, world)]
     # Reduce-scatter: all but its own chunk's half; all-gather: all but the chunk of the neighbour it sends to.
     return [
-        8 * sum(2 * sum(h[i] for h in halves) - halves[r][i] - halves[(r + (1 if i == 0 else -1)) % world][i]
-                for i in range(2))
+        8
+        * sum(
+            2 * sum(h[i] for h in halves) - halves[r][i] - halves[(r + (1 if i == 0 else -1)) % world][i]
+            for i in range(2)
+        )
         for r in range(world)
-    ]  # fmt: skip
+    ]
 
 
 def judge_bidirectional(data) -> list[str]:
@@ -434,8 +439,10 @@ def judge_bidirectional(data) -> list[str]:
         case = f"P={world}, N={numel}: "
         lines += _whole_lines(case, ranks, world, numel)
         units = _units(world, numel, halves=True)
-        neighbours = [Counter({(r + 1) % world: 2 * (world - 1)}) + Counter({(r - 1) % world: 2 * (world - 1)})
-                      for r in range(world)]  # fmt: skip
+        neighbours = [
+            Counter({(r + 1) % world: 2 * (world - 1)}) + Counter({(r - 1) % world: 2 * (world - 1)})
+            for r in range(world)
+        ]
         lines += [
             receives_line(case, "2(P-1) receives from each neighbour", ranks, neighbours),
             messages_line(
@@ -448,7 +455,7 @@ def judge_bidirectional(data) -> list[str]:
             ),
             bytes_line(
                 case, [probe.total_bytes(res["calls"], "send") for res in ranks], bidirectional_bytes(world, numel)
-            ),  # fmt: skip
+            ),
             together_line(case, ranks),
             guard_line(case, ranks),
         ]
@@ -755,7 +762,7 @@ def judge_halving_doubling(data) -> list[str]:
                 case,
                 [probe.total_bytes(res["calls"], "send") for res in ranks],
                 [8 * 2 * (world - 1) * numel // world] * world,
-            ),  # fmt: skip
+            ),
             guard_line(case, ranks),
         ]
     return lines
