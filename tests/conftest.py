@@ -84,8 +84,8 @@ def _group(item) -> str:
 
 
 # tryfirst: pytest-xdist's worker reads the xdist_group marks in its own pytest_collection_modifyitems (it appends
-# "@group" to each node id, which is what loadgroup schedules by); called after it, the marks came too late and every
-# notebook cell went to whichever worker was free, each in a kernel of its own (CI: 287 cells failing on NameError).
+# "@group" to each node id, which is what loadgroup schedules by), so the marks must be there before it runs. (The
+# 287 cells CI saw failing on NameError had another cause: pytest 9.2, refused in pytest_configure above.)
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items) -> None:
 

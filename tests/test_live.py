@@ -103,3 +103,12 @@ def test_send_and_recv_colours_differ_by_a_graphics_contrast():
 
     low, high = sorted(luminance(plots.kind_color(k)) for k in ("send", "recv"))
     assert (high + 0.05) / (low + 0.05) >= 3.0  # WCAG's contrast for graphics
+
+
+def test_a_posted_send_marks_the_same_time_axis_as_the_bars():
+    view = LiveTimeline(2, show=False)
+    view.receive({"rank": 0, "events": [(0, Event(0, "forward", 1.0, 2.0)), (1, Event(0, "send", 1.5, None, peer=1))]})
+    draft = view.figure(now=3.0)
+    (bar,) = [t for t in draft.data if t.type == "bar"]
+    (marks,) = [t for t in draft.data if t.type == "scatter"]
+    assert list(bar.base) == [0.0] and list(marks.x) == [500.0]  # both counted from the first bar's start

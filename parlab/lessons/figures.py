@@ -27,7 +27,7 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: notebooks/ beside parlab/
@@ -190,7 +190,7 @@ def export(
     if "html" in formats and figures:
         written.append(_write_plotly_js(out))
     for k, figure in enumerate(figures, start=1):
-        figure = Figure(figure.cell, with_title(figure, path, k), figure.in_widget)
+        figure = replace(figure, spec=with_title(figure, path, k))
         stem = f"{prefix}_fig{k:02d}_{figure_id(figure)}"
         stems.append((stem, figure))
         if "html" in formats:

@@ -19,8 +19,8 @@ nothing):
 A slide must fit a projector at 1280x720. The notebook does not know how tall a cell renders, so the rules use an
 honest estimate (`cell_height`: markdown and code lines at the slide's line heights, a plotly figure at its own
 layout height, a widget at a figure's): a cell that would take its slide past `SCREEN_PX` starts a subslide of its
-own instead of sharing one. A single cell taller than the screen still scrolls (`metadata.rise.scroll`);
-`tall_cells` lists them, and the lessons' test keeps that list from growing.
+own instead of sharing one. A single cell taller than the screen still scrolls (`metadata.rise.scroll`); the
+lessons' test keeps their number small.
 
 Live cells (a run drawn as it goes, a replay, a widget to play with: what an instructor runs in front of the class)
 get the cell tag "live" and `metadata.parlab.live = true`, so they stand out in the notebook and in the slides.
@@ -138,9 +138,10 @@ def slide_types(cells: list[dict]) -> list[str]:
     for index, (cell, kind) in enumerate(zip(cells, types, strict=True)):
         if kind == "skip":
             continue
-        if kind in ("-", "fragment") and height and height + cell_height(cell) > SCREEN_PX:
+        tall = cell_height(cell)
+        if kind in ("-", "fragment") and height and height + tall > SCREEN_PX:
             kind = types[index] = "subslide"
-        height = cell_height(cell) if kind in ("slide", "subslide") else height + cell_height(cell)
+        height = tall if kind in ("slide", "subslide") else height + tall
     return types
 
 

@@ -109,7 +109,8 @@ class LiveTimeline:
         trace = self.trace(now)
         fig = plots.timeline(trace, title=f"{self.title}: {len(trace)} events so far", show_labels=False)
         posted = self.pending_sends()
-        t0 = min([trace.t0] * bool(len(trace)) + [e.start for e in posted], default=now)
+        # The marks share the bars' time axis (plots.timeline counts from trace.t0); with no bar yet, from the first.
+        t0 = trace.t0 if len(trace) else min((e.start for e in posted), default=now)
         if posted:
             fig.add_trace(
                 go.Scatter(
