@@ -107,6 +107,18 @@ def test_feedback_lines_keep_the_real_numbers_and_name_each_failing_rank_once():
     assert "P=2: bytes" in result.detail and "P=4: bytes" in result.detail and "ERR" not in result.detail
 
 
+def test_the_score_table_lines_up_names_in_any_script():
+    """A CJK name takes two terminal columns per character: the table pads by what a terminal shows."""
+    grades = [
+        scores.NotebookGrade(notebook=name, lab="lab00", checks=[scores.CheckResult("ring", True, 2, 2, "")])
+        for name in ("lab00_李雷.ipynb", "lab00_bob.ipynb", "lab00_Zoë.ipynb")
+    ]
+    rows = [line for line in scores.format_table(grades).splitlines() if line.startswith("lab00_")]
+    starts = {scores.display_width(line[: line.index("lab00 ")]) for line in rows}
+    assert len(rows) == 6 and len(starts) == 1, rows  # the lab column starts at one terminal column on every row
+    assert scores.display_width("李雷") == 4 and scores.display_width("Zoe\u0308") == 3
+
+
 def test_the_class_summary_counts_what_the_class_did():
     def grade(student_lab_points, checks):
         return {"lab": student_lab_points, "points": sum(p for _, _, p in checks), "max_points": 5, "checks": [
@@ -155,11 +167,12 @@ def test_a_class_folder_with_every_kind_of_file_is_graded_in_one_run(tmp_path):
     book = tmp_path / "out" / "grades.csv"
     done = _grade(str(folder), "--gradebook", str(book), "--report", str(tmp_path / "r.json"), "--timeout", "30")
     assert done.returncode == 0, done.stderr[-2000:]
-    with open(book, newline="", encoding="utf-8") as f:
+    with open(book, newline="", encoding="utf-8-sig") as f:
         rows = list(csv.DictReader(f))
     students = sorted(row["student"] for row in rows)
     assert students == sorted(["李雷", "王芳", "José", "Josè", "jo hn", "jo_hn", "'" + FORMULA])
     assert not any("DUPLICATE" in row["notes"] for row in rows)
+    assert book.read_bytes().startswith("\ufeffstudent,".encode())  # a BOM: spreadsheets read the names as UTF-8
     everything = book.read_text() + (tmp_path / "r.json").read_text() + done.stdout
     feedback = sorted((tmp_path / "out" / "grades_feedback").glob("*.md"))
     everything += "".join(p.read_text() for p in feedback)

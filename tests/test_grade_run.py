@@ -419,7 +419,7 @@ def test_a_class_gradebook_has_a_row_per_notebook_and_a_feedback_file_per_studen
 
     from parlab.grading import gradebook
 
-    with open(graded["gradebook"], newline="") as f:
+    with open(graded["gradebook"], newline="", encoding="utf-8-sig") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(graded["cases"]) >= 20  # a class of mixed labs
     by_notebook = {Path(row["notebook"]).stem: row for row in rows}
@@ -457,7 +457,7 @@ def test_a_class_gradebook_has_a_row_per_notebook_and_a_feedback_file_per_studen
     assert wrong.count("hint:") >= sum(len(c["fail"]) for s, c in graded["cases"].items() if s.endswith("_wrong"))
     # The class at a glance: a summary per lab and check, and one row per student with a column per lab.
     out = graded["gradebook"].parent
-    with open(out / "grades_wide.csv", newline="", encoding="utf-8") as f:
+    with open(out / "grades_wide.csv", newline="", encoding="utf-8-sig") as f:
         wide = list(csv.DictReader(f))
     assert sorted(r["student"] for r in wide) == sorted({row["student"] for row in rows})
     for r in wide:

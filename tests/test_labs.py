@@ -505,6 +505,19 @@ def test_a_wrong_prediction_is_not_shown_the_answer():
     assert "theory 4" in right[0] and right[-2].endswith(": PASS") and right[-1].endswith(": PASS")
 
 
+def test_the_graders_feedback_shows_a_wrong_predictions_numbers():
+    """Once the grader decides the grade (judge(..., graded=True)), the feedback shows what should have come."""
+    import types
+
+    from parlab.grading.labs import judge, prediction_lines
+
+    lab = types.SimpleNamespace(judge_bytes=lambda data: prediction_lines("bytes", data, 4576, 4576, rtol=0.005))
+    graded = judge(lab, "bytes", 4512, graded=True)
+    assert graded[0] == "bytes: predicted 4,512 | theory 4,576 | measured 4,576" and graded[1].endswith(": FAIL")
+    assert "4,576" not in " ".join(judge(lab, "bytes", 4512))  # the student's own run: still hidden
+    assert "4,576" not in " ".join(prediction_lines("bytes", 4512, 4576, 4576, rtol=0.005))  # the flag was reset
+
+
 def test_lab06s_judge_accounts_bytes_as_the_library_does():
     """Lab 06's judge computes device and host bytes of any placement itself; at the placements the library has
     (ZeRO-2 on the device, ZeRO-Offload's host), they equal parlab.schemes.zero.theory.offload_memory's."""

@@ -116,6 +116,14 @@ def test_projector_theme_is_larger_keeps_the_palette_and_the_default_look_comes_
     assert plots.timeline(_trace()).data[0].marker.line.width == 0.5
 
 
+def test_no_figure_is_taller_than_a_slide_holds():
+    """A 1280x720 slide holds a figure of MAX_HEIGHT and the line that drew it; many rows get shorter rows."""
+    assert plots.style(go.Figure(), "t", height=300).layout.height == 300
+    assert plots.style(go.Figure(), "t", height=130 + 170 * 8).layout.height == plots.MAX_HEIGHT <= 720 - 100
+    eight_ranks = plots.timeline(Trace([Event(r, "forward", 0.0, 1.0) for r in range(8)], 8))
+    assert eight_ranks.layout.height == plots.MAX_HEIGHT < 140 + 80 * 8  # 8 rows of ranks, each a little shorter
+
+
 def test_lesson_04_ring_panel_titles_cannot_overlap_at_any_font_size():
     from parlab.lessons.sequence_parallel import draw_ring_step
 

@@ -162,7 +162,7 @@ def rows(grades: list[dict], students: list[str], roots: list[Path | None]) -> l
 
 def write_gradebook(path: Path, table: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    with open(path, "w", newline="", encoding="utf-8-sig") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows({key: spreadsheet_safe(value) for key, value in row.items()} for row in table)

@@ -317,7 +317,7 @@ class Grader:
                 if data_path.stat().st_size > MAX_DATA_BYTES:
                     raise ValueError(f"the check's data is larger than {MAX_DATA_BYTES >> 20} MB")
                 data = torch.load(data_path, weights_only=True, map_location="cpu")  # data only: no code runs
-                lines = judge(lab.module, name, data)
+                lines = judge(lab.module, name, data, graded=True)  # the feedback may show the numbers
                 if name in own_numbers:
                     lines = [*lines, f"{name}: the prediction is your own number: {own_numbers[name]}: FAIL"]
             except Exception as exc:

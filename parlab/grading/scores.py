@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+import unicodedata
 from dataclasses import asdict, dataclass, field
 
 from parlab.grading.markers import VERDICT_RE, answer_name, mask
@@ -125,6 +126,14 @@ def assemble(submission, lab: OfficialLab):
     return nb, notes
 
 
+def display_width(text: str) -> int:
+    """The columns `text` takes in a terminal: a wide character (CJK, most emoji) takes two, a combining mark none;
+    so that the table's columns line up whatever script a student's name is in."""
+    return sum(
+        0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text
+    )
+
+
 def format_table(grades: list[NotebookGrade], sandbox: str = "") -> str:
     """The score table: one row per check, a total per notebook, and the total over all notebooks."""
     rows = [("notebook", "lab", "check", "result", "points")]
@@ -146,10 +155,11 @@ def format_table(grades: list[NotebookGrade], sandbox: str = "") -> str:
         rows.append((g.notebook, g.lab, "total", "", f"{g.points}/{g.max_points}"))
         if g.notes:
             details[len(rows) - 1] = g.notes
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    widths = [max(display_width(row[i]) for row in rows) for i in range(5)]
     lines = []
     for index, row in enumerate(rows):
-        lines.append("  ".join(text.ljust(width) for text, width in zip(row, widths, strict=True)).rstrip())
+        cells = (text + " " * (width - display_width(text)) for text, width in zip(row, widths, strict=True))
+        lines.append("  ".join(cells).rstrip())
         if index == 0:
             lines.append("  ".join("-" * width for width in widths))
         for detail in details.get(index, []):

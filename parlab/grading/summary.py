@@ -169,7 +169,7 @@ def write_summary(paths: dict[str, Path], table: list[dict], grades, students, s
     paths["md"].write_text(markdown(summary), encoding="utf-8")
     paths["html"].write_text(html_page(summary), encoding="utf-8")
     columns, rows = wide_rows(table)
-    with open(paths["wide"], "w", newline="", encoding="utf-8") as f:
+    with open(paths["wide"], "w", newline="", encoding="utf-8-sig") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows({key: safe(value) for key, value in row.items()} for row in rows)

@@ -70,6 +70,9 @@ REDUCED_COLOR = "#7F7F7F"  # a chunk that is a sum over several ranks
 EMPTY_COLOR = "#FFFFFF"
 
 FONT_SIZE = 16
+# The tallest figure `style` draws: a slide at 1280x720 holds the figure and the line of code that drew it (a figure
+# with many rows of subplots gets shorter rows instead of running off the projector's screen).
+MAX_HEIGHT = 600
 TITLE_SIZE = 20
 BAR_LINE = 0.5  # the white outline between timeline bars
 
@@ -163,7 +166,8 @@ def kind_label(kind: str) -> str:
 
 def style(fig: go.Figure, title: str, xaxis: str | None = None, yaxis: str | None = None, height=None):
     """The package's figure defaults: a title, axis titles, presentation-size fonts, a white background; in the
-    projector theme (use_theme) larger, with long titles broken over lines and the top margin grown to fit."""
+    projector theme (use_theme) larger, with long titles broken over lines and the top margin grown to fit; at most
+    MAX_HEIGHT pixels tall."""
     top = 70
     if _theme != "default":
         title = _wrap(title, (fig.layout.width or 900) - 110, TITLE_SIZE)
@@ -179,7 +183,7 @@ def style(fig: go.Figure, title: str, xaxis: str | None = None, yaxis: str | Non
         legend={"font": {"size": FONT_SIZE - 2}},
     )
     if height is not None:
-        fig.update_layout(height=height)
+        fig.update_layout(height=min(height, MAX_HEIGHT))
     if xaxis is not None:
         fig.update_xaxes(title_text=xaxis)
     if yaxis is not None:

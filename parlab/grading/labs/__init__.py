@@ -28,6 +28,7 @@ never by a path taken from the submission.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import math
 import os
@@ -72,8 +73,10 @@ def check_function(module, kind: str, check: str):
     raise AttributeError(f"{module.__name__} has no {kind}_{check} (nor has any module of its PARTS)")
 
 
-def judge(module, check: str, data) -> list[str]:
-    """The verdict lines of one check, from the data its collect step returned."""
+def judge(module, check: str, data, *, graded: bool = False) -> list[str]:
+    """The verdict lines of one check, from the data its collect step returned. graded=True: the grader's own
+    judgement, after which nothing can be changed, so a wrong prediction's lines show the theory and the
+    measurement too (in a student's notebook they stay hidden until the prediction is right)."""
     if isinstance(data, dict) and isinstance(data.get("error"), str):
         return [f"{check}: the check did not complete ({data['error']}): FAIL"]
     import torch
@@ -81,9 +84,11 @@ def judge(module, check: str, data) -> list[str]:
     # The references are tiny: one thread is several times faster than two on a loaded 2-core machine.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    token = _GRADED.set(graded)
     try:
         return [str(line) for line in check_function(module, "judge", check)(data)]
     finally:
+        _GRADED.reset(token)
         torch.set_num_threads(threads)
 
 
@@ -114,6 +119,10 @@ def run_check(module_name: str, check: str, *answers) -> None:
 
 # ------------------------------------------------------------------------------------------ graded predictions
 
+# True while the grader judges a submission (judge(..., graded=True)): the grade is being decided from data the
+# notebook can no longer change, so a wrong prediction's feedback may show the numbers it should have found.
+_GRADED: contextvars.ContextVar[bool] = contextvars.ContextVar("parlab_graded", default=False)
+
 
 def _number(value) -> float | None:
     """A prediction as a float, or None when it is not one finite number (a string, a list, nan, a bool)."""
@@ -135,9 +144,10 @@ def _shown(value) -> str:
 
 def prediction_lines(label: str, predicted, theory: float, measured=None, rtol: float = 0.05) -> list[str]:
     """The lines of one graded prediction: what was predicted, the theory and the measurement side by side (shown,
-    not scored; the theory and the measurement only once the prediction is right, so that a wrong one cannot be
-    copied from them), then the verdicts: the prediction within `rtol` of the theory the judge computed itself,
-    and (when a measurement is given) the measurement equal to the theory.
+    not scored; in the student's notebook the theory and the measurement only once the prediction is right, so that
+    a wrong one cannot be copied from them; in the grader's feedback always, the grade being decided), then the
+    verdicts: the prediction within `rtol` of the theory the judge computed itself, and (when a measurement is
+    given) the measurement equal to the theory.
 
     The first line carries no verdict, so a prediction that is right but not the solution's own number still
     scores: the verdict lines are the same for every prediction within the tolerance."""
@@ -149,7 +159,7 @@ def prediction_lines(label: str, predicted, theory: float, measured=None, rtol: 
     columns = f"predicted {_shown(predicted)} | theory {_shown(theory)}"
     if measured is not None:
         columns += f" | measured {_shown(measured)}"
-    if not ok:
+    if not ok and not _GRADED.get():
         columns = f"predicted {_shown(predicted)} | theory and measurement shown once the prediction is right"
     lines = [f"{label}: {columns}"]
     if number is None:
