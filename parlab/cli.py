@@ -21,6 +21,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -269,6 +270,18 @@ def _progress_lines():
         _ProgressLine.LINES = before
 
 
+def _in_flags(message: str, scheme: str) -> str:
+    """An options error as the command line spells it: `world_size=4` (the Python API's field) becomes `--world 4`."""
+    from dataclasses import fields
+
+    from parlab.runs.registry import all_schemes
+
+    for f in fields(all_schemes()[scheme].options):
+        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+        message = re.sub(rf"(?<![\w.-]){f.name}=", f"{flag} ", message)
+    return message
+
+
 def _main(argv: list[str] | None) -> int:
     words = sys.argv[1:] if argv is None else argv
     command = next((word for word in words if not word.startswith("-")), "")  # "": none given (e.g. --help)
@@ -300,7 +313,7 @@ def _main(argv: list[str] | None) -> int:
         with _progress_lines():
             report = run_scheme(args.scheme, twin=args.twin, **options)
     except ValueError as exc:  # bad options: said before any process started
-        return _error(str(exc))
+        return _error(_in_flags(str(exc), args.scheme))
     except (RankError, LaunchTimeout) as exc:  # the ranks' own story (a rank's traceback, who waited where)
         print(f"parlab: error: {exc}", file=sys.stderr)
         return 1

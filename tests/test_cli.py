@@ -53,12 +53,12 @@ def test_tour_runs_every_scheme_at_world_size_4_with_one_verdict_line_each():
     "argv, message",
     [
         (["tour", "--world", "0"], "--world 0: the number of ranks must be >= 1"),
-        (["run", "tp", "--heads", "0"], "heads=0 must be >= 1"),
+        (["run", "tp", "--heads", "0"], "--heads 0 must be >= 1"),  # the flag, not the Python field
         (["run", "pp", "--layers", "2"], "every stage needs at least one block"),
         (["run", "pp", "--microbatches", "0"], "microbatches m=0 must be >= 1"),
         (["run", "pp", "--split", "a,b"], "argument --split: 'a,b' is not a comma-separated list of integers"),
         (["run", "dp", "--batch", "x"], "argument --batch: 'x' is not a valid int"),
-        (["run", "collectives", "--world", "-1"], "world_size=-1 must be >= 1"),
+        (["run", "collectives", "--world", "-1"], "--world -1 must be >= 1"),
         (["run", "nope"], "argument SCHEME: invalid choice: 'nope'"),
     ],
 )

@@ -171,4 +171,4 @@ def test_cli_json_world_4_passes():
 def test_cli_bad_batch_is_refused():
     out = run_cli("run", "dp-naive", "--world", "4", "--batch", "10")
     assert out.returncode == 2
-    assert "batch=10 is not divisible by world_size=4" in out.stderr
+    assert "--batch 10 is not divisible by --world 4" in out.stderr

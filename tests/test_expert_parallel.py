@@ -136,7 +136,7 @@ def test_cli_error_is_one_line(capsys):
 
     assert main(["run", "moe", "--world", "4", "--experts", "6"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("parlab: error: experts=6 is not divisible"), err
+    assert len(err) == 1 and err[0].startswith("parlab: error: --experts 6 is not divisible"), err
 
 
 def test_cli_json():

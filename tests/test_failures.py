@@ -33,7 +33,7 @@ def test_bad_failure_options_are_refused_before_launch(scheme, values, message):
 def test_the_cli_says_it_in_one_line(capsys):
     assert cli.main(["run", "dp", "--world", "4", "--steps", "4", "--kill-rank", "2", "--at-step", "5"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("parlab: error: at_step=5 must be a step of the run")
+    assert len(err) == 1 and err[0].startswith("parlab: error: --at-step 5 must be a step of the run")
 
 
 def test_dp_survives_a_dead_rank_and_ends_where_the_uninterrupted_run_ends(tmp_path):

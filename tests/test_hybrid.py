@@ -89,4 +89,4 @@ def test_zero_picks_adam_unless_told_otherwise():
 def test_an_invalid_combination_on_the_command_line_is_one_error_line():
     done = run_cli("run", "hybrid", "--dp", "1", "--cp", "2", "--tp", "4", "--cp-method", "ulysses")
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("parlab: error: the cp axis (Ulysses, cp=2)")
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("parlab: error: the cp axis (Ulysses, --cp 2)")

@@ -125,4 +125,4 @@ def test_usp_picks_the_largest_ulysses_the_heads_allow():
 def test_zero_with_experts_on_the_command_line_is_one_error_line():
     done = run_cli("run", "hybrid", "--dp", "2", "--tp", "1", "--ep", "2", "--experts", "4", "--zero", "1")
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("parlab: error: zero=1 with MoE layers")
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("parlab: error: --zero 1 with MoE layers")

@@ -133,7 +133,7 @@ def test_async_fast_workers_do_not_wait(async_straggler):
     "world, opts, message",
     [
         (1, {}, "needs at least 2 ranks"),
-        (4, {"straggler": 0, "slowdown": 2.0}, "straggler=0 is the server"),
+        (4, {"straggler": 0, "slowdown": 2.0}, "--straggler 0 is the server"),
         (4, {"straggler": 4, "slowdown": 2.0}, "straggler=4 does not exist: the workers are ranks 1..3"),
         (4, {"straggler": -1, "slowdown": 2.0}, "straggler=-1 does not exist"),
         (4, {"straggler": 1, "slowdown": 0.5}, r"slowdown=0.5 must be in \[1, 1000\]"),
@@ -153,7 +153,7 @@ def test_bad_options_fail_before_launch(monkeypatch, world, opts, message):
 
 def test_cli_bad_straggler_is_refused():
     out = run_cli("run", "ps", "--world", "4", "--straggler", "0", "--slowdown", "2")
-    assert out.returncode == 2 and "straggler=0 is the server" in out.stderr
+    assert out.returncode == 2 and "--straggler 0 is the server" in out.stderr
 
 
 # ------------------------------------------------------------------------------------------ pieces and theory
