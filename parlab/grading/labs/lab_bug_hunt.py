@@ -75,7 +75,8 @@ STRUCTURAL = {
     "every rank's weights after the last (its slices and its replicas) equal one device's; each rank communicates "
     "one [B, T, H] per sublayer in forward and one in backward, and after backward the gradients of its K/V head "
     "only; no call into parlab's tensor parallelism",
-    "zigzag_targets": "for T = 16 and 24 on 4 ranks, each rank given only its zigzag block of token ids: every "
+    "zigzag_targets": "for T = 16, 20 and 23 on 4 ranks (2P chunks cut as torch.tensor_split cuts them: the "
+    "first T mod 2P one token longer), each rank given only its zigzag block of token ids: every "
     "rank's targets, each, equal one device's next tokens in the same layout (a FAIL shows the loss they give "
     "against one device's and the first target that differs); each rank exchanges only with ranks r-1 and r+1, "
     "point to point, at most two token ids per sequence; no call into parlab's sequence code",
@@ -85,8 +86,9 @@ STRUCTURAL = {
     "parameter equal one device's; per step each rank reduce-scatters the gradient in its shard group, all-reduces "
     "its shard across the replicas (if it has any), all-gathers the parameters in its shard group and "
     "all-reduces the gains' gradients, and at most 2P numbers more, nothing else; no call into parlab's ZeRO",
-    "clip_at_scale": "predictions for a Llama-3-8B-sized lab model on 384 ranks in shard groups of 96: the fixed "
-    "step's shard and padding (exact) and the norm the handed-out step clips by (0.1%)",
+    "clip_at_scale": "predictions for a Llama-3-8B-sized lab model on 640 ranks, tensor parallel over 16 (8 K/V "
+    "heads: each held whole by 2 ranks) and each rank's slices sharded in shard groups of 10: the fixed step's "
+    "shard and padding (exact) and the norm the handed-out step's sum clips by (0.1%)",
     "pipeline_m": "the lab model (LM head tied to the embedding) over 4 stages, m = 4, 3, 2 and 1 micro-batches, "
     "2 SGD steps each: no hang (a hang fails within seconds, naming each "
     "rank's call), the loss of each step and every stage's parameters after the last equal one device's; every "
@@ -203,9 +205,10 @@ def judge_dp_tokens(data) -> list[str]:
 
 
 def zigzag_block(t: torch.Tensor, rank: int) -> torch.Tensor:
-    """Rank `rank`'s zigzag block of a [B, T] tensor: chunks rank and 2P-1-rank of 2P chunks, side by side."""
-    chunks = t.chunk(2 * P, dim=1)
-    return torch.cat([chunks[rank], chunks[2 * P - 1 - rank]], dim=1)  # [B, 2c]
+    """Rank `rank`'s zigzag block of a [B, T] tensor: chunks rank and 2P-1-rank of 2P chunks, side by side. The
+    chunks are torch.tensor_split's: when 2P does not divide T, the first T mod 2P chunks are one token longer."""
+    chunks = t.tensor_split(2 * P, dim=1)
+    return torch.cat([chunks[rank], chunks[2 * P - 1 - rank]], dim=1)  # [B, c_r + c_(2P-1-r)]
 
 
 def zigzag_problem(T: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,7 +223,7 @@ def zigzag_problem(T: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def run_zigzag(zigzag_targets) -> dict:
-    """Rank code: for each T, rank r holds only its zigzag block x_r [B, 2c] of the token ids and asks
+    """Rank code: for each T, rank r holds only its zigzag block x_r [B, c_r + c_(2P-1-r)] of the token ids and asks
     `zigzag_targets` (your code) for their targets; its calls into torch.distributed are recorded."""
     r, out = dist.get_rank(), {}
     for T in ZIGZAG_T:
@@ -262,11 +265,12 @@ def zigzag_loss(targets: torch.Tensor, x: torch.Tensor) -> float:
         return lab_loss(model(x), targets).item()
 
 
-def unzigzag(blocks: list[torch.Tensor]) -> torch.Tensor:
-    """The ranks' [B, 2c] blocks back in sequence order: [B, T]."""
+def unzigzag(blocks: list[torch.Tensor], T: int) -> torch.Tensor:
+    """The ranks' blocks (zigzag_block's) back in sequence order: [B, T]."""
+    sizes = [len(c) for c in torch.arange(T).tensor_split(2 * P)]  # host: the chunks' lengths
     pieces: list[torch.Tensor | None] = [None] * (2 * P)
     for r, block in enumerate(blocks):
-        pieces[r], pieces[2 * P - 1 - r] = block.chunk(2, dim=1)
+        pieces[r], pieces[2 * P - 1 - r] = block.split([sizes[r], sizes[2 * P - 1 - r]], dim=1)
     return torch.cat(pieces, dim=1)
 
 
@@ -279,7 +283,7 @@ def _targets_line(ranks, T: int) -> str:
         got, want = ranks[r][T]["targets"], zigzag_block(y, r)
         if not isinstance(got, torch.Tensor) or got.shape != want.shape:
             return f"{what}: rank {r}: expected targets of shape {list(want.shape)}, received {_shape(got)}: FAIL"
-    in_order = unzigzag([ranks[r][T]["targets"].to(torch.int64) for r in range(P)])
+    in_order = unzigzag([ranks[r][T]["targets"].to(torch.int64) for r in range(P)], T)
     expected = zigzag_loss(y, x)
     if torch.equal(in_order, y):
         return f"{what}: {expected:.6f}, as one device's: PASS"

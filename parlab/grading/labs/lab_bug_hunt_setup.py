@@ -45,8 +45,10 @@ DP_LENGTHS = (8, 3, 5, 8, 2, 8, 6, 1, 7, 7, 4, 2, 8, 5, 3, 6)
 # TP_STEPS SGD steps on the mean squared error of its output, x: [BATCH, T_TP, H].
 TP_CFG = LabConfig(vocab_size=32, seq_len=8, hidden=8, heads=4, kv_heads=2, ffn=16, layers=1)
 BATCH, T_TP, TP_STEPS, TP_LR = 2, 4, 3, 0.5
-# Part 3, the zigzag layout: ZZ_B sequences of each length in ZIGZAG_T (2P chunks of T / 2P tokens).
-ZIGZAG_T = (16, 24)
+# Part 3, the zigzag layout: ZZ_B sequences of each length in ZIGZAG_T, cut into 2P chunks as torch.tensor_split cuts
+# them (the first T mod 2P chunks one token longer): 16 even; 20 every rank's two chunks of unequal length (rank P-1's
+# too, whose chunks P-1 and P follow each other); 23 rank 0's only.
+ZIGZAG_T = (16, 20, 23)
 ZZ_B = 2
 ZZ_CFG = LabConfig(vocab_size=32, seq_len=24, hidden=8, heads=2, kv_heads=1, ffn=16, layers=1)  # the loss shown
 # Part 4, hybrid sharding with clipping: the lab model's matrices (PSI_M = 642 numbers) sharded over groups of
@@ -57,11 +59,14 @@ ZZ_CFG = LabConfig(vocab_size=32, seq_len=24, hidden=8, heads=2, kv_heads=1, ffn
 ZERO_CFG = LabConfig(vocab_size=29, seq_len=8, hidden=6, heads=3, kv_heads=1, ffn=11, layers=1)
 ZERO_LAYOUTS = (2, 4)
 B_ZERO, ZERO_STEPS, ZERO_LR, MAX_NORM = 8, 3, 0.05, 0.05
-# The prediction: a Llama-3-8B-sized lab model (untied head) on PREDICT_N ranks in shard groups of PREDICT_SHARD, and
-# the norms of the two parts of an averaged gradient.
+# The prediction: a Llama-3-8B-sized lab model (untied head) on PREDICT_N ranks, tensor parallel over PREDICT_TP of
+# them (Megatron's slices, the vocabulary split too; more ranks than K/V heads, so each K/V head is held whole by
+# PREDICT_TP / kv_heads ranks; the RMSNorm gains whole everywhere), and across the tensor-parallel groups hybrid
+# sharding of each rank's slice in shard groups of PREDICT_SHARD; the norms of the three parts of an averaged gradient:
+# the matrices Megatron slices (q, o, gate, up, down, the embedding and the head), the K/V matrices, the gains.
 PREDICT_CFG = {"vocab": 128256, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "layers": 32}
-PREDICT_N, PREDICT_SHARD = 384, 96
-PREDICT_NORMS = {"matrices": 3.0, "gains": 0.25}
+PREDICT_N, PREDICT_TP, PREDICT_SHARD = 640, 16, 10
+PREDICT_NORMS = {"sliced": 3.0, "kv": 1.0, "gains": 0.25}
 # Part 5, pipeline: the lab model with a tied LM head, one block per stage; PIPE_B sequences per micro-batch; for each
 # m, PIPE_STEPS SGD steps of m micro-batches (the loader holds one step more than that); the m of one launch together.
 PIPE_CFG = LabConfig(vocab_size=32, seq_len=8, hidden=16, heads=4, kv_heads=2, ffn=24, layers=P, tied=True)

@@ -37,6 +37,7 @@ from parlab.grading.labs.lab_bug_hunt_setup import (
     PREDICT_N,
     PREDICT_NORMS,
     PREDICT_SHARD,
+    PREDICT_TP,
     REDUCE_SCATTER,
     ZERO_CFG,
     ZERO_LAYOUTS,
@@ -209,19 +210,26 @@ def _judge_layout(ranks: list[dict], shard: int, reference: dict, norms: list[fl
 
 
 def clip_at_scale_theory() -> dict[str, float]:
-    """THEORY of the prediction: the lab model at PREDICT_CFG on PREDICT_N ranks in shard groups of PREDICT_SHARD,
-    its matrices flat and padded into PREDICT_SHARD equal shards: the shard each rank holds in the fixed step and the
-    padding of the last one; and the norm the handed-out step clips by when the averaged gradient's matrices have
-    norm a and its gains norm b."""
+    """THEORY of the prediction: the lab model at PREDICT_CFG on PREDICT_N ranks, tensor parallel over PREDICT_TP
+    (Megatron's slices of q, o, gate, up, down, and of the embedding's and the head's vocabulary rows; the K/V heads
+    whole, each on PREDICT_TP / kv_heads ranks when there are fewer K/V heads than ranks), each rank's matrices flat
+    and padded into PREDICT_SHARD equal shards over its shard group, replicated across the rest: the shard each rank
+    holds in the fixed step and the padding of the last one; and the norm the handed-out step's sum clips by when
+    the averaged gradient's three parts have the norms PREDICT_NORMS."""
     c = PREDICT_CFG
-    V, H, L, F_ = c["vocab"], c["hidden"], c["layers"], c["ffn"]
+    V, H, L, F_, tp = c["vocab"], c["hidden"], c["layers"], c["ffn"], PREDICT_TP
     hd = H // c["heads"]
-    block = 2 * H * H + 2 * c["kv_heads"] * hd * H + 3 * F_ * H  # q and o, k and v, gate, up and down
-    matrices = 2 * V * H + L * block  # the embedding and the untied head
+    sliced = (2 * V * H + L * (2 * H * H + 3 * F_ * H)) // tp  # this rank's slices: embedding, head; q, o; the MLP
+    kv_per_rank = max(1, c["kv_heads"] // tp)  # K/V heads a rank holds, whole
+    holders = max(1, tp // c["kv_heads"])  # tensor-parallel ranks holding each K/V head
+    matrices = sliced + L * 2 * kv_per_rank * hd * H  # ... and its K/V heads' rows of k and v
     shard = math.ceil(matrices / PREDICT_SHARD)
-    a, b = PREDICT_NORMS["matrices"], PREDICT_NORMS["gains"]
-    squares = [a * a / PREDICT_SHARD + b * b] * PREDICT_N  # the handed-out step's, rank by rank, then all-reduced
-    return {"shard": shard, "padding": PREDICT_SHARD * shard - matrices, "handout_norm": math.sqrt(sum(squares))}
+    replicas = PREDICT_N // (tp * PREDICT_SHARD)  # ranks that hold each shard of a slice
+    a, b, g = PREDICT_NORMS["sliced"], PREDICT_NORMS["kv"], PREDICT_NORMS["gains"]
+    # The handed-out sum: every rank's shard and the gains, all-reduced over all ranks: each number counted once per
+    # rank that holds it.
+    squares = replicas * a * a + replicas * holders * b * b + PREDICT_N * g * g
+    return {"shard": shard, "padding": PREDICT_SHARD * shard - matrices, "handout_norm": math.sqrt(squares)}
 
 
 def collect_clip_at_scale(predictions: dict) -> dict:
@@ -237,14 +245,11 @@ def collect_clip_at_scale(predictions: dict) -> dict:
 
 def judge_clip_at_scale(data) -> list[str]:
     theory = clip_at_scale_theory()
-    n, g = PREDICT_N, PREDICT_SHARD
+    where = f"{PREDICT_N} ranks, tp {PREDICT_TP}, shard groups of {PREDICT_SHARD}"
     labels = {
-        "shard": (
-            f"elements of the matrices' shard each rank holds in the fixed step ({n} ranks, shard groups of {g})",
-            0,
-        ),
-        "padding": (f"elements of padding in the last shard ({n} ranks, shard groups of {g})", 0),
-        "handout_norm": (f"the norm the handed-out step clips by ({n} ranks, shard groups of {g})", 1e-3),
+        "shard": (f"elements of the matrices' shard each rank holds in the fixed step ({where})", 0),
+        "padding": (f"elements of padding in the last shard ({where})", 0),
+        "handout_norm": (f"the norm the handed-out step's sum clips by ({where})", 1e-3),
     }
     lines = []
     for name, (label, rtol) in labels.items():
