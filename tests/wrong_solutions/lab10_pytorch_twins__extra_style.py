@@ -2,8 +2,7 @@
 # A wrong answer to labs/lab10_pytorch_twins.ipynb (the other answers are the solution's). The bug: part 2's plan
 # handed in as part 1's: besides one style per Linear it puts a PrepareModuleInput on each sub-layer. Its numbers are
 # right and its traffic is less, but it is not the plan part 1 asks for (one style per Linear, nothing else): the
-# check reads the plan's keys. The prediction still passes (its measured line says the plan is not part 1's), and
-# part 2 adds the same styles again, which changes nothing.
+# check reads the plan's keys. Part 2 adds the same styles again (and its own K/V style), which changes nothing.
 # EXPECT FAIL: tp_plan
 
 # ANSWER: tp_plan

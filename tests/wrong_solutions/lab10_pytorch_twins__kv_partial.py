@@ -3,8 +3,9 @@
 # knows each rank's gradient of the K/V head is a share, but leaves it Partial (to_local(grad_placements=Partial)):
 # the numbers are right once the ranks' pieces are summed, but the weights' gradients stay Partial (a sum still owed
 # before the update), and x's gradient from k and v is summed as a whole [B, T, H] each, not at k's and v's narrow
-# output: two all-reduces of [B, T, H] per layer where two of [B, T, nkv hd] do. Later parts use this style too.
-# EXPECT FAIL: tp_plan, megatron_plan, vocab_parallel, sequence_parallel
+# output: two all-reduces of [B, T, H] per layer where two of [B, T, nkv hd] do. Part 4 (the solution's) uses this
+# style too; parts 2 and 3 put their own on k and v.
+# EXPECT FAIL: tp_plan, sequence_parallel
 
 # ANSWER: tp_plan
 def tp_plan(model):

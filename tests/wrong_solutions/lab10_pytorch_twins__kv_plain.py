@@ -3,9 +3,9 @@
 # out of the plan, as plain Linears, "whole on every rank". The forward is right; but each rank's attention reads the
 # K/V head with its own query heads only, so each rank's gradient of k and v (and their share of dL/dx) is that rank's
 # part: the weights' gradients are wrong on every rank, and so is every gradient below the first block. The plan
-# also names fewer Linears than it should. The parts that start from tp_plan fail with it, and part 4 (the
-# solution's, which uses the K/V style this answer lacks).
-# EXPECT FAIL: tp_plan, megatron_plan, vocab_parallel, sequence_parallel
+# also names fewer Linears than it should. Part 4 (the solution's) uses the K/V style this answer lacks and fails;
+# parts 2 and 3 put their own style on k and v, and pass.
+# EXPECT FAIL: tp_plan, sequence_parallel
 
 # ANSWER: tp_plan
 def tp_plan(model):
