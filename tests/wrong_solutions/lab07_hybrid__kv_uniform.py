@@ -3,9 +3,9 @@
 # dealt out over tp like the query heads (place t holds K/V heads [t nkv/T, (t+1) nkv/T), or one head on T/nkv
 # consecutive places when T > nkv), right only when T divides nkv or nkv divides T. With 12 query heads on 3 K/V
 # heads and T = 2, place 0's query heads 4 and 5 read K/V head 1, which this gives to place 1 alone: nobody sums
-# its copies, the step's gradients are wrong and its traffic is not the theory's, and the plan's bytes sent (built
-# on kv_groups) are off too.
-# EXPECT FAIL: step, traffic, plan
+# its copies: the step's gradients are wrong and its traffic is not the theory's (the plan, which counts on its
+# own, is the solution's).
+# EXPECT FAIL: step, traffic
 
 # ANSWER: step
 def kv_groups(tp_ranks: list[int], heads: int, kv_heads: int) -> dict[int, list[int]]:

@@ -1,101 +1,80 @@
 # ruff: noqa
 # A wrong answer to labs/lab07_hybrid.ipynb (the other answers are the solution's). The library's code called:
-# the ZeRO table and the dp synchronisation's bytes taken from parlab/schemes/zero/theory.py (zero_memory,
-# zero_comm_theory), the formulas lesson 05 and the planner use, instead of worked out. Every byte and choice is
-# right (the rank's own tensors counted by local_shapes); the check sees the calls and fails the part, naming them.
+# the ZeRO table taken from parlab/schemes/zero/theory.py (zero_memory), the formulas lesson 05 and the planner
+# use, instead of worked out. Every byte and choice is right; the check sees the call and fails the part, naming it.
 # EXPECT FAIL: plan
 
 # ANSWER: plan
-def local_shapes(cfg, axes: dict[str, int], rank: int) -> dict[str, tuple[int, ...]]:
-    """{name: shape}: every tensor of the lab model `cfg` (parlab.core.lab_model.LabConfig) that `rank` holds on
-    the row-major mesh `axes` (with "dp", "pp" and "tp", in any order), with the shape of its piece."""
+def plan(cfg, world: int, budget: float) -> dict | None:
+    """The best plan of `world` ranks for the lab model `cfg` (parlab.core.lab_model.LabConfig, tied or not) when
+    a rank may hold `budget` bytes of model states: {"axes": {"dp": D, "pp": S, "tp": T}, "zero": z,
+    "microbatches": m, "held": bytes, "sent": bytes, "bubble": fraction}, or None when none is allowed."""
     from parlab.core.mesh import mesh_coords
 
-    c = mesh_coords(rank, axes)
-    s, S, t, T = c["pp"], axes["pp"], c["tp"], axes["tp"]
-    H, F, V, hd, nq, nkv = cfg.hidden, cfg.ffn, cfg.vocab_size, cfg.head_size, cfg.heads, cfg.kv_heads
-    first, last = t * nq // T, (t + 1) * nq // T - 1  # my query heads
-    q_rows = (last - first + 1) * hd
-    kv_rows = (last * nkv // nq - first * nkv // nq + 1) * hd  # every K/V head they read, whole
-    shapes = {}
-    if s == 0:
-        shapes["embed.weight"] = (V // T, H)
-    per = cfg.layers // S
-    for i in range(s * per, (s + 1) * per):
-        p = f"blocks.{i}."
-        shapes[p + "attn_norm.weight"] = (H,)
-        shapes[p + "attn.q.weight"] = (q_rows, H)
-        shapes[p + "attn.k.weight"] = shapes[p + "attn.v.weight"] = (kv_rows, H)
-        shapes[p + "attn.o.weight"] = (H, q_rows)
-        shapes[p + "mlp_norm.weight"] = (H,)
-        shapes[p + "mlp.gate.weight"] = shapes[p + "mlp.up.weight"] = (F // T, H)
-        shapes[p + "mlp.down.weight"] = (H, F // T)
-    if s == S - 1:
-        shapes["norm.weight"] = (H,)
-        shapes["embed.weight" if cfg.tied else "head.weight"] = (V // T, H)  # tied: its own copy (one stage: the same)
-    return shapes
+    H, F, V, hd, nq, nkv, e = (
+        cfg.hidden,
+        cfg.ffn,
+        cfg.vocab_size,
+        cfg.head_size,
+        cfg.heads,
+        cfg.kv_heads,
+        cfg.dtype_bytes,
+    )
 
+    def kv_heads_of(t, T):  # the K/V heads tp place t of T holds: every one its query heads read
+        return range(t * nq // T * nkv // nq, ((t + 1) * nq // T - 1) * nkv // nq + 1)
 
-def state_bytes(cfg, axes: dict[str, int], rank: int, zero: int) -> dict[str, int]:
-    """{"params": ..., "grads": ..., "optimizer": ...}: the bytes `rank` holds with ZeRO stage `zero` (0: none)
-    over its dp group (Adam's master weights, m and v in cfg's dtype)."""
-    psi = sum(math.prod(shape) for shape in local_shapes(cfg, axes, rank).values())
-    from parlab.schemes.zero.theory import zero_memory
+    def numel(axes, rank):  # the numbers a rank holds of the model (its parameters; as many gradients)
+        c = mesh_coords(rank, axes)
+        s, S, t, T = c["pp"], axes["pp"], c["tp"], axes["tp"]
+        q_rows, kv_rows = nq // T * hd, len(kv_heads_of(t, T)) * hd
+        block = 2 * H + 2 * q_rows * H + 2 * kv_rows * H + 3 * F // T * H  # gains; q, o; k, v; gate, up, down
+        n = cfg.layers // S * block
+        n += (s == 0) * V // T * H  # the embedding's rows
+        n += (s == S - 1) * (H + (not cfg.tied or S > 1) * V // T * H)  # final norm; the head (or the tied copy)
+        return n
 
-    e = cfg.dtype_bytes
-    row = zero_memory(psi, axes["dp"], K=3 * e, param_bytes=e, grad_bytes=e)[zero]
-    return {kind: int(row[kind]) for kind in ("params", "grads", "optimizer")}
+    def held(axes, rank, zero):  # parameters, gradients, Adam's three: ZeRO shares out 3, then +1, then +1 of them
+        from parlab.schemes.zero.theory import zero_memory
 
+        row = zero_memory(numel(axes, rank), axes["dp"], K=3 * e, param_bytes=e, grad_bytes=e)[zero]
+        return sum(row[kind] for kind in ("params", "grads", "optimizer"))
+        return (
+            numel(axes, rank)
+            * e
+            * (3 / (D if zero >= 1 else 1) + 1 / (D if zero >= 2 else 1) + 1 / (D if zero >= 3 else 1))
+        )
 
-def wire_bytes(cfg, axes: dict[str, int], rank: int, zero: int) -> float:
-    """The bytes `rank` sends on the wire in one step of the plan (layout `axes`, ZeRO stage `zero`), with the
-    global batch B."""
-    from parlab.core.mesh import mesh_coords
+    def sent(axes, rank, zero):
+        c = mesh_coords(rank, axes)
+        s, S, t, T, D = c["pp"], axes["pp"], c["tp"], axes["tp"], axes["dp"]
+        blocks, message = cfg.layers // S, B // D * cfg.seq_len * H * e  # one [b, T, H]
+        ring = lambda n: 2 * (n - 1) / n  # an all-reduce's bytes sent per byte of payload
+        out = 4 * blocks * ring(T) * message + ((s < S - 1) + (s > 0)) * message  # f, g; the pipeline
+        for j in kv_heads_of(t, T):  # a K/V head shared with the places whose query heads also read it
+            holders = sum(j in kv_heads_of(u, T) for u in range(T))
+            out += blocks * 2 * ring(holders) * hd * H * e
+        if cfg.tied and S > 1 and s in (0, S - 1):  # the two copies summed: an all-reduce of 2
+            out += ring(2) * V // T * H * e
+        return out + (3 if zero == 3 else 2) * (D - 1) / D * numel(axes, rank) * e  # RS + AG; ZeRO 3: AG twice
 
-    c = mesh_coords(rank, axes)
-    s, S, t, T, D = c["pp"], axes["pp"], c["tp"], axes["tp"], axes["dp"]
-    e, hd, nq, nkv = cfg.dtype_bytes, cfg.head_size, cfg.heads, cfg.kv_heads
-    blocks = cfg.layers // S
-    message = B // D * cfg.seq_len * cfg.hidden * e  # one [b, T, H]
-
-    def ring(n):  # an all-reduce's bytes sent per byte of payload
-        return 2 * (n - 1) / n
-
-    sent = 4 * blocks * ring(T) * message  # g forward, f backward, of attention and of the MLP, in each block
-    sent += ((s < S - 1) + (s > 0)) * message  # an activation forward, a gradient back
-    if cfg.tied and S > 1 and s in (0, S - 1):  # the two copies of the tied rows, summed: a ring of 2 sends all
-        sent += cfg.vocab_size // T * cfg.hidden * e
-    holders = kv_groups(list(range(T)), nq, nkv)
-    for j in range(t * nq // T * nkv // nq, ((t + 1) * nq // T - 1) * nkv // nq + 1):  # my K/V heads
-        sent += blocks * 2 * ring(len(holders[j])) * hd * cfg.hidden * e  # their K and V rows
-    grads = sum(math.prod(shape) for shape in local_shapes(cfg, axes, rank).values()) * e
-    from parlab.schemes.zero.theory import zero_comm_theory
-
-    if D > 1:
-        sent += zero_comm_theory(grads // e, D, e, max(zero, 1))["theory_wire_bytes"]
-    return sent
-
-
-def choose(cfg, world: int, budget: float):
-    """The best plan of `world` ranks for `budget` bytes a rank: ({"dp": D, "pp": S, "tp": T}, zero), or None."""
     found = []
-    for tp in range(1, world + 1):
-        for pp in range(1, world // tp + 1):
+    for tp in (t for t in range(1, world + 1) if world % t == 0 and nq % t == 0 and F % t == 0 and V % t == 0):
+        for pp in (p for p in range(1, world // tp + 1) if world // tp % p == 0 and cfg.layers % p == 0):
             dp = world // (tp * pp)
-            if dp * pp * tp != world or cfg.layers % pp or B % dp:
+            if B % dp:
                 continue
-            if cfg.heads % tp or cfg.ffn % tp or cfg.vocab_size % tp:
-                continue
-            b = B // dp
-            if (pp - 1) / (b + pp - 1) > 0.25:  # the bubble with b micro-batches of one row
+            m = B // dp  # the most micro-batches (one row each): the least bubble, and the bytes do not change
+            bubble = (pp - 1) / (m + pp - 1)
+            if bubble > 0.25:
                 continue
             axes = {"dp": dp, "pp": pp, "tp": tp}
             for zero in (0, 1, 2, 3) if dp > 1 else (0,):
-                held = max(sum(state_bytes(cfg, axes, r, zero).values()) for r in range(world))
-                sent = max(wire_bytes(cfg, axes, r, zero) for r in range(world))
-                if held <= budget:
-                    found.append((sent, held, axes, zero))
+                most_held = max(held(axes, r, zero) for r in range(world))
+                most_sent = max(sent(axes, r, zero) for r in range(world))
+                if most_held <= budget:
+                    found.append((round(most_sent, 6), most_held, axes, zero, m, bubble, most_sent))
     if not found:
         return None
-    sent, held, axes, zero = min(found, key=lambda plan: plan[:2])
-    return axes, zero
+    _, most_held, axes, zero, m, bubble, most_sent = min(found, key=lambda p: p[:2])
+    return {"axes": axes, "zero": zero, "microbatches": m, "held": most_held, "sent": most_sent, "bubble": bubble}

@@ -7,6 +7,8 @@
 
 # ANSWER: capacity
 def keep_within_capacity(expert, experts, capacity, group=None):
-    onehot = F.one_hot(expert, experts)
-    mine = ((onehot.cumsum(dim=0) - 1) * onehot).sum(dim=1)
-    return mine < capacity
+    onehot = F.one_hot(expert, experts)  # [N, k, E]
+    counts = onehot.sum(dim=0)  # [k, E] mine only
+    ahead = counts.cumsum(dim=0) - counts  # my own first choices before my second
+    mine = onehot.cumsum(dim=0) - onehot
+    return (ahead.unsqueeze(0) + mine).gather(2, expert.unsqueeze(2)).squeeze(2) < capacity

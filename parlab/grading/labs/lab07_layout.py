@@ -319,11 +319,15 @@ def wire_bytes(cfg: LabConfig, axes: dict[str, int], rank: int, zero: int, batch
 MAX_BUBBLE = 0.25  # a plan's pipeline may idle at most this fraction of the step
 
 
-def bubble(axes: dict[str, int], batch: int = B) -> float:
-    """The pipeline's idle fraction (S-1)/(m+S-1) (1F1B, lesson 03) when a replica's b = B/D rows go through it
-    as m = b micro-batches of one row (the bytes are those of one micro-batch of b rows: the same rows pass)."""
-    S, m = axes.get("pp", 1), batch // axes.get("dp", 1)
+def pipeline_bubble(S: int, m: int) -> float:
+    """The idle fraction (S-1)/(m+S-1) of S stages running m micro-batches under 1F1B (lesson 03)."""
     return (S - 1) / (m + S - 1)
+
+
+def bubble(axes: dict[str, int], batch: int = B) -> float:
+    """The least idle fraction of a layout: a replica's b = B/D rows go through its pipeline as m = b
+    micro-batches of one row, the most there can be (the bytes sent do not depend on m: the same rows pass)."""
+    return pipeline_bubble(axes.get("pp", 1), batch // axes.get("dp", 1))
 
 
 def plans_of(world: int, cfg: LabConfig = CFG, batch: int = B) -> list[tuple[dict[str, int], int]]:

@@ -1,8 +1,8 @@
 """Lab 09's checks: the dispatch of expert parallelism without an all-to-all (pairwise exchanges in the fewest
 rounds for the routing: counts in P - 1 rounds, then the rows, backward the other way), an MoE layer that sends each
 token at most once to each rank, a prediction of the rounds of that layer's traffic on a 64-rank routing described
-in words, and a capacity per expert over the whole group learnt from the least traffic, on live ranks (see
-parlab/grading).
+in words, and a capacity per expert over the whole group (first choices first) from counts exchanged within a
+budget, on live ranks (see parlab/grading).
 
 Every check runs on P = 4 ranks, E = 8 experts placed round-robin (expert e on rank e % P: rank r holds experts r
 and r + 4, not the lesson's contiguous blocks), H = 6, float64. The experts are the lab model's MLP
@@ -29,6 +29,7 @@ from parlab.grading.labs import lab09_reference, prediction_lines, run_check
 from parlab.grading.labs.guard import library_calls, library_line
 from parlab.grading.labs.lab09_reference import (
     CAPACITY,
+    CAPACITY_NUMBERS,
     FFN,
     PER,
     PREDICT_P,
@@ -88,19 +89,22 @@ STRUCTURAL = {
     "the gradients of x, of the gates and of every expert's gate, up and down weights (each held by one rank only) "
     "equal one device; only point-to-point messages (no collective); the float64 messages between every two ranks "
     f"carry one row per (token, destination rank) each way, forward and backward (a token whose two experts share a "
-    f"rank travels there once), each row at most {ROW_BYTES} bytes; each expert multiplies in the forward exactly "
+    f"rank travels there once), each row at most {ROW_BYTES} bytes; its int64 messages (the counts) at most "
+    f"{E} numbers from a rank to each other rank in all; each expert multiplies in the forward exactly "
     "one row per assignment to it (counted from the matrix products with its gate matrix); no call into the "
     "library's code",
     "rounds": f"a routing of {PREDICT_P} ranks described in words (a hot rank, tokens that stay home): the rounds the "
     "token rows of one forward of the part-2 layer need in the fewest-rounds schedule and in the shifted one with "
     "empty shifts skipped, exactly; once right, the rounds of the answer's own schedule() on that routing are "
     "shown (not scored)",
-    "capacity": f"a capacity of {CAPACITY} slots per expert over the whole group (rank order, then row order): the "
-    "kept assignments of every rank, the output and all gradients equal one device's; the mask made from point-to-"
-    "point int64 messages only, each rank receiving at most E numbers and sending at most E, and the numbers each "
-    f"rank sends what ranks 0..r took of each expert (at most {CAPACITY}; or the slots still free), not the exact "
-    "counts of the lower ranks; the layer's float64 messages carry one row per (token, destination) of the "
-    "kept assignments only, each expert runs its kept rows only; no collective; no call into the library's code",
+    "capacity": f"a capacity of {CAPACITY} slots per expert over the whole group, the first choices before any "
+    "second choice (GShard's priority), each in rank order, then token order: the kept assignments of every rank "
+    "(a rank-order rule keeps others here), the output and all gradients equal one device's; the "
+    f"mask made from point-to-point int64 messages only, each rank receiving at most {CAPACITY_NUMBERS} numbers "
+    "and sending at most as many (room for a chain there and back, a scan, or everyone's counts to everyone; not "
+    "for every row's experts to everyone); the values are not checked beyond the mask they give; the layer's "
+    "float64 messages carry one row per (token, destination) of the kept assignments only, each expert runs its "
+    "kept rows only; no collective; no call into the library's code",
 }
 
 
@@ -272,7 +276,8 @@ def layer_rank(combine, keep_within=None) -> dict:
         with library_calls(LIBRARY) as called:
             keep = torch.ones_like(flat, dtype=torch.bool)
             if keep_within is not None:
-                keep = torch.as_tensor(keep_within(flat, E, CAPACITY), device=flat.device).bool()
+                keep = torch.as_tensor(keep_within(chosen.clone(), E, CAPACITY), device=flat.device).bool()
+                keep = keep.reshape(-1)
             keeping = len(calls)
             with counting:  # the forward only: the backward multiplies by the same matrices again
                 y = combine(x, token[keep], flat[keep], gate[keep], weights, E)
@@ -642,8 +647,8 @@ def _traffic_lines(ranks: list[dict], ref: list[dict], what: str) -> list[str]:
     """Between every two ranks, the float64 messages carry one row per (token, destination) pair each way: r sends
     d its pairs' rows (forward) and the gradients of d's results for them (backward), and d's pairs' results
     (forward) and the gradients of d's rows (backward). Messages without rows are left out here (part 1 checks
-    them)."""
-    M, items, widths = pair_matrix(ref), [], []
+    them). The int64 messages (the counts) carry at most E numbers from a rank to each other rank, in all."""
+    M, items, widths, counts = pair_matrix(ref), [], [], []
     for r, res in enumerate(ranks):
         sent = [m for m in _messages(res["calls"], "send", "float64") if _numel(m[1])]
         for d in range(P):
@@ -652,6 +657,12 @@ def _traffic_lines(ranks: list[dict], ref: list[dict], what: str) -> list[str]:
             expected = sorted([M[r][d]] * 2 * (M[r][d] > 0) + [M[d][r]] * 2 * (M[d][r] > 0))
             got = sorted(shape[0] if len(shape) == 2 else _numel(shape) for _, shape, peer in sent if peer == d)
             items.append((f"rank {r} to rank {d}", f"messages of {expected} rows", f"messages of {got} rows"))
+        told = {}
+        for _, shape, peer in _messages(res["calls"], "send", "int64"):
+            told[peer] = told.get(peer, 0) + _numel(shape)
+        bound = f"int64: at most {E} numbers to each other rank"
+        over = [(peer, n) for peer, n in sorted(told.items()) if n > E or peer == r]
+        counts.append((f"rank {r}", bound, f"{over[0][1]} numbers to rank {over[0][0]}" if over else bound))
         bad = [shape for _, shape, _ in sent if len(shape) != 2 or not H <= shape[1] <= ROW_BYTES // 8]
         fine = f"rows of {8 * H} to {ROW_BYTES} bytes"
         shown = f"a message of shape {bad[0]} ({8 * bad[0][-1]} bytes a row)" if bad else fine
@@ -665,6 +676,7 @@ def _traffic_lines(ranks: list[dict], ref: list[dict], what: str) -> list[str]:
         first_difference(
             f"{what}: every float64 message: rows of at least the token's {8 * H} bytes, at most {ROW_BYTES}", widths
         ),
+        first_difference(f"{what}: the counts, every rank's int64 sends, forward and backward", counts),
         _expert_rows_line(ranks, ref, what),
     ]
 
@@ -750,27 +762,11 @@ def judge_capacity(data) -> list[str]:
         others = [c[0] for c in calls if c[0] not in P2P] + [c[1] for c in calls if c[0] in P2P and c[1] != "int64"]
         sent = sum(_numel(shape) for _, shape, _ in _messages(calls, "send"))
         got = sum(_numel(shape) for _, shape, _ in _messages(calls, "recv"))
-        expected = f"int64 messages only, at most {E} numbers in and {E} out"
+        n = CAPACITY_NUMBERS
+        expected = f"int64 messages only, at most {n} numbers in and {n} out"
         shown = f"also {others[:3]}" if others else f"{got} numbers in, {sent} out"
-        least.append((f"rank {r}", expected, expected if not others and got <= E and sent <= E else shown))
+        least.append((f"rank {r}", expected, expected if not others and got <= n and sent <= n else shown))
     lines.append(first_difference("the mask: what each rank learns from the others, int64 numbers in and out", least))
-    # The values: rank r's drops depend on the lower ranks only through what they took of each expert, at most C
-    # (their exact counts say more than any rank needs); what r + 1 must learn is what ranks 0..r took.
-    counts = torch.stack([torch.bincount(x["chosen"].flatten(), minlength=E) for x in ref])  # [P, E]
-    took = counts.cumsum(dim=0).clamp(max=CAPACITY)  # [P, E] row r: what ranks 0..r took of each expert
-    told = []
-    for r, res in enumerate(ranks):
-        msgs = [(c[3], v) for c, v in zip(res["keep_calls"], res["keep_sent"], strict=True) if v is not None]
-        got = "; ".join(f"to rank {peer}: {v}" for peer, v in msgs) or "nothing"
-        if r == P - 1:
-            expected = "nothing"
-        else:
-            expected = f"to rank {r + 1}: {took[r].tolist()}"
-            left = f"to rank {r + 1}: {(CAPACITY - took[r]).tolist()}"  # the same fact as the slots still free
-            got = expected if got == left else got
-        told.append((f"rank {r}", expected, got))
-    what = f"the mask: the numbers each rank sends (the least the next needs: what ranks 0..r took, at most {CAPACITY})"
-    lines.append(first_difference(what, told))
     lines += _layer_lines(ranks, ref, f"capacity {CAPACITY}")
     lines.append(
         _only_p2p(ranks, "calls", f"capacity {CAPACITY}: calls of the layer, every rank: sends and receives only")

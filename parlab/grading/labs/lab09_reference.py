@@ -32,7 +32,8 @@ DISPATCH_EXPERTS = (
 )
 ROWS = tuple(len(e) for e in DISPATCH_EXPERTS)  # rows per rank in the dispatch check
 ZERO_GATE = (2, 3, 1)  # (rank, token, choice): a chosen expert whose gate is exactly 0 in the combine check
-CAPACITY = 8  # slots per expert over the whole group in the capacity check
+CAPACITY = 8  # slots per expert over the whole group in the capacity check (first choices first)
+CAPACITY_NUMBERS = 6 * E  # the most int64 numbers a rank may receive, and send, to make its capacity mask
 # The prediction's routing, on PREDICT_P ranks with PREDICT_E experts placed round-robin, given to the student in
 # words (lab 09, part 3), here as ROUTING[s]: (e1, e2, n), n tokens of rank s chose experts e1 and e2 (top-2):
 # every rank s: tokens that chose experts 2s and 2s + 1; ranks s >= 48: also tokens that chose experts 5 and 69 (a
@@ -130,18 +131,22 @@ def shuffle_reference() -> list[dict]:
 
 
 def layer_reference(tokens: int = TOKENS, capacity: int | None = None):
-    """One device: every rank's y, the gradients, and the kept mask [N, K] per rank (global slots: rank order, then
-    row order of expert.flatten())."""
+    """One device: every rank's y, the gradients, and the kept mask [N, K] per rank. The slots of an expert go to
+    the first choices before any second choice (GShard's priority), each choice's in rank order, then token order."""
     W = {name: w.requires_grad_() for name, w in expert_weights().items()}
-    used, results = [0] * E, []
+    inputs, results = [layer_inputs(r, tokens) for r in range(P)], []
+    keeps = [torch.ones_like(chosen, dtype=torch.bool) for _, chosen, _ in inputs]
+    if capacity is not None:
+        used = [0] * E
+        for j in range(K):
+            for r in range(P):
+                for i, e in enumerate(inputs[r][1][:, j].tolist()):
+                    keeps[r][i, j] = used[e] < capacity
+                    used[e] += 1
     for r in range(P):
-        x, chosen, gates = layer_inputs(r, tokens)
+        x, chosen, gates = inputs[r]
         x.requires_grad_(), gates.requires_grad_()
-        keep = torch.ones_like(chosen, dtype=torch.bool)
-        if capacity is not None:
-            for flat, e in enumerate(chosen.flatten().tolist()):
-                keep.view(-1)[flat] = used[e] < capacity
-                used[e] += 1
+        keep = keeps[r]
         y = torch.zeros_like(x)
         for i in range(tokens):
             for j in range(K):
