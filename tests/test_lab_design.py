@@ -190,3 +190,11 @@ def test_every_prediction_is_scored_by_its_check_and_is_arithmetic_in_the_soluti
 def test_a_prediction_cell_is_the_students_own_computation(source, refused):
     problem = markers.prediction_problem(source)
     assert (problem == "") if not refused else (refused in problem), problem
+
+
+def test_the_answer_key_in_words_is_only_in_the_instructors_part():
+    """labs/README.md's table of what each lab asks (its variants, the shortcuts each check catches) is an answer
+    key: a student reads the README's top and "For students", so no row of it may stand there."""
+    text = (ROOT / "labs" / "README.md").read_text()
+    students = text[: text.index("## For instructors")]
+    assert "| `lab" not in students, "a row of the answer-key table above 'For instructors'"
