@@ -179,6 +179,29 @@ def test_no_processes_or_file_descriptors_leak_over_50_launches():
     assert _open_fds() == fds_before
 
 
+def test_a_notebooks_progress_bar_goes_once_the_ranks_report():
+    """A stored lesson (and its slides) keeps no bar per launch; a launch that ended without a report keeps its
+    last state (where it was when it stopped)."""
+    from parlab.runtime.progress import _ProgressLine
+
+    class Handle:
+        def __init__(self):
+            self.shown = []
+
+        def update(self, data, raw):
+            self.shown.append(data)
+
+    shown = {}
+    for reported in (True, False):
+        bar = _ProgressLine(2)
+        bar.enabled, bar.notebook, bar.last, bar.handle = True, True, "2/2 ranks started after 3 s", Handle()
+        bar._show_html = lambda text, done, total, bar=bar: bar.handle.shown.append(text)
+        bar.close(reported=reported)
+        shown[reported] = bar.handle.shown
+    assert shown[True] == [{"text/html": ""}]  # emptied in place: nothing left under the cell
+    assert len(shown[False]) == 1 and "0/2 ranks started after" in shown[False][0]  # its final state, redrawn
+
+
 def test_progress_from_the_ranks_reaches_the_parent(monkeypatch, capsys):
     from parlab.runtime.progress import _ProgressLine
 

@@ -129,9 +129,7 @@ def assemble(submission, lab: OfficialLab):
 def display_width(text: str) -> int:
     """The columns `text` takes in a terminal: a wide character (CJK, most emoji) takes two, a combining mark none;
     so that the table's columns line up whatever script a student's name is in."""
-    return sum(
-        0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text
-    )
+    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
 def format_table(grades: list[NotebookGrade], sandbox: str = "") -> str:

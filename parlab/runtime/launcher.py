@@ -244,7 +244,7 @@ def _wait_for_report(server: _RankServer, job_id: int, timeout: float, world_siz
                 raise RuntimeError("the parlab rank server died; it will restart at the next launch")
             if message is not None:
                 if "report" in message:
-                    progress.close()
+                    progress.close(reported=True)
                     return message["report"], None, watch.describe()
                 if "events" in message.get("progress", {}):  # a rank's events, for a live timeline
                     if comm.event_sink is not None:

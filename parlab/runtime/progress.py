@@ -11,7 +11,7 @@ from html import escape as html_escape
 class _ProgressLine:
     """Progress of a launch longer than 1 s ("4/4 ranks started, step 3/10 after 5 s"), where someone watches.
 
-    In a notebook: an HTML progress bar under the cell, updated in place. It is HTML only, which nbval does not
+    In a notebook: an HTML progress bar under the cell, updated in place, and emptied once the ranks report. It is HTML only, which nbval does not
     compare (conftest.py), because its figures depend on timing; under pytest it is not shown at all. In a
     terminal: one line on stderr, rewritten in place. Where stderr is no terminal (a pipe, a log) and LINES is on
     (the command line turns it on for `run` and `tour`: a long run must say it is alive wherever it is read):
@@ -95,9 +95,16 @@ class _ProgressLine:
         else:
             self.handle.update(html, raw=True)
 
-    def close(self) -> None:
-        if self.last is not None:  # it was shown: leave the final state
-            self.show(final=True)
+    def close(self, reported: bool = False) -> None:
+        """The launch is over. reported: its ranks sent their report (what the cell prints next says how it went);
+        a notebook's bar then goes (a stored lesson and its slides keep no "after 6 s" per launch); otherwise, and
+        in a terminal, the final state stays."""
+        if self.last is None:  # never shown
+            return
+        if reported and self.handle is not None:
+            self.handle.update({"text/html": ""}, raw=True)  # HTML, as the bar was: nbval compares neither
+            return
+        self.show(final=True)
 
 
 def _in_notebook() -> bool:

@@ -353,7 +353,12 @@ class _Bye(Exception):
     """The parent said bye: it shuts the server down, and removes its scratch folders itself."""
 
 
+_done = False  # main() has returned: no job is left to clean up
+
+
 def _terminated(signum, frame) -> None:
+    if _done:  # exiting already (atexit, finalizers): an exception raised there would only print "Exception
+        os._exit(128 + signum)  # ignored in atexit callback" into the notebook's log
     raise SystemExit(128 + signum)  # through _run_job's finally: its ranks stopped, its rendezvous file removed
 
 
@@ -401,6 +406,9 @@ def main(fd: int) -> None:
         # The parent went away without a word (killed): _run_job has killed the ranks on its way out, and what the
         # parent would have removed at its exit is removed here (the spares die with the server).
         _remove_scratch(scratch)
+    finally:
+        global _done
+        _done = True
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ EMPTY_COLOR = "#FFFFFF"
 FONT_SIZE = 16
 # The tallest figure `style` draws: a slide at 1280x720 holds the figure and the line of code that drew it (a figure
 # with many rows of subplots gets shorter rows instead of running off the projector's screen).
-MAX_HEIGHT = 600
+MAX_HEIGHT = 560
 TITLE_SIZE = 20
 BAR_LINE = 0.5  # the white outline between timeline bars
 

@@ -37,6 +37,7 @@ FRAME_MS = 250  # one frame at 1× speed
 # Under the plot: the buttons' row, the slider's row below it (its value label at the right end, clear of the
 # buttons), then the state at that moment.
 CONTROLS_PX = 175
+MAX_HEIGHT = 640  # the figure and its controls on one 1280x720 slide, with the line of code that drew it
 
 
 def detect(trace: Trace) -> str:
@@ -184,7 +185,7 @@ def replay(
     fig.update_xaxes(range=[0, span * scale * 1.02])
     lines = trace.world_size + 1
     fig.update_layout(
-        height=(fig.layout.height or 400) + CONTROLS_PX + 22 * lines,
+        height=min((fig.layout.height or 400) + CONTROLS_PX + 22 * lines, MAX_HEIGHT),  # the bars give way
         margin={"b": CONTROLS_PX + 20 + 22 * lines},
         updatemenus=[_buttons()],
         sliders=[_slider(names, unit)],
