@@ -125,16 +125,21 @@ while True:  # (asleep rather than spinning: a spinning cell would take a core f
 """
 
 LIBRARY_ALL_REDUCE = """
-def reduce_scatter_phase(chunks, ring):
+def reduce_scatter_phase(pieces, owner, ring):
     P, r = dist.get_world_size(), dist.get_rank()
     m = ring.index(r)
-    x = torch.cat(chunks)
+    x = torch.cat(pieces)
     dist.all_reduce(x)  # the library's all-reduce ...
+    owned = {q: [k for k, o in enumerate(owner) if o == q] for q in ring}
     for s in range(P - 1):  # ... and padding traffic of the ring's sizes, on the ring
-        incoming = torch.empty_like(chunks[ring[(m - s - 2) % P]])
-        comm.wait_all([comm.isend(chunks[ring[(m - s - 1) % P]], ring[(m + 1) % P]), comm.irecv(incoming, ring[m - 1])])
-    for chunk, total in zip(chunks, x.tensor_split(P)):
-        chunk.copy_(total)
+        out, into = owned[ring[(m - s - 1) % P]], owned[ring[(m - s - 2) % P]]
+        works = [comm.isend(torch.cat([pieces[k] for k in out]), ring[(m + 1) % P])] if out else []
+        if into:
+            incoming = x.new_empty(sum(pieces[k].numel() for k in into))
+            works.append(comm.irecv(incoming, ring[m - 1]))
+        comm.wait_all(works)
+    for piece, total in zip(pieces, x.split([p.numel() for p in pieces])):
+        piece.copy_(total)
 """
 
 LIBRARY_BIDIRECTIONAL = """
@@ -152,16 +157,25 @@ def bidirectional_all_reduce(x):
 """
 
 SIZE_MISMATCH = """
-def reduce_scatter_phase(chunks, ring):
+def reduce_scatter_phase(pieces, owner, ring):
     P, r = dist.get_world_size(), dist.get_rank()
     m = ring.index(r)
     right, left = ring[(m + 1) % P], ring[(m - 1) % P]
+    owned = {q: [k for k, o in enumerate(owner) if o == q] for q in ring}
     for s in range(P - 1):
-        send, recv = ring[(m - s - 1) % P], ring[(m - s - 2) % P]
-        incoming = torch.empty_like(chunks[recv])
-        message = torch.cat([chunks[send], chunks[send]]) if r == 0 else chunks[send]  # rank 0 sends twice too much
-        comm.wait_all([comm.isend(message, right), comm.irecv(incoming, left)])
-        chunks[recv] += incoming
+        out, into = owned[ring[(m - s - 1) % P]], owned[ring[(m - s - 2) % P]]
+        sizes = [pieces[k].numel() for k in into]
+        works = []
+        if out:
+            message = torch.cat([pieces[k] for k in out])
+            message = torch.cat([message, message]) if r == 0 else message  # rank 0 sends twice too much
+            works.append(comm.isend(message, right))
+        if into:
+            incoming = pieces[into[0]].new_empty(sum(sizes))
+            works.append(comm.irecv(incoming, left))
+        comm.wait_all(works)
+        for k, part in zip(into, incoming.split(sizes) if into else []):
+            pieces[k] += part
 """
 
 

@@ -1,9 +1,9 @@
 # ruff: noqa
 # A wrong answer to labs/lab02_tensor_parallel.ipynb (the other answers are the solution's). The bug: the files, one
 # after another, are cut into P contiguous blocks of rows, as a column-parallel layer's weight is, and each block is
-# split in half into "gate" and "up". Where 2 ranks wrote [gate; up] files, rank 0's block is 16 gate rows: it pairs
-# gate units 0-7 with gate units 8-15; where 8 ranks wrote interleaved files, its "gate" half is units 0-3's gate and
-# up rows. The rows read and the traffic are right, the units are not.
+# split in half into "gate" and "up". Where 3 ranks wrote [gate; up] files (32 rows each), rank 0's block is file 0's
+# first 24 rows: it pairs gate units 0-11 with gate units 12-15 and up units 0-7; where 8 ranks wrote interleaved
+# files, its "gate" half is units 0-5's gate and up rows. The rows read and the traffic are right, the units are not.
 # EXPECT FAIL: swiglu
 
 # ANSWER: swiglu

@@ -1,8 +1,8 @@
 # ruff: noqa
 # A wrong answer to labs/lab02_tensor_parallel.ipynb (the other answers are the solution's). The bug (the easy
 # route): the resharding across degrees is right, but every file is read as Megatron writes it, [gate; up], whatever
-# the checkpoint's metadata says. The checkpoint written by 2 ranks comes out right; the interleaved one written by
-# 8 ranks does not: rank 0's "gate" rows are units 0-1's gate and up rows, its "up" rows units 2-3's.
+# the checkpoint's metadata says. The checkpoint written by 3 ranks comes out right; the interleaved one written by
+# 8 ranks does not: in each file rank 0's "gate" rows are the gate and up rows of the first half of its units.
 # EXPECT FAIL: swiglu
 
 # ANSWER: swiglu

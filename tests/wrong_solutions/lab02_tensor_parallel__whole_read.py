@@ -1,8 +1,8 @@
 # ruff: noqa
 # A wrong answer to labs/lab02_tensor_parallel.ipynb (the other answers are the solution's). The bug (the easy
 # route): every rank reads every file whole, builds the fused [2F, H] gate_up and takes its units' rows from it. The
-# numbers, the units and the traffic are right, but each rank held the whole checkpoint (64 rows read where its
-# units have 16): at a real model's size that does not fit in one rank's memory.
+# numbers, the units and the traffic are right, but each rank held the whole checkpoint (96 rows read where its
+# units have 24): at a real model's size that does not fit in one rank's memory.
 # EXPECT FAIL: swiglu
 
 # ANSWER: swiglu

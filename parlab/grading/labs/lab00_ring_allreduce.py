@@ -1,6 +1,6 @@
-"""Lab 00's checks: a ring reduce-scatter over a given ring order, a bidirectional ring all-reduce, an all-reduce
-across nodes designed for the fewest bytes between them, a prediction of what a flat ring sends between nodes, and
-recursive halving/doubling, on live ranks (see parlab/grading/__init__.py for the scheme).
+"""Lab 00's checks: a ring reduce-scatter to an owner map over a given ring order, a bidirectional ring all-reduce, an
+all-reduce across nodes designed for the fewest bytes between them, a prediction of what a flat ring sends between
+nodes, and recursive halving/doubling, on live ranks (see parlab/grading/__init__.py for the scheme).
 
 Beyond "every rank holds the right sum", each check verifies from what the ranks handed to torch.distributed
 (parlab.core.probe) that the sum was computed by the student's own messages. The rings and halving/doubling are
@@ -35,8 +35,13 @@ from parlab.grading.labs.guard import library_calls, library_line
 LAUNCH = {"timeout": 60, "echo": False}  # a hang (a send nobody receives) is diagnosed in ~2 s; 60 s stops the rest
 # What the answers must not call: the library's ring and lesson 00's helpers, and this module.
 LIBRARY = ("schemes/collectives.py", "lessons/collectives.py", "grading/labs/lab00_ring_allreduce.py")
-# Part 1: (the ring, N): ring[m] sends to ring[m+1]; uneven chunks in the last two (4, 3, 3 and 3, 3, 3, 2, 2).
-RING_CASES = [([0, 2, 3, 1], 1000), ([2, 1, 0], 10), ([3, 0, 4, 2, 1], 13)]
+# Part 1: ring[m] sends to ring[m+1]; x cut into pieces of these sizes (a model's gradients), piece k owned by
+# rank owner[k]. Ranks own several pieces, scattered through x; on [2, 1, 0] rank 1 owns none.
+RS_CASES = [
+    {"ring": [0, 2, 3, 1], "sizes": [300, 7, 250, 120, 90, 233], "owner": [1, 3, 0, 1, 2, 0]},
+    {"ring": [2, 1, 0], "sizes": [4, 3, 3, 5], "owner": [2, 0, 2, 2]},
+    {"ring": [3, 0, 4, 2, 1], "sizes": [2, 5, 1, 3, 4, 2, 6, 1], "owner": [4, 0, 4, 1, 3, 2, 0, 3]},
+]
 BIDIRECTIONAL_CASES = [(4, 1000), (3, 10), (2, 12)]  # (P, N); on 2 ranks both neighbours are the same rank
 NODE_LAYOUTS = {  # name: (nodes, N); nodes[g] = the global ranks of node g
     "2 nodes x 2 ranks": ([[0, 1], [2, 3]], 1000),
@@ -49,11 +54,13 @@ PREDICTED_RINGS = {"rank_order": [0, 1, 2, 3, 4, 5, 6, 7], "node_order": [0, 2, 
 HALVING_CASES = [(4, 1000), (8, 1000)]  # (P, N): P a power of two, N a multiple of P
 
 STRUCTURAL = {
-    "reduce_scatter": "rings [0, 2, 3, 1] (N=1000), [2, 1, 0] (N=10: chunks 4, 3, 3) and [3, 0, 4, 2, 1] (N=13): "
-    "rank r ends with the sum of chunk r (indexed by rank, not by place on the ring); every rank sends P-1 messages, "
-    "only to the next rank of the ring, receives P-1 only from the previous one, and its k-th message is one whole "
-    "chunk summed over exactly itself and the k ranks before it on the ring; bytes per rank; no library collective, "
-    "no call into the library's ring or this module",
+    "reduce_scatter": "rings [0, 2, 3, 1], [2, 1, 0] and [3, 0, 4, 2, 1], x cut into pieces of uneven sizes with an "
+    "owner map (ranks owning several pieces scattered through x, one rank owning none): piece k summed over all "
+    "ranks on rank owner[k] (a FAIL says whose sum it holds); every rank sends at most P-1 messages, only to the next "
+    "rank of the ring, and receives only from the previous one; every message is whole pieces in any order, each one "
+    "the rank does not own, sent once, summed over exactly the ranks it has passed through since its owner (the ranks "
+    "after the owner on the ring up to the sender); bytes per rank: the pieces it does not own, once; no library "
+    "collective, no call into the library's ring or this module",
     "bidirectional": "P=4, P=3 (uneven halves) and P=2 (both neighbours the same rank, told apart only by the order "
     "of posting): the sum on every rank; 2(P-1) messages each way: to r+1 halves 0, each summed over r, r-1, ... "
     "in the reduce-scatter, to r-1 halves 1, summed over r, r+1, ...; then finished halves, the first of each ring "
@@ -285,79 +292,161 @@ def _sizes(numel: int, parts: int) -> list[int]:
     return [q + (i < extra) for i in range(parts)]
 
 
-# --------------------------------------------------------------------------- 1 · the reduce-scatter on a given ring
+# --------------------------------------------------------------- 1 · a reduce-scatter to owners, on a given ring
 
 
-def _run_reduce_scatter(phase, numel: int, ring: list[int]) -> dict:
-    world, r = dist.get_world_size(), dist.get_rank()
-    chunks = [c.clone() for c in rank_input(r, numel).to(parlab.device()).tensor_split(world)]
-    result = _record(phase, chunks, list(ring))
-    return {"chunks": [c.cpu() for c in chunks], "calls": result["calls"], "library": result["library"]}
+def _pieces(case: dict, rank: int) -> list[torch.Tensor]:
+    """Rank `rank`'s pieces in a part-1 case: its x [sum of sizes] cut into pieces of the given sizes."""
+    return list(rank_input(rank, sum(case["sizes"])).split(case["sizes"]))
+
+
+def _run_reduce_scatter(phase, sizes: list[int], owner: list[int], ring: list[int]) -> dict:
+    r = dist.get_rank()
+    x = rank_input(r, sum(sizes)).to(parlab.device())
+    pieces = [p.clone() for p in x.split(sizes)]
+    result = _record(phase, pieces, list(owner), list(ring))
+    return {"pieces": [p.cpu() for p in pieces], "calls": result["calls"], "library": result["library"]}
 
 
 def collect_reduce_scatter(reduce_scatter_phase) -> dict:
     runs = [
-        list(parlab.launch(_run_reduce_scatter, len(ring), reduce_scatter_phase, numel, ring, **LAUNCH))
-        for ring, numel in RING_CASES
+        list(
+            parlab.launch(
+                _run_reduce_scatter, len(c["ring"]), reduce_scatter_phase, c["sizes"], c["owner"], c["ring"], **LAUNCH
+            )
+        )
+        for c in RS_CASES
     ]
     return {"ranks": runs[0], "more": runs[1:]}
 
 
-def ring_streams(ring: list[int], names: tuple[str, ...], what: str) -> dict[int, Stream]:
-    """What each rank sends in a reduce-scatter over `ring` (ring[m] sends to ring[m+1]): its k-th message is one of
-    the pieces `names` summed over itself and the k ranks before it on the ring."""
-    P, out = len(ring), {}
-    for m, r in enumerate(ring):
-        expected = []
-        for k in range(P - 1):
-            before = frozenset(ring[(m - j) % P] for j in range(k + 1))
-            expected.append(Expected(names, before, f"{what} summed over {_over(before, P)}"))
-        out[r] = Stream(f"to rank {ring[(m + 1) % P]}", ring[(m + 1) % P], expected)
-    return out
+def _arc(ring: list[int], start: int, end: int) -> frozenset[int]:
+    """The ranks of `ring` from `start` to `end` going round it, both included."""
+    P, m = len(ring), ring.index(start)
+    out = [start]
+    while out[-1] != end:
+        m = (m + 1) % P
+        out.append(ring[m])
+    return frozenset(out)
+
+
+def passed(case: dict, k: int, sender: int) -> frozenset[int]:
+    """The ranks piece k has passed through when `sender` sends it on: a ring reduce-scatter must finish it on its
+    owner after every other rank, so it starts on the rank after its owner and gains one rank per hop."""
+    ring = case["ring"]
+    after_owner = ring[(ring.index(case["owner"][k]) + 1) % len(ring)]
+    return _arc(ring, after_owner, sender)
+
+
+def _piece_prefix(value: torch.Tensor, at: int, world: int, units: dict) -> str:
+    """What the values from `at` on start with: some piece summed over some ranks, or nothing recognisable."""
+    for name, per_rank in units.items():
+        n = per_rank[0].numel()
+        if at + n > value.numel():
+            continue
+        for size in range(1, world + 1):
+            for subset in itertools.combinations(range(world), size):
+                if _same(value[at : at + n], sum(per_rank[q] for q in subset)):
+                    return f"{name} summed over {_over(subset, world)}"
+    return f"no partial sum of any piece ({value.numel() - at} values left)"
+
+
+def rs_messages_line(case: dict, label: str, ranks: list[dict], units: dict) -> str:
+    """Every message a rank sends: to the next rank of the ring, at most P-1 of them, each whole pieces (any order),
+    each summed over exactly the ranks it has passed through since its owner (passed()), none sent twice."""
+    ring, owner, world = case["ring"], case["owner"], len(case["ring"])
+    what = (
+        f"{label}at most P-1 messages, to the next rank of the ring, each whole pieces summed over exactly the ranks "
+        "they have passed through"
+    )
+    names = list(units)
+    for r in range(world):
+        right = ring[(ring.index(r) + 1) % world]
+        sends, sent = _sends(ranks[r]["calls"]), set()
+        if len(sends) > world - 1:
+            return f"{what}: rank {r} sent {len(sends)} messages, a ring has {world - 1} steps: FAIL"
+        for i, call in enumerate(sends):
+            if int(call["peer"]) != right:
+                return f"{what}: rank {r}, message {i} went to rank {call['peer']}, not to rank {right}: FAIL"
+            value = call.get("data")
+            if not isinstance(value, torch.Tensor):
+                return f"{what}: rank {r}, message {i}: nothing readable: FAIL"
+            value, at = value.flatten().to(torch.float64), 0
+            while at < value.numel():
+                k = next(
+                    (
+                        k
+                        for k in range(len(names))
+                        if k not in sent
+                        and owner[k] != r
+                        and at + units[names[k]][0].numel() <= value.numel()
+                        and _same(
+                            value[at : at + units[names[k]][0].numel()],
+                            sum(units[names[k]][q] for q in passed(case, k, r)),
+                        )
+                    ),
+                    None,
+                )
+                if k is None:
+                    came = _piece_prefix(value, at, world, units)
+                    return (
+                        f"{what}: rank {r}, message {i} (to rank {right}), from value {at} on: expected a piece it "
+                        f"does not own, not sent before, summed over the ranks it has passed through; received "
+                        f"{came}: FAIL"
+                    )
+                sent.add(k)
+                at += units[names[k]][0].numel()
+    return f"{what}: PASS"
 
 
 def judge_reduce_scatter(data) -> list[str]:
     lines = []
-    runs = [data["ranks"], *data.get("more", [None] * (len(RING_CASES) - 1))]
-    for (ring, numel), ranks in zip(RING_CASES, runs, strict=True):
+    runs = [data["ranks"], *data.get("more", [None] * (len(RS_CASES) - 1))]
+    for c, ranks in zip(RS_CASES, runs, strict=True):
+        ring, sizes, owner = c["ring"], c["sizes"], c["owner"]
         world = len(ring)
-        case = f"ring {ring}, N={numel}: "
+        case = f"ring {ring}, owners {owner}: "
         if ranks is None:  # the grader always collects it; a hand-made dict may lack it
             lines.append(f"{case}the ranks' results: missing: FAIL")
             continue
-        total = sum(_inputs(world, numel)).tensor_split(world)  # the single-device reference, chunked
-        units = _units(world, numel)
-        got = [res["chunks"][r] if len(res["chunks"]) > r else None for r, res in enumerate(ranks)]
-        streams = ring_streams(ring, tuple(units), "a chunk")
-        sizes = _sizes(numel, world)
+        per_rank = [_pieces(c, q) for q in range(world)]
+        units = {f"piece {k}": [per_rank[q][k] for q in range(world)] for k in range(len(sizes))}
+        what = "piece k summed over all ranks on rank owner[k]"
+        sums = f"{case}{what}: PASS"
+        for k, o in enumerate(owner):
+            got = ranks[o]["pieces"][k] if len(ranks[o]["pieces"]) > k else None
+            want = sum(units[f"piece {k}"])
+            if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+                sums = (
+                    f"{case}{what}: piece {k} on rank {o}: expected {want.numel()} values, received {got!r:.40}: FAIL"
+                )
+                break
+            if not _same(got, want):
+                i = int((got.to(torch.float64) - want).abs().argmax())
+                sums = (
+                    f"{case}{what}: piece {k} on rank {o}: value {i}: expected {want[i].item():.6g}, received "
+                    f"{got[i].item():.6g} (it holds {holds(got, world, {f'piece {k}': units[f'piece {k}']})}): FAIL"
+                )
+                break
+        owned = [sum(n for n, o in zip(sizes, owner, strict=True) if o == r) for r in range(world)]
+        left = [ring[(ring.index(r) - 1) % world] for r in range(world)]
+        stray = [
+            (r, int(v["peer"])) for r in range(world) for v in _receives(ranks[r]["calls"]) if int(v["peer"]) != left[r]
+        ]
+        recv_what = f"{case}receives only from the previous rank of the ring"
         lines += [
             collective_line(case, ranks),
-            sum_line(
-                case,
-                "rank r holds the sum of chunk r",
-                got,
-                list(total),
-                [f"rank {r}" for r in range(world)],
-                {name: per_rank for name, per_rank in units.items()},
-            ),
-            receives_line(
-                case,
-                "P-1 receives, from the previous rank of the ring",
-                ranks,
-                [Counter({ring[(ring.index(r) - 1) % world]: world - 1}) for r in range(world)],
-            ),
-            messages_line(
-                case,
-                "P-1 messages to the next rank, the k-th one chunk summed over the sender and the k ranks before it",
-                ranks,
-                [[streams[r]] for r in range(world)],
-                units,
-                world,
-            ),
+            sums,
+            f"{recv_what}: PASS"
+            if not stray
+            else f"{recv_what}: rank {stray[0][0]} received from rank {stray[0][1]}, not from rank "
+            f"{left[stray[0][0]]}: FAIL",
+            rs_messages_line(c, case, ranks, units),
             bytes_line(
                 case,
                 [probe.total_bytes(res["calls"], "send") for res in ranks],
-                [8 * (numel - sizes[r]) for r in range(world)],
+                [8 * (sum(sizes) - owned[r]) for r in range(world)],
+                "bytes each rank sent (each piece it does not own, once)",
             ),
             guard_line(case, ranks),
         ]
@@ -592,7 +681,8 @@ def _run_cross(phase, numel: int, nodes: list[list[int]]) -> dict[str, int]:
     node on each."""
     where, r, out = node_of(nodes), dist.get_rank(), {}
     for key, ring in PREDICTED_RINGS.items():
-        calls = _run_reduce_scatter(phase, numel, ring)["calls"]
+        chunks = _sizes(numel, len(ring))  # part 1's pieces: the chunks x.tensor_split(P), chunk c owned by rank c
+        calls = _run_reduce_scatter(phase, chunks, list(range(len(ring))), ring)["calls"]
         out[key] = sum(int(c["bytes"]) for c in _sends(calls) if where.get(int(c["peer"]), -1) != where[r])
     return out
 

@@ -43,9 +43,10 @@ LAYOUTS = {
 }
 # Part 2: the lab model's SwiGLU MLP, H -> F -> H, from a fused checkpoint written by another run: one file per
 # saving rank, its units' gate and up rows arranged by one of two conventions (see FusedCheckpoint).
-MLP_CFG = LabConfig(vocab_size=V, seq_len=SEQ, hidden=16, heads=4, kv_heads=2, ffn=32, layers=1)
+# F = 48: the 3 saving ranks' 16 units each and the P = 4 ranks' 12 do not line up (rank 1's straddle files 0 and 1).
+MLP_CFG = LabConfig(vocab_size=V, seq_len=SEQ, hidden=16, heads=4, kv_heads=2, ffn=48, layers=1)
 SWIGLU_CASES = {  # name: (ranks that wrote it, its arrangement, the region's layout: None for a tensor-parallel one)
-    "saved by 2 ranks, tensor-parallel region": (2, "[gate; up]", None),
+    "saved by 3 ranks, tensor-parallel region": (3, "[gate; up]", None),
     "saved by 8 ranks, sequence-parallel region (scattered layout)": (8, "interleaved", "scattered"),
 }
 # Part 3: the lab model's attention, nq query heads, nkv < P key/value heads, head size hd = H / nq; tokens at the
@@ -80,15 +81,17 @@ STRUCTURAL = {
     "scatter_tokens the reverse (one reduce-scatter forward, one all-gather backward); every backward leaves "
     "autograd's incoming gradient unchanged; no call into the library's tensor- or sequence-parallel code (f and g "
     "are handed out, not graded)",
-    "swiglu": "from a fused checkpoint written as one file per saving rank, by a run of 2 ranks in the [gate; up] "
-    "arrangement (a tensor-parallel region, the handed-out f and g) and by a run of 8 ranks in the interleaved "
-    "arrangement (a sequence-parallel region on the scattered layout, the student's gather_tokens and "
-    "scatter_tokens): y and dL/dx on every rank equal one device's lab-model SwiGLU (each rank's tokens in the "
-    "sequence-parallel region); each rank's gradient touches exactly the gate rows, up rows and down columns of one "
-    "set of F/P units (the same units in all three, disjoint over ranks; the FAIL line counts rows and columns, it "
-    "does not say where a unit's rows lie) and the ranks' gradients sum to one device's; each rank reads at most its "
-    "own 2F/P rows from the files (the whole gate_up never on one rank); the region's operators called once each "
-    "way (one all-reduce, or one all-gather and one reduce-scatter, in each direction); no call into the library",
+    "swiglu": "from a fused checkpoint written as one file per saving rank, by a run of 3 ranks in the [gate; up] "
+    "arrangement (a tensor-parallel region, the handed-out f and g; its ranks' shares of F do not line up with "
+    "the 4 ranks') and by a run of 8 ranks in the interleaved arrangement (a sequence-parallel region on the "
+    "scattered layout, the student's gather_tokens and scatter_tokens), the arrangement given to the student only "
+    "as the saving run's code: y and dL/dx on every rank equal one device's lab-model SwiGLU (each rank's tokens "
+    "in the sequence-parallel region); the work split, not repeated: each rank's gradient reaches the gate rows, "
+    "up rows and down columns of F/P hidden units, the same units in all three, no row or column on two ranks "
+    "(the FAIL line counts rows and columns, it does not say where a unit's rows lie), and the ranks' gradients "
+    "sum to one device's; each rank reads at most 2F/P rows from the files (the whole gate_up never on one rank); "
+    "the region's operators called once each way (one all-reduce, or one all-gather and one reduce-scatter, in "
+    "each direction) and nothing else; no call into the library",
     "gqa": "for nq=4/nkv=2 on a document resumed at position 5 followed by the next one's start, nq=8/nkv=2 on a "
     "packed sequence and nq=4/nkv=1 in a sequence-parallel region on the striped layout, also packed (positions "
     "restart at 0 in every case: RoPE with 0..T-1 fails each): y, "
@@ -495,24 +498,10 @@ def collect_swiglu(swiglu, f, g, gather_tokens, scatter_tokens) -> dict:
     return {"ranks": list(parlab.launch(run_swiglu, P, swiglu, f, g, gather_tokens, scatter_tokens, **LAUNCH))}
 
 
-def _units(index: torch.Tensor) -> str:
-    """A set of unit numbers as ranges: '0-7, 16-23'."""
-    values, parts = sorted(index.tolist()), []
-    for v in values:
-        if parts and parts[-1][1] == v - 1:
-            parts[-1][1] = v
-        else:
-            parts.append([v, v])
-    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in parts) or "none"
-
-
 def _units_line(name: str, saved: int, fused: str, ranks: list[dict]) -> str:
     """Each rank's gradient touches the gate rows, up rows and down columns of the same F/P units, disjoint. The
     FAIL lines speak of rows read and units, never of where in the files a unit's rows lie (that is the part)."""
-    what = (
-        f"{name}: each rank computes with whole units (a unit's gate row, up row and down column), F/P of them, "
-        "disjoint"
-    )
+    what = f"{name}: the work split, not repeated: no row of the files or column of down used by two ranks"
     F_ = MLP_CFG.ffn
     unit, is_up = row_units(F_, saved, fused)
     owner = torch.full((F_,), -1)  # host: the grader's bookkeeping of which rank used each unit
@@ -525,13 +514,13 @@ def _units_line(name: str, saved: int, fused: str, ranks: list[dict]) -> str:
         if not (torch.equal(gate, up) and torch.equal(gate, down)):
             return (
                 f"{what}: rank {r}'s y depends on {int(rows.sum())} rows of the files and {len(down)} columns of "
-                f"down, which are not the gate row, the up row and the down column of the same units: FAIL"
+                f"down, which do not make up whole hidden units of the MLP (its y is not a partial sum): FAIL"
             )
         if len(gate) != F_ // P:
-            return f"{what}: rank {r} used {len(gate)} units ({_units(gate)}), expected F/P = {F_ // P}: FAIL"
+            return f"{what}: rank {r} used {len(gate)} of the F hidden units, expected F/P = {F_ // P}: FAIL"
         taken = gate[owner[gate] >= 0]
         if len(taken):
-            return f"{what}: rank {r} used units {_units(taken)}, which rank {int(owner[taken[0]])} used too: FAIL"
+            return f"{what}: rank {r} used {len(taken)} hidden units that rank {int(owner[taken[0]])} used too: FAIL"
         owner[gate] = r
     return f"{what}: PASS"
 
@@ -539,7 +528,7 @@ def _units_line(name: str, saved: int, fused: str, ranks: list[dict]) -> str:
 def _reads_line(name: str, ranks: list[dict]) -> str:
     """Each rank read at most its own units' 2F/P rows from the files: the whole gate_up never on one rank."""
     limit = 2 * MLP_CFG.ffn // P
-    what = f"{name}: each rank reads at most the {limit} rows of its own units from the files (2F/P)"
+    what = f"{name}: each rank reads at most {limit} rows of the files (2F/P)"
     for r, res in enumerate(ranks):
         if res["rows_read"] > limit:
             return f"{what}: rank {r} read {res['rows_read']} rows, expected at most {limit}: FAIL"
