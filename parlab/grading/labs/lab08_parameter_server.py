@@ -1,16 +1,17 @@
 """Lab 08's checks: a synchronous server with a backup worker (the first A gradients of each version count, the late
-ones are dropped), the staleness of every gradient in server logs whose updates do not apply every gradient received,
-a bounded-staleness (SSP) server with a staleness-aware learning rate, and sharded servers that replicate their
-shards so that a backup takes over a failed server exactly, with a prediction of that run's traffic; on live ranks
-(see parlab/grading).
+ones are dropped), an asynchronous server that keeps every gradient's staleness within D only by when it replies, a
+bounded-staleness (SSP) server that keeps its read guarantee with a staleness-aware learning rate, and sharded
+servers that replicate their shards so that a backup takes over a failed server exactly, with a prediction of that
+run's traffic; on live ranks (see parlab/grading).
 
 Every run trains the labs' model (parlab.core.lab_model: Psi = 22,688 float64 parameters in 21 tensors of very
 different sizes: the grouped-query K/V projections are half the Q projection, the RMSNorm gains 32 values).
 
 - backup: rank 0 runs the student's server on the flat parameters theta [Psi] with Adam; ranks 1..N run this module's
   `backup_worker` (each pull carries theta_v and its version v; v = -1 stops the worker).
-- ssp: rank 0 runs the student's server with SGD; ranks 1..N run parlab's worker (parlab.schemes.parameter_server.
-  run_worker: K times pull, gradient of its b = B/N rows, push; then one last pull), worker 3 a straggler.
+- staleness, ssp: rank 0 runs the student's server with SGD; ranks 1..N run parlab's worker (parlab.schemes.
+  parameter_server.run_worker: K times pull, gradient of its b = B/N rows, push; then one last pull), worker 3 a
+  straggler; each bound in its own launch.
 - sharded, failover_bytes: ranks 0..S-1 run the student's server on their shard with Adam, each the backup of the
   shard before its own; ranks S..S+N-1 run the student's worker. A server may fail after a given step.
 
@@ -21,12 +22,13 @@ the part's rule. Calls into the library's parameter server (parlab/schemes/param
 or into this module (the judges' references) are seen and fail the part (parlab/grading/labs/guard.py).
 
 Every launch stops after LAUNCH["timeout"] seconds: a server that never answers a worker is reported then, with what
-each rank was waiting in.
+each rank was waiting in (in parts 2 and 3 as a FAIL line of that bound's run).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import time
 
 import torch
@@ -56,8 +58,11 @@ BACKUP_RUNS = {
     "straggler": {"updates": 4, "late": 3, "delay": 0.25, "seed": 4},  # worker 3 idles 0.25 s before every push
 }
 
-# Part 3: SSP with worker 3 a straggler, K = 4 steps, at s = 0 and s = 1; lr / (1 + tau).
+# Parts 2 and 3: worker 3 a straggler, K = 4 steps. Part 2: plain SGD, every gradient at most D updates stale, at
+# D = 1 and D = 2. Part 3: SSP at s = 0 and s = 1; lr / (1 + tau).
 STRAGGLER, SLOWDOWN = 3, 3.0
+DELAY_STEPS, DELAY_BOUNDS = 4, (1, 2)
+DELAY_BATCHES = lab_batches(CFG, B, DELAY_STEPS, seed=5)
 SSP_STEPS, SSP_BOUNDS = 4, (0, 1)
 SSP_BATCHES = lab_batches(CFG, B, SSP_STEPS, seed=1)
 
@@ -79,19 +84,22 @@ STRUCTURAL = {
     "loss and every worker's last parameters equal the one-device replay of the updates the rule makes (a FAIL "
     "names the first wrong tensor); no library collective, every message through parlab.core.comm, nothing of "
     "parlab's parameter server or this module called",
-    "staleness": "the staleness of every gradient (None for one never applied) in the logs of real runs "
-    "(parlab's synchronous and asynchronous servers with a straggler) and of four written logs: at most 2 "
-    "gradients an update (the version a gradient arrives at is not the one it is applied to), a worker that pulls "
-    "twice with an update between before it pushes (its first and last pulls differ), a backup worker's dropped "
-    "gradients and gradients left unapplied at the end, four workers and one update per gradient; against the "
-    "judge's own reading of each log (a FAIL names the log, the gradient, expected and received); nothing of "
-    "parlab's parameter server or this module called",
-    "ssp": "at s = 0 and s = 1 with a straggler: the one-device replay of the run in the server's order, each "
-    "gradient applied with lr / (1 + tau) (tau from the version the worker was sent, whenever that was sent), equals "
-    "the server's final parameters, the loss of every gradient and every worker's last pull; every reply to a "
-    "worker's c-th push was sent once, after that push, when every worker had pushed at least c - s gradients, and "
-    "at the first receive it could (no reply held longer); N x K gradients applied, K per worker; a server that "
-    "never answers is stopped within the 15 s launch timeout, naming what each rank waits in",
+    "staleness": "at D = 1 and D = 2 with a straggler (plain SGD, every gradient applied on arrival): walked in the "
+    "server's own order, every pull after the worker's previous gradient; every pull safe (whatever order the "
+    "gradients then being computed arrive in, none applied more than D updates after the version it was computed "
+    "on; a FAIL names the pull, the workers computing and the staleness one can reach); no pull still unsent at a "
+    "receive when sending it was safe; every gradient's measured staleness at most D; N x K gradients, K + 1 pulls "
+    "a worker; the one-device replay of the run in the server's order equals the server's final parameters, the "
+    "loss of every gradient and every worker's last pull; a run that never finishes is reported by a FAIL line "
+    "after the 15 s launch timeout; nothing of parlab's parameter server or this module called",
+    "ssp": "at s = 0 and s = 1 with a straggler, lr / (1 + tau): walked in the server's own order, every pull after "
+    "the worker's previous gradient; the parameters of every worker's step c (c = K: its last pull) contain every "
+    "worker's gradients of steps 0..c-s-1 (a FAIL names the pull and the worker missing); no pull still unsent at a "
+    "receive once they did; N x K gradients, K + 1 pulls a worker; the one-device replay in the server's order, "
+    "each gradient with lr / (1 + tau) (tau from the version the worker was sent), equals the server's final "
+    "parameters, the loss of every gradient and every worker's last pull; a run that never finishes (a reply "
+    "nobody can release) is reported by a FAIL line after the launch timeout; nothing of parlab's parameter server "
+    "or this module called",
     "sharded": "3 servers and 3 workers, the plan layer by layer, 4 steps of Adam, three runs: no failure, server "
     "1 failing after 2 steps, server 2 after 4 (before the last pull): every server's messages with each "
     "worker (one message per shard it serves, each pull and push of exactly that shard's bytes, the failed "
@@ -457,14 +465,14 @@ def judge_backup(data) -> list[str]:
     return lines
 
 
-# ---------------------------------------------------------------------------- 2 · staleness, from a server's log
+# ------------------------------------------------------------------------ 2 · staleness bounded by when you reply
 
 
 def server_log(messages: list, updates: list[int] | None = None) -> list[tuple[str, int]]:
-    """A server's log from its traced messages: ("pull", w) for theta sent to w, ("push", w) for a gradient
-    received from w, ("update", n) where the server applied one update with n gradients. updates: after how many
-    messages each update came, each applying every gradient received since the previous one (None: one update of
-    one gradient right after every gradient received, as an asynchronous server does)."""
+    """Not graded (the lab's last cell): a server's log from its traced messages: ("pull", w) for theta sent to w,
+    ("push", w) for a gradient received from w, ("update", n) where the server applied one update with n gradients.
+    updates: after how many messages each update came, each applying every gradient received since the previous one
+    (None: one update of one gradient right after every gradient received, as an asynchronous server does)."""
     log, waiting = [], 0
     for i, (kind, peer, _) in enumerate(messages):
         log.append(("pull" if kind == "send" else "push", int(peer)))
@@ -479,181 +487,21 @@ def server_log(messages: list, updates: list[int] | None = None) -> list[tuple[s
 
 
 def read_staleness(log: list[tuple[str, int]]) -> list[int | None]:
-    """The judge's reading of a log: for each push, in order, (version it was applied to) - (version its worker
-    pulled last before it), or None for a gradient dropped or never applied."""
-    version, pulled, waiting, latest, read, out = 0, {}, [], {}, {}, []
+    """Not graded (the lab's last cell): for each push of a server_log, in order, (version it was applied to) -
+    (version its worker pulled last before it), or None for a gradient never applied."""
+    version, pulled, waiting, read, out = 0, {}, [], {}, []
     for what, x in log:
         if what == "pull":
             pulled[x] = version
         elif what == "push":
-            latest[x], read[len(out)] = len(out), pulled[x]
+            read[len(out)] = pulled[x]
             waiting.append(len(out))
             out.append(None)
-        elif what == "drop":
-            waiting.remove(latest.pop(x))
         elif what == "update":
             for i in waiting[:x]:
                 out[i] = version - read[i]
             waiting, version = waiting[x:], version + 1
     return out
-
-
-WRITTEN_LOGS = {
-    # The server applies at most 2 gradients an update, the oldest first: worker 3's first gradient waits one update.
-    "at most 2 gradients an update, the oldest first": [
-        *[("pull", w) for w in (1, 2, 3)],
-        *[("push", w) for w in (1, 2, 3)],
-        ("update", 2),
-        ("pull", 1),
-        ("pull", 2),
-        ("push", 1),
-        ("update", 2),
-        ("pull", 1),
-        ("pull", 3),
-        ("push", 2),
-        ("push", 3),
-        ("update", 1),
-        ("push", 1),
-        ("update", 2),
-    ],
-    # Worker 1 pulls version 0, then version 1 after worker 2's update, and only then pushes: its gradient was
-    # computed on what it pulled last (version 1), not on the first pull since its last push (version 0).
-    "a worker pulls twice, with an update between, before it pushes": [
-        ("pull", 1),
-        ("pull", 2),
-        ("push", 2),
-        ("update", 1),
-        ("pull", 2),
-        ("pull", 1),
-        ("push", 2),
-        ("update", 1),
-        ("pull", 2),
-        ("push", 1),
-        ("update", 1),
-        ("push", 2),
-        ("update", 1),
-    ],
-    # A backup worker's server: 2 of 3 gradients per update; a late gradient is dropped; the log ends with two
-    # gradients received and no update after them.
-    "late gradients dropped, two left unapplied at the end": [
-        *[("pull", w) for w in (1, 2, 3)],
-        ("push", 2),
-        ("push", 1),
-        ("update", 2),
-        ("pull", 2),
-        ("pull", 1),
-        ("push", 3),
-        ("drop", 3),
-        ("pull", 3),
-        ("push", 1),
-        ("push", 3),
-        ("update", 2),
-        ("pull", 1),
-        ("pull", 3),
-        ("push", 2),
-        ("drop", 2),
-        ("pull", 2),
-        ("push", 3),
-        ("push", 2),
-    ],
-    # Worker 1 has two gradients waiting when the server drops one of its gradients: the one received last goes.
-    "a drop while a worker has two gradients waiting": [
-        ("pull", 1),
-        ("push", 1),
-        ("pull", 1),
-        ("push", 1),
-        ("pull", 2),
-        ("push", 2),
-        ("drop", 1),
-        ("update", 2),
-        ("pull", 1),
-        ("push", 1),
-        ("update", 1),
-    ],
-    "four workers, one slow, one gradient an update": [
-        *[("pull", w) for w in (1, 2, 3, 4)],
-        *[e for w in (1, 2, 3) for e in (("push", w), ("update", 1), ("pull", w))],
-        *[e for w in (2, 1, 3, 2) for e in (("push", w), ("update", 1), ("pull", w))],
-        ("push", 4),
-        ("update", 1),
-    ],
-}
-
-
-def _library_runs(batches) -> dict:
-    """Rank code: parlab's synchronous then asynchronous server on the lab model, worker STRAGGLER slowed; the
-    server's messages and where its updates came."""
-    out = {}
-    for mode in ("sync", "async"):
-        model = build_lab_model(CFG, device=parlab.device())
-        start = len(comm.trace_events())
-        result = train_parameter_server(
-            model,
-            torch.optim.SGD(model.parameters(), lr=LR),
-            [(x.to(parlab.device()), y.to(parlab.device())) for x, y in batches],
-            mode=mode,
-            straggler=STRAGGLER,
-            slowdown=SLOWDOWN,
-            loss_fn=next_token_loss,
-        )
-        if result["role"] != "server":
-            continue
-        messages, updates = [], []
-        for e in comm.trace_events()[start:]:
-            if e.kind in ("send", "recv"):
-                messages.append([e.kind, int(e.peer), e.bytes])
-            elif e.kind == "optimizer":
-                updates.append(len(messages))
-        out[mode] = {"messages": messages, "updates": updates if mode == "sync" else None}
-    return out
-
-
-def collect_staleness(staleness) -> dict:
-    runs = parlab.launch(_library_runs, N + 1, lab_batches(CFG, B, 3, seed=0), **LAUNCH)[0]
-    logs = {
-        f"parlab's synchronous server, worker {STRAGGLER} a straggler": server_log(**runs["sync"]),
-        f"parlab's asynchronous server, worker {STRAGGLER} a straggler": server_log(**runs["async"]),
-        **WRITTEN_LOGS,
-    }
-    answers, called = {}, []
-    for what, log in logs.items():
-        entries = [tuple(e) for e in log]
-        try:
-            with library_calls(LIBRARY) as seen:  # only the student's function inside
-                taus = staleness(entries)
-            called += seen
-            answers[what] = [None if t is None else int(t) for t in taus]
-        except Exception as error:  # one log's error fails that log's line, not the others
-            answers[what] = f"{type(error).__name__}: {error}"
-    return {
-        "logs": {what: [list(e) for e in log] for what, log in logs.items()},
-        "answers": answers,
-        "library": list(called),
-    }
-
-
-def judge_staleness(data) -> list[str]:
-    lines = []
-    for what, log in data["logs"].items():
-        expected, got = read_staleness([tuple(e) for e in log]), data["answers"][what]
-        n = len(expected)
-        if isinstance(got, str):
-            lines.append(f"{what}: the staleness of each of the {n} gradients ({got[:80]}): FAIL")
-        elif got == expected:
-            lines.append(f"{what}: the staleness of each of the {n} gradients: PASS")
-        else:
-            first = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), min(len(got), n))
-            mine = got[first] if first < len(got) else "nothing"
-            theirs = expected[first] if first < n else "nothing"
-            lines.append(
-                f"{what}: the staleness of each of the {n} gradients ({len(got)} given; gradient {first}: "
-                f"expected {theirs}, received {mine}): FAIL"
-            )
-    lines.append(_library_line("staleness", data.get("library", [])))
-    return lines
-
-
-# ------------------------------------------------------------------------------------ 3 · bounded staleness
 
 
 def run_server_and_workers(server, batches, *args) -> dict:
@@ -671,24 +519,30 @@ def run_server_and_workers(server, batches, *args) -> dict:
     return {"losses": losses, "theta": flat_params(model).cpu()}
 
 
-def run_ssp(ssp_server, batches) -> dict:
-    """Rank code: the server with each staleness bound s in SSP_BOUNDS, one run after the other."""
-    out = {}
-    for s in SSP_BOUNDS:
-        comm.barrier()  # the runs do not overlap
-        out[s] = run_server_and_workers(ssp_server, batches, s)
-    return out
+def collect_runs(server, batches, bounds) -> dict:
+    """One launch per bound (a server that hangs at one bound does not cost the other its verdicts): each rank's
+    result, or the launch's timeout in words."""
+    runs = {}
+    for bound in bounds:
+        try:
+            runs[str(bound)] = list(parlab.launch(run_server_and_workers, N + 1, server, batches, bound, **LAUNCH))
+        except parlab.LaunchTimeout as stopped:  # what each rank waited in, in words: the FAIL line says it
+            calls = getattr(stopped, "calls", {}) or {}
+            said = {r: re.sub(r" for [\d.]+ s\b", "", " ".join(str(c).split()))[:70] for r, c in calls.items()}
+            waits = "; ".join(f"rank {r} {said[r]}" for r in sorted(said))  # no timings in a verdict line
+            runs[str(bound)] = f"stopped, {waits}" if waits else " ".join(str(stopped).split())[:300]
+    return {"runs": runs}
 
 
-def collect_ssp(ssp_server) -> dict:
-    results = parlab.launch(run_ssp, N + 1, ssp_server, SSP_BATCHES, **LAUNCH)
-    return {"runs": {str(s): [r[s] for r in results] for s in SSP_BOUNDS}}
+def timeout_line(tag: str, stopped: str) -> str:
+    """The verdict of a run that never finished (a server holding a reply nobody can release)."""
+    return f"{tag}: every worker answered within the lab's {LAUNCH['timeout']} s launch: {stopped}: FAIL"
 
 
-def replay(order: list[int], reads: dict[tuple[int, int], int]) -> dict:
+def replay(order: list[int], reads: dict[tuple[int, int], int], batches, scaled: bool) -> dict:
     """The run on one device: gradient u is worker order[u]'s c-th (its rows of batch c), computed at theta_r,
-    r = reads[(w, c)], applied to theta_u with lr / (1 + tau), tau = u - r. Returns every version theta_v and the
-    loss of every gradient."""
+    r = reads[(w, c)], applied to theta_u with lr (scaled: lr / (1 + tau), tau = u - r). Returns every version
+    theta_v and the loss of every gradient."""
     theta, versions, losses, done = flat_params(build_lab_model(CFG)), [], {}, {}
     for u, w in enumerate(order):
         versions.append(theta)
@@ -696,102 +550,204 @@ def replay(order: list[int], reads: dict[tuple[int, int], int]) -> dict:
         r = reads.get((w, c))
         if r is None or r >= len(versions):
             return {"error": f"worker {w}'s gradient {c} was computed on parameters not yet sent"}
-        g, losses[(w, c)] = gradient_at(versions[r], rows_of(SSP_BATCHES[c], w, N))
-        theta = theta - LR / (1 + u - r) * g
+        g, losses[(w, c)] = gradient_at(versions[r], rows_of(batches[c], w, N))
+        theta = theta - (LR / (1 + u - r) if scaled else LR) * g
         done[w] = c + 1
     versions.append(theta)
     return {"versions": versions, "losses": losses}
 
 
-def _applied(order: list[int]) -> list[tuple[int, tuple[int, int]]]:
-    """(version it was applied to, (worker, its gradient number)) of each gradient, in the server's order."""
-    done, out = {}, []
-    for v, w in enumerate(order):
-        c = done.get(w, 0)
-        out.append((v, (w, c)))
-        done[w] = c + 1
-    return out
+def walk(messages: list, K: int, unsafe, *, what_waits: str) -> dict:
+    """Walk a server's messages in its program order (ranks 1..N its workers, each K pulls and pushes, then a last
+    pull; the reply to a worker's c-th push is its pull c + 1, pull 0 is theta_0).
 
-
-def _judge_ssp_run(s: int, ranks: list[dict]) -> list[str]:
-    K, server = SSP_STEPS, ranks[0]
-    messages, tag = server["messages"], f"s={s}"
-    lines = [collective_line(f"{tag}: server", [server["calls"]]), through_comm_line(f"{tag}: server", server)]
-    if not lines[-1].endswith(": PASS"):  # the sender of a receive from any rank is known only from parlab's trace
-        return lines
-    P = N + 1
-    order = [int(peer) for kind, peer, _ in messages if kind == "recv"]
-    per_worker = [order.count(w) for w in range(1, P)]
-    verdict = "PASS" if per_worker == [K] * N else f"found {per_worker}: FAIL"
-    lines.append(f"{tag}: gradients applied from workers 1..{N}: expected K = {K} each: {verdict}")
-    # Replies: the c-th theta sent to w (c = 0: before any push) at the moment of `received` gradients.
-    received, pushes, sent = 0, dict.fromkeys(range(1, P), 0), dict.fromkeys(range(1, P), 0)
-    reads, broken, late, history = {}, [], [], [dict(pushes)]  # history[i]: pushes per worker after i receives
-    for kind, peer, _ in messages:
+    unsafe(w, c, state) -> None, or why sending pull c to worker w now breaks the part's guarantee; state: the
+    version (gradients received so far), `computing` (worker -> the version it computes on, for the workers sent
+    parameters and not yet heard from) and `pushes` (worker -> gradients received from it).
+    Returns the order of the gradients (their workers), reads[(w, c)] (the version pull c of w carried), every
+    gradient's staleness, the pulls sent per worker and the first breach of each property: "before" (a reply
+    before its push), "safe" (a reply that breaks the guarantee), "held" (a reply the guarantee allowed, still
+    unsent at a later receive)."""
+    workers = list(range(1, N + 1))
+    state = {"version": 0, "computing": {}, "pushes": dict.fromkeys(workers, 0)}
+    sent, due = dict.fromkeys(workers, 0), dict.fromkeys(workers, 0)  # due: receives made when the pull was due
+    order, reads, taus, breach = [], {}, [], {"before": None, "safe": None, "held": None}
+    for kind, w, _ in messages:
+        if w not in sent:
+            continue  # not a worker: the traffic lines say so
         if kind == "recv":
-            received += 1
-            if peer in pushes:
-                pushes[peer] += 1
-            history.append(dict(pushes))
+            for u in workers:  # before this receive: was a reply the guarantee allowed still unsent?
+                if due[u] is not None and sent[u] <= K and unsafe(u, sent[u], state) is None:
+                    if breach["held"] is None:
+                        when = "at the start" if state["version"] == 0 else f"after gradient {state['version']}"
+                        breach["held"] = (
+                            f"pull {sent[u]} of worker {u}: {what_waits} {when}, still unsent when gradient "
+                            f"{state['version'] + 1} came"
+                        )
+            r = state["computing"].pop(w, None)
+            taus.append(None if r is None else state["version"] - r)
+            order.append(w)
+            state["version"] += 1
+            state["pushes"][w] += 1
+            due[w] = state["version"]
             continue
-        if peer not in sent:
-            broken.append(f"a send to rank {peer}, not a worker")
-            continue
-        c = sent[peer]
-        sent[peer] += 1
-        reads[(peer, c)] = received
-        if c == 0:
-            if received != 0:  # theta_0 goes to every worker before any gradient arrives
-                broken.append(f"worker {peer}'s theta_0 sent after {received} gradients")
-            continue
-        if pushes[peer] != c or min(pushes.values()) < c - s:
-            broken.append(
-                f"reply {c} to worker {peer} sent when it had pushed {pushes[peer]} and the slowest worker "
-                f"{min(pushes.values())} (expected {c} and at least {c - s})"
-            )
-        # the first moment it was allowed: w had pushed c gradients and every worker at least c - s
-        first = next((i for i, h in enumerate(history) if h[peer] >= c and min(h.values()) >= c - s), None)
-        if first is not None and first < received:
-            late.append(f"reply {c} to worker {peer}: allowed after receive {first}, sent after receive {received}")
-    what = f"{tag}: every reply after the worker's push and once every worker had pushed c - s gradients"
-    lines.append(f"{what}: PASS" if not broken else f"{what}: {broken[0]}: FAIL")
-    what = f"{tag}: no reply held past the first receive after which it was allowed"
-    lines.append(f"{what}: PASS" if not late else f"{what}: {late[0]}: FAIL")
-    complete = all(sent[w] == K + 1 for w in sent) and per_worker == [K] * N
-    counts = {w: sent[w] for w in sent}
-    lines.append(f"{tag}: each worker's K+1 pulls answered: {'PASS' if complete else f'found {counts}: FAIL'}")
+        c = sent[w]
+        sent[w] += 1
+        reads[(w, c)] = state["version"]
+        if due[w] is None and breach["before"] is None:
+            breach["before"] = f"pull {c} of worker {w} sent before its gradient {c - 1} came"
+        why = unsafe(w, c, state) if c <= K else f"pull {c} of worker {w}: a worker pulls K + 1 = {K + 1} times"
+        if why is not None and breach["safe"] is None:
+            breach["safe"] = why
+        due[w] = None
+        if c < K:
+            state["computing"][w] = state["version"]
+    return {"order": order, "reads": reads, "taus": taus, "sent": sent, "breach": breach}
+
+
+def _judge_async_run(tag: str, ranks, walked: dict, batches, scaled: bool, lines: list[str]) -> list[str]:
+    """The lines every held-reply server shares: pulls answered, then the one-device replay in the server's order."""
+    K, server, order, reads = len(batches), ranks[0], walked["order"], walked["reads"]
+    per_worker = [order.count(w) for w in range(1, N + 1)]
+    complete = per_worker == [K] * N and all(walked["sent"][w] == K + 1 for w in range(1, N + 1))
+    found = f"found {per_worker} gradients, {list(walked['sent'].values())} pulls: FAIL"
+    lines.append(
+        f"{tag}: every worker's K = {K} gradients applied and K + 1 pulls answered: {'PASS' if complete else found}"
+    )
     lines.append(_library_line(f"{tag}: server", server["library"]))
     if not complete:
         return lines
-    result = replay(order, reads)
+    result = replay(order, reads, batches, scaled)
     if "error" in result:
         return [*lines, f"{tag}: one-device replay ({result['error']}): FAIL"]
     versions, against = result["versions"], "one-device replay in the server's order"
-    ours = [ranks[w]["losses"][c] for w in range(1, P) for c in range(K)]
-    ours = torch.tensor(ours, dtype=torch.float64)  # host: what the workers computed, judged here
-    theirs = [result["losses"][(w, c)] for w in range(1, P) for c in range(K)]
+    ours = torch.tensor(
+        [ranks[w]["losses"][c] for w in range(1, N + 1) for c in range(K)], dtype=torch.float64
+    )  # host: what the workers computed
+    theirs = [result["losses"][(w, c)] for w in range(1, N + 1) for c in range(K)]
     theirs = torch.tensor(theirs, dtype=torch.float64)  # host: the reference on one device
-    last = [versions[reads[(w, K)]] for w in range(1, P)]
-    tau = [at - reads[(w, c)] for at, (w, c) in _applied(order)]
-    bound = (N - 1) * (2 * s + 1)
+    last = [versions[reads[(w, K)]] for w in range(1, N + 1)]
     got = by_name(server["theta"]) if isinstance(server["theta"], torch.Tensor) else {}
-    lines += [
+    step = "lr / (1 + tau)" if scaled else "lr"
+    return [
+        *lines,
         first_wrong_tensor(
-            f"{tag}: server's parameters after {N * K} gradients, each with lr / (1 + tau)",
-            got,
-            by_name(versions[-1]),
-            against,
+            f"{tag}: server's parameters after {N * K} gradients, each with {step}", got, by_name(versions[-1]), against
         ),
         compare(
             f"{tag}: loss of each of the {N * K} gradients, as the workers computed it", ours, theirs, against=against
         ).line,
         compare(
-            f"{tag}: every worker's last pull", [ranks[w]["theta"] for w in range(1, P)], last, against=against
+            f"{tag}: every worker's last pull", [ranks[w]["theta"] for w in range(1, N + 1)], last, against=against
         ).line,
-        f"{tag}: every gradient's staleness within (N-1)(2s+1) = {bound}: "
-        + ("PASS" if max(tau) <= bound else f"found {max(tau)}: FAIL"),
     ]
+
+
+def _traffic_lines(tag: str, server: dict) -> list[str]:
+    return [collective_line(f"{tag}: server", [server["calls"]]), through_comm_line(f"{tag}: server", server)]
+
+
+def delay_unsafe(D: int, K: int):
+    """Part 2's guarantee as walk's `unsafe`: pull c < K starts a gradient; sending it is safe when, whatever order the
+    gradients then being computed arrive in (nothing more sent), none is applied more than D updates after the
+    version it was computed on. The last pull starts nothing."""
+
+    def unsafe(w, c, state):
+        if c >= K:
+            return None
+        version, computing = state["version"], dict(state["computing"])
+        computing[w] = version
+        # Worst case for u: every other gradient being computed is applied before u's.
+        worst = {u: version - r + len(computing) - 1 for u, r in computing.items()}
+        u = max(worst, key=lambda k: (worst[k], -k))
+        if worst[u] <= D:
+            return None
+        others = ", ".join(f"worker {k} on version {r}" for k, r in sorted(computing.items()) if k != w)
+        return (
+            f"pull {c} of worker {w} sent at version {version} while {others} computed: worker {u}'s gradient "
+            f"can be applied {worst[u]} updates stale, expected at most D = {D}"
+        )
+
+    return unsafe
+
+
+def collect_staleness(bounded_server) -> dict:
+    return collect_runs(bounded_server, DELAY_BATCHES, DELAY_BOUNDS)
+
+
+def _judge_delay_run(D: int, ranks) -> list[str]:
+    tag = f"D={D}"
+    if isinstance(ranks, str):
+        return [timeout_line(tag, ranks)]
+    server = ranks[0]
+    lines = _traffic_lines(tag, server)
+    if not lines[-1].endswith(": PASS"):  # the sender of a receive from any rank is known only from parlab's trace
+        return lines
+    walked = walk(server["messages"], DELAY_STEPS, delay_unsafe(D, DELAY_STEPS), what_waits="safe to send")
+    for key, what in (
+        ("before", "every pull after the worker's previous gradient"),
+        ("safe", "every pull safe: no arrival order of the gradients being computed makes one staler than D"),
+        ("held", "no pull held once sending it was safe"),
+    ):
+        found = walked["breach"][key]
+        lines.append(f"{tag}: {what}: {'PASS' if found is None else found + ': FAIL'}")
+    taus = [t for t in walked["taus"] if t is not None]
+    worst = max(taus, default=0)
+    lines.append(
+        f"{tag}: every gradient's measured staleness at most D: "
+        + ("PASS" if worst <= D and len(taus) == len(walked["taus"]) else f"found {worst}: FAIL")
+    )
+    return _judge_async_run(tag, ranks, walked, DELAY_BATCHES, False, lines)
+
+
+def judge_staleness(data) -> list[str]:
+    lines = []
+    for D in DELAY_BOUNDS:
+        lines += _judge_delay_run(D, data["runs"][str(D)])
     return lines
+
+
+# ------------------------------------------------------------------------------------ 3 · bounded staleness
+
+
+def ssp_unsafe(s: int):
+    """Part 3's guarantee as walk's `unsafe`: the parameters of a worker's step c (c = K: its last pull) contain
+    every gradient of every worker's steps 0..c - s - 1 (its gradients are applied on arrival)."""
+
+    def unsafe(w, c, state):
+        missing = [u for u, p in sorted(state["pushes"].items()) if p < c - s]
+        if not missing:
+            return None
+        u = missing[0]
+        return (
+            f"pull {c} of worker {w} (its step {c}) sent when worker {u} had pushed {state['pushes'][u]} "
+            f"gradients: expected its gradients of steps 0..{c - s - 1} in it"
+        )
+
+    return unsafe
+
+
+def collect_ssp(ssp_server) -> dict:
+    return collect_runs(ssp_server, SSP_BATCHES, SSP_BOUNDS)
+
+
+def _judge_ssp_run(s: int, ranks) -> list[str]:
+    tag = f"s={s}"
+    if isinstance(ranks, str):
+        return [timeout_line(tag, ranks)]
+    server = ranks[0]
+    lines = _traffic_lines(tag, server)
+    if not lines[-1].endswith(": PASS"):
+        return lines
+    walked = walk(server["messages"], SSP_STEPS, ssp_unsafe(s), what_waits="its guarantee met")
+    for key, what in (
+        ("before", "every pull after the worker's previous gradient"),
+        ("safe", "the parameters of every worker's step c contain every worker's gradients of steps 0..c-s-1"),
+        ("held", "no pull held once its parameters contained them"),
+    ):
+        found = walked["breach"][key]
+        lines.append(f"{tag}: {what}: {'PASS' if found is None else found + ': FAIL'}")
+    return _judge_async_run(tag, ranks, walked, SSP_BATCHES, True, lines)
 
 
 def judge_ssp(data) -> list[str]:
