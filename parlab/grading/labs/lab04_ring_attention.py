@@ -1,8 +1,9 @@
 """Lab 04's checks: the online-softmax merge in FlashAttention-2's form (an unnormalised accumulator with a running
 row max and row sum, normalised once at the end; empty partial results on either side, in a chain or a tree of
-merges) and the same merge across ranks with all-reduces only (decoding: the keys stay where they are, the states
-travel), a bidirectional ring of grouped-query attention (each K/V block travels both ways round the ring, and
-reaches every rank once), a prediction of the causal work and the traffic of that ring, and the lab model's
+merges) and the same merge across ranks with all-reduces only for a model with attention sinks (decoding: the keys
+stay where they are, the states travel; every rank's state holds the sink, the result holds it once), a
+bidirectional ring of grouped-query attention (each K/V block travels both ways round the ring, and reaches every
+rank once), a prediction of the causal work and the traffic of that ring, and the lab model's
 attention layer (GQA, RoPE with global positions) on the bidirectional ring for any token layout: striped (token t
 on rank t mod P, uneven when P does not divide T) and contiguous.
 
@@ -80,10 +81,22 @@ MERGE_CASES = {  # name: (where the keys are cut into blocks, a factor on q, whi
     ),
 }
 RANK_CUTS = (2, 7, 11)  # part 1 across ranks: rank j holds the keys [cut_j, cut_j+1) of 16 (2, 5, 4 and 5 of them)
-RANK_CASES = {  # name: (a factor on q, which keys each row sees); the queries are every rank's, the same
-    "scores in the thousands": (2000.0, "all"),
-    "a window of 3 keys: rows 0-1 see no key on any rank, most rows none on some ranks": (1.0, "window"),
-    "rank 0's keys hidden from every row, rows 0-1 see none on any rank": (1.0, "not rank 0"),
+RANK_CASES = {  # name: (a factor on q, which keys each row sees, the sink logit of each of the 2 heads)
+    "scores in the thousands, head 0's sink above some rows' keys, head 1 without a sink": (
+        2000.0,
+        "all",
+        (3000.0, -math.inf),
+    ),
+    "a window of 3 keys: rows 0-1 see no key on any rank (the sink alone), most rows none on some ranks": (
+        1.0,
+        "window",
+        (0.5, 1.0),
+    ),
+    "rank 0's keys hidden from every row, rows 0-1 see none on any rank, head 0 without a sink": (
+        1.0,
+        "not rank 0",
+        (-math.inf, 1.5),
+    ),
 }
 LIBRARY = ("schemes/sequence/", "lessons/sequence_parallel.py")  # parlab/grading/labs/guard.py
 
@@ -93,11 +106,13 @@ STRUCTURAL = {
     "all the keys, for two, uneven and three blocks, for scores in the thousands (exp(m) overflows float64), for "
     "rows the second block does not see, rows the first does not see (the second does), rows no block sees (state "
     "acc 0, m -inf, l 0; out 0, lse -inf exactly), and four blocks of a sliding window merged as a tree (halves "
-    "empty on either side); across 4 ranks (2, 5, 4, 5 keys), each rank's state of the same queries merged by "
-    "merge_across_ranks: every rank's result equals the state over all the keys (scores in the thousands, a "
-    "window with rows no rank sees, a rank whose keys no row sees), with all-reduces only and at most the state's "
-    "bytes (m, l, acc once each) per rank; the library's merge is not called; a FAIL names the first wrong case, "
-    "rank, tensor and element with expected and received",
+    "empty on either side); across 4 ranks (2, 5, 4, 5 keys) of a model with attention sinks (a logit per head "
+    "that every row sees, its value 0), each rank's state of the same queries over its keys and the sink merged by "
+    "merge_across_ranks: every rank's result equals the state over all the keys and the sink counted once (m the "
+    "max over the keys and the sink; scores in the thousands with a sink above some rows' keys, a window with rows "
+    "no rank sees (the sink's state alone), a rank whose keys no row sees, heads without a sink (-inf)), with "
+    "all-reduces only and at most the state's bytes (m, l, acc once each) per rank; the library's merge is not "
+    "called; a FAIL names the first wrong case, rank, tensor, head and row with expected and received",
     "ring": "grouped-query attention (nq = 6 query heads on nkv = 2 K/V heads) on a bidirectional ring of 4 ranks "
     "and of 5: outputs and log-sum-exps equal attention over the whole sequence; per rank: K/V sent only to ranks "
     "r+1 and r-1 and received only from them, no collective; every message against the ring's own schedule, in "
@@ -284,11 +299,19 @@ def _whose_keys(k: torch.Tensor) -> tuple[int, list[int] | None]:
     return -1, None
 
 
+def _scores(q, k, mask):
+    """s = q k / sqrt(hd) [B, nh, Tq, Tk], -inf where the mask hides a key."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return scores if mask is None else scores.masked_fill(~mask.to(torch.bool), -math.inf)
+
+
 def _state(q, k, v, mask):
-    """The FlashAttention-2 state of q over the keys k (see attend) and the log-sum-exp, without recording."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, nh, Tq, Tk]
-    if mask is not None:
-        scores = scores.masked_fill(~mask.to(torch.bool), -math.inf)
+    """The FlashAttention-2 state of q over the keys k (see attend), without recording."""
+    return _state_of(_scores(q, k, mask), v)
+
+
+def _state_of(scores, v):
+    """The state (acc, m, l) of the scores [B, nh, Tq, Tk] (-inf: not seen) over the values v [B, nh, Tk, hd]."""
     m = scores.amax(dim=-1)  # [B, nh, Tq]: the row max; -inf on a row with no visible key
     seen = ~torch.isneginf(m).unsqueeze(-1)  # [B, nh, Tq, 1]: rows with a visible key
     weights = torch.where(seen, torch.exp(scores - m.unsqueeze(-1)), 0.0)  # [B, nh, Tq, Tk], each <= 1; 0 unseen
@@ -342,6 +365,17 @@ def masked_attention(q, k, v, mask=None):
 def masked_state(q, k, v, mask=None):
     """The reference state (acc, m, l) of q over all the keys at once, as attend computes it for one block."""
     return _state(q, k, v, mask)
+
+
+def sink_state(q, k, v, mask, sink):
+    """The state (acc, m, l) of q over the keys k and an attention sink: one more key that every row of head h
+    sees, with the score sink[h] ([nh]; -inf: head h has no sink) and the value 0 (it takes a share of the softmax
+    and adds nothing to the output). A row that sees none of the keys has the sink's state alone: acc 0, m sink[h],
+    l 1 (acc 0, m -inf, l 0 without a sink)."""
+    scores = _scores(q, k, mask)  # [B, nh, Tq, Tk]
+    column = sink.to(scores).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)  # [B, nh, Tq, 1]: the sink's score
+    nothing = torch.zeros_like(v[..., :1, :])  # [B, nh, 1, hd]: the sink's value
+    return _state_of(torch.cat([scores, column], dim=-1), torch.cat([v, nothing], dim=-2))
 
 
 # --------------------------------------------------------------------------------------- what the ranks did
@@ -520,16 +554,22 @@ def _verdict(what: str, wrong: list[str]) -> str:
     return f"{what}: PASS" if not wrong else f"{what}: {_first(wrong)}: FAIL"
 
 
-def _first_difference(got: torch.Tensor, ref: torch.Tensor) -> str:
-    """Where got first differs from ref, with both values (for a FAIL line)."""
+def _first_difference(got: torch.Tensor, ref: torch.Tensor, axes: tuple[str, ...] = ()) -> str:
+    """Where got first differs from ref, with both values (for a FAIL line); axes names the dimensions (a name
+    starting with "_" is left out of the line)."""
     bad = ~torch.isclose(got, ref, rtol=0, atol=1e-10, equal_nan=False) & ~(torch.isneginf(got) & torch.isneginf(ref))
     if not bad.any():
         return ""
     index = [int(i) for i in bad.nonzero()[0]]
+    if axes:
+        where = ", ".join(f"{a} {i}" for a, i in zip(axes, index, strict=False) if not a.startswith("_"))
+        return f"first at {where}: expected {ref[tuple(index)].item():.6g}, received {got[tuple(index)].item():.6g}"
     return f"first at {index}: expected {ref[tuple(index)].item():.6g}, received {got[tuple(index)].item():.6g}"
 
 
-def _compare(what: str, parts: list[tuple[str, torch.Tensor | None, torch.Tensor]], against: str) -> str:
+def _compare(
+    what: str, parts: list[tuple[str, torch.Tensor | None, torch.Tensor]], against: str, axes: tuple[str, ...] = ()
+) -> str:
     """compare(...).line over several tensors (name, received, expected), with the first wrong element of the first
     tensor that differs (expected, received) when it fails. -inf (no key seen) must come back as -inf."""
     for name, got, _ in parts:
@@ -545,13 +585,16 @@ def _compare(what: str, parts: list[tuple[str, torch.Tensor | None, torch.Tensor
     if verdict.passed:
         return verdict.line
     for name, got, ref in parts:
-        if where := _first_difference(got, ref):
+        if where := _first_difference(got, ref, axes):
             named = f"{name}: {where}" if len(parts) > 1 else where
             return dataclasses.replace(verdict, note=named).line
     return verdict.line
 
 
 # ------------------------------------------------------------------------------------------- 1 · the merge
+
+
+ROWS = ("_batch", "head", "row", "dim")  # a state's dimensions, as a FAIL line names them
 
 
 def _merged(merge, tiles: list, order: str):
@@ -577,20 +620,21 @@ def _state_data(state) -> dict:
 
 
 def merge_rank(merge_across_ranks) -> dict:
-    """Rank code: this rank's state of the shared queries over its own keys (RANK_CUTS) for each case, merged
-    across the ranks by the student's merge_across_ranks; every call it makes into torch.distributed, per case."""
+    """Rank code: this rank's state of the shared queries over its own keys (RANK_CUTS) and the sink for each case,
+    merged across the ranks by the student's merge_across_ranks; every call it makes into torch.distributed."""
     r = dist.get_rank()
     bounds = [0, *RANK_CUTS, T_MERGE]
     lo, hi = bounds[r], bounds[r + 1]
     results = {}
     with library_calls(LIBRARY) as called:
-        for name, (scale, kind) in RANK_CASES.items():
+        for name, (scale, kind, sinks) in RANK_CASES.items():
             q, k, v = (t.to(parlab.device()) for t in merge_problem(3, scale))
             mask = merge_mask(kind)
             own = None if mask is None else mask[:, lo:hi].to(parlab.device())
-            state = attend(q, k[..., lo:hi, :], v[..., lo:hi, :], own)  # [B, 2, 16, HD] and [B, 2, 16] x 2
+            sink = torch.tensor(sinks, dtype=torch.float64, device=parlab.device())  # [2]: one logit per head
+            state = sink_state(q, k[..., lo:hi, :], v[..., lo:hi, :], own, sink)  # [B, 2, 16, HD], [B, 2, 16] x 2
             with probe.recording(keep_sent_data=False) as calls:
-                merged = merge_across_ranks(state)
+                merged = merge_across_ranks(state, sink.clone())
             results[name] = {
                 "state": _state_data(merged),
                 "calls": [{"op": c["op"], "bytes": c["bytes"]} for c in calls],
@@ -649,6 +693,7 @@ def judge_merge(data) -> list[str]:
                 f"{name}: merged state (m, l, acc)",
                 [(key, _tensor(got[key], ref.shape), ref) for key, ref in state],
                 "the state over all the keys",
+                ROWS,
             )
         )
         lines.append(
@@ -656,18 +701,27 @@ def judge_merge(data) -> list[str]:
                 f"{name}: finish (out, lse)",
                 [(key, _tensor(got[key], ref.shape), ref) for key, ref in (("out", out), ("lse", lse))],
                 "attention over all the keys",
+                ROWS,
             )
         )
     ranks = data["ranks"]
-    for name, (scale, kind) in RANK_CASES.items():
+    for name, (scale, kind, sinks) in RANK_CASES.items():
         q, k, v = merge_problem(3, scale)
-        acc, row_max, row_sum = masked_state(q, k, v, merge_mask(kind))
+        sink = torch.tensor(sinks, dtype=torch.float64)  # host: the reference on one device
+        acc, row_max, row_sum = sink_state(q, k, v, merge_mask(kind), sink)
         parts = [
             (f"rank {r}'s {key}", _tensor(res["cases"][name]["state"][key], ref.shape), ref)
             for r, res in enumerate(ranks)
             for key, ref in (("m", row_max), ("l", row_sum), ("acc", acc))
         ]
-        lines.append(_compare(f"across {P} ranks, {name}: every rank's state", parts, "the state over all the keys"))
+        lines.append(
+            _compare(
+                f"across {P} ranks, {name}: every rank's state",
+                parts,
+                "the state over all the keys and the sink once",
+                ROWS,
+            )
+        )
     lines.append(
         _verdict(
             f"across {P} ranks: all-reduces only, at most the state's bytes per rank",
