@@ -12,7 +12,7 @@ pairs_busiest = sum(t + 1 for t in range(P - 1, T, P))  # the bug: the last rank
 token_bytes = 2 * B * nkv * hd * 8
 to_right = [sum(tokens[(r - s) % P] for s in range(P // 2)) for r in range(P)]
 to_left = [sum(tokens[(r + s) % P] for s in range((P - 1) // 2)) for r in range(P)]
-bytes_busiest = max(to_right[r] + to_left[r] for r in range(P)) * token_bytes
+bytes_total = (sum(to_right) + sum(to_left)) * token_bytes
 bytes_link = max(to_right + to_left) * token_bytes
 
 

@@ -20,10 +20,13 @@ def finish(state):
     return acc / l.masked_fill(l == 0, 1.0).unsqueeze(-1), m + torch.log(l)
 
 
-def merge_across_ranks(state):
+def merge_across_ranks(state, sink):
     P = dist.get_world_size()
+    acc, m, l = state
+    if dist.get_rank() != 0:  # the sink once: rank 0's
+        l = l - torch.where(torch.isneginf(sink).view(-1, 1), 0.0, torch.exp(sink.view(-1, 1) - m))
     gathered = []
-    for t in state:  # the bug: every rank's state, on every rank
+    for t in (acc, m, l):  # the bug: every rank's state, on every rank
         parts = [torch.empty_like(t) for _ in range(P)]
         dist.all_gather(parts, t.contiguous())
         gathered.append(parts)

@@ -30,10 +30,17 @@ def bidirectional_ring(q, k, v):
 
 # PREDICT: work
 T, P, B, nkv, hd = 42, 8, 1, 2, 8
-tokens = [len(range(j, T, P)) for j in range(P)]
-pairs_busiest = max(sum(t + 1 for t in range(j, T, P)) for j in range(P))
-token_bytes = 2 * B * nkv * hd * 8
-to_right = [sum(tokens[(r - s) % P] for s in range(P // 2)) for r in range(P)]
-to_left = [sum(tokens[(r + s) % P] for s in range(P // 2)) for r in range(P)]  # the bug: the opposite block too
-bytes_busiest = max(to_right[r] + to_left[r] for r in range(P)) * token_bytes
-bytes_link = max(to_right + to_left) * token_bytes
+# set pairs_busiest, bytes_total and bytes_link: integers
+pairs_busiest = max(sum(t + 1 for t in range(j, T, P)) for j in range(P))  # striped: token t sees keys 0..t
+layout = [list(range(j * T // P, (j + 1) * T // P)) for j in range(P)]  # contiguous: 5, 5, 5, 6, 5, 5, 5, 6
+token_bytes = 2 * B * nkv * hd * 8  # K and V of one token
+link = {}  # (sender, way): bytes
+for j in range(P):  # block j's path each way; it goes as far as the last rank on it that sees one of its keys
+    for d, hops in ((1, P // 2), (-1, P // 2)):  # the bug: the opposite block both ways
+        path = [(j + d * t) % P for t in range(1, hops + 1)]
+        last = max((h for h, i in enumerate(path) if layout[j][0] <= layout[i][-1]), default=-1)
+        for h in range(last + 1):
+            sender = (j + d * h) % P
+            link[sender, d] = link.get((sender, d), 0) + len(layout[j]) * token_bytes
+bytes_total = sum(link.values())
+bytes_link = max(link.values())

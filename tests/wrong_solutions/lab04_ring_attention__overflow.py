@@ -19,8 +19,10 @@ def finish(state):
     return acc / l.masked_fill(l == 0, 1.0).unsqueeze(-1), m + torch.log(l)
 
 
-def merge_across_ranks(state):
+def merge_across_ranks(state, sink):
     acc, m, l = state
+    if dist.get_rank() != 0:  # the sink once: rank 0's
+        l = l - torch.where(torch.isneginf(sink).view(-1, 1), 0.0, torch.exp(sink.view(-1, 1) - m))
     m_all = m.clone()
     comm.all_reduce(m_all, op=comm.ReduceOp.MAX)
     m_safe = m_all.masked_fill(torch.isneginf(m_all), 0.0)

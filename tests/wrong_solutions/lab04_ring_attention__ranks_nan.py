@@ -1,8 +1,9 @@
 # ruff: noqa
 # A wrong answer to labs/lab04_ring_attention.ipynb. The bug: the merge across ranks measures every rank's terms
 # against the max over all ranks, as it should, but forgets the rows no rank sees: there that max is -inf, and
-# exp(m - max) = exp(-inf + inf) is NaN. The pairwise merge guards it; the all-reduce version does not. Scores in
-# the thousands pass; the masked cases come back NaN on those rows.
+# exp(m - max) = exp(-inf + inf) is NaN. The pairwise merge guards it; the all-reduce version does not. (It counts
+# the sink once, rightly.) Where a head has a sink, its max is finite on every row and all passes; on the head
+# without a sink, the rows no rank sees come back NaN.
 # EXPECT FAIL: merge
 
 # ANSWER: merge
@@ -20,8 +21,10 @@ def finish(state):
     return acc / l.masked_fill(l == 0, 1.0).unsqueeze(-1), m + torch.log(l)
 
 
-def merge_across_ranks(state):
+def merge_across_ranks(state, sink):
     acc, m, l = state
+    if dist.get_rank() != 0:  # the sink once: rank 0's
+        l = l - torch.where(torch.isneginf(sink).view(-1, 1), 0.0, torch.exp(sink.view(-1, 1) - m))
     m_all = m.clone()
     comm.all_reduce(m_all, op=comm.ReduceOp.MAX)
     alpha = torch.exp(m - m_all)  # the bug: NaN where m_all is -inf

@@ -1,8 +1,9 @@
 """Lab 04's checks: the online-softmax merge in FlashAttention-2's form (an unnormalised accumulator with a running
 row max and row sum, normalised once at the end; empty partial results on either side, in a chain or a tree of
-merges) and the same merge across ranks with all-reduces only (decoding: the keys stay where they are, the states
-travel), a bidirectional ring of grouped-query attention (each K/V block travels both ways round the ring, and
-reaches every rank once), a prediction of the causal work and the traffic of that ring, and the lab model's
+merges) and the same merge across ranks with all-reduces only for a model with attention sinks (decoding: the keys
+stay where they are, the states travel; every rank's state holds the sink, the result holds it once), a
+bidirectional ring of grouped-query attention (each K/V block travels both ways round the ring, and reaches every
+rank once), a prediction of the causal work and the traffic of that ring, and the lab model's
 attention layer (GQA, RoPE with global positions) on the bidirectional ring for any token layout: striped (token t
 on rank t mod P, uneven when P does not divide T) and contiguous.
 
@@ -62,6 +63,7 @@ LAYOUTS = {  # part 4: layout[j] = the global positions of the tokens rank j hol
     "striped": striped(16),
     "striped, uneven": striped(18),  # ranks 0 and 1 hold 5 tokens, ranks 2 and 3 hold 4
     "contiguous": contiguous(16),
+    "contiguous, chunks 0, 2, 1, 3": [contiguous(16)[c] for c in (0, 2, 1, 3)],  # the ring not in sequence order
 }
 MERGE_CASES = {  # name: (where the keys are cut into blocks, a factor on q, which keys each row sees, merge order)
     "two halves": ((8,), 1.0, "all", "chain"),
@@ -79,10 +81,22 @@ MERGE_CASES = {  # name: (where the keys are cut into blocks, a factor on q, whi
     ),
 }
 RANK_CUTS = (2, 7, 11)  # part 1 across ranks: rank j holds the keys [cut_j, cut_j+1) of 16 (2, 5, 4 and 5 of them)
-RANK_CASES = {  # name: (a factor on q, which keys each row sees); the queries are every rank's, the same
-    "scores in the thousands": (2000.0, "all"),
-    "a window of 3 keys: rows 0-1 see no key on any rank, most rows none on some ranks": (1.0, "window"),
-    "rank 0's keys hidden from every row, rows 0-1 see none on any rank": (1.0, "not rank 0"),
+RANK_CASES = {  # name: (a factor on q, which keys each row sees, the sink logit of each of the 2 heads)
+    "scores in the thousands, head 0's sink above some rows' keys, head 1 without a sink": (
+        2000.0,
+        "all",
+        (3000.0, -math.inf),
+    ),
+    "a window of 3 keys: rows 0-1 see no key on any rank (the sink alone), most rows none on some ranks": (
+        1.0,
+        "window",
+        (0.5, 1.0),
+    ),
+    "rank 0's keys hidden from every row, rows 0-1 see none on any rank, head 0 without a sink": (
+        1.0,
+        "not rank 0",
+        (-math.inf, 1.5),
+    ),
 }
 LIBRARY = ("schemes/sequence/", "lessons/sequence_parallel.py")  # parlab/grading/labs/guard.py
 
@@ -92,11 +106,13 @@ STRUCTURAL = {
     "all the keys, for two, uneven and three blocks, for scores in the thousands (exp(m) overflows float64), for "
     "rows the second block does not see, rows the first does not see (the second does), rows no block sees (state "
     "acc 0, m -inf, l 0; out 0, lse -inf exactly), and four blocks of a sliding window merged as a tree (halves "
-    "empty on either side); across 4 ranks (2, 5, 4, 5 keys), each rank's state of the same queries merged by "
-    "merge_across_ranks: every rank's result equals the state over all the keys (scores in the thousands, a "
-    "window with rows no rank sees, a rank whose keys no row sees), with all-reduces only and at most the state's "
-    "bytes (m, l, acc once each) per rank; the library's merge is not called; a FAIL names the first wrong case, "
-    "rank, tensor and element with expected and received",
+    "empty on either side); across 4 ranks (2, 5, 4, 5 keys) of a model with attention sinks (a logit per head "
+    "that every row sees, its value 0), each rank's state of the same queries over its keys and the sink merged by "
+    "merge_across_ranks: every rank's result equals the state over all the keys and the sink counted once (m the "
+    "max over the keys and the sink; scores in the thousands with a sink above some rows' keys, a window with rows "
+    "no rank sees (the sink's state alone), a rank whose keys no row sees, heads without a sink (-inf)), with "
+    "all-reduces only and at most the state's bytes (m, l, acc once each) per rank; the library's merge is not "
+    "called; a FAIL names the first wrong case, rank, tensor, head and row with expected and received",
     "ring": "grouped-query attention (nq = 6 query heads on nkv = 2 K/V heads) on a bidirectional ring of 4 ranks "
     "and of 5: outputs and log-sum-exps equal attention over the whole sequence; per rank: K/V sent only to ranks "
     "r+1 and r-1 and received only from them, no collective; every message against the ring's own schedule, in "
@@ -106,18 +122,20 @@ STRUCTURAL = {
     "both ways in flight together (parlab.core.comm's trace); the FAIL lines name the first wrong rank, message, "
     "tile or transfer with what was expected and what came",
     "work": "exact (integer counts): the predicted (query, key) pairs the causal mask leaves the busiest rank of the "
-    "striped layout of 42 tokens on 8 ranks (8 does not divide 42), against the theory and the "
-    "count on the causal mask; the bytes the busiest rank hands to isend in one forward of the bidirectional ring "
-    "(GQA: K and V of the nkv heads) and the bytes on the busiest link in one direction, against the theory and a "
-    "replay of the ring's blocks",
+    "striped layout of 42 tokens on 8 ranks (8 does not divide 42), against the theory and the count on the causal "
+    "mask; for the contiguous layout of the same tokens, the bytes all ranks hand to isend in one forward of the "
+    "layer's ring (part 2's, less every hop after which the block reaches no rank that sees one of its keys) and the "
+    "bytes on the busiest link in one direction, against the theory and a replay of the ring's blocks",
     "layer": "the lab model's attention layer (projections, RoPE, GQA, causal mask, output projection) on a "
-    "bidirectional ring of 4 ranks for the striped, an uneven striped (18 tokens: 5, 5, 4, 4) and the contiguous "
-    "layout: outputs equal the layer on one device (float64); each rank computed one tile per block holding a key "
-    "its queries may see, none for the others, each once, its queries rotated by its tokens' global positions, the "
-    "keys of the right rank expanded h // 3, with the mask of the global positions (not the diagonal); every "
-    "message the ring's (as in part 2), K rotated by its tokens' global positions (once, where they are), then V, "
-    "nkv heads, blocks of different sizes; every transfer of a round in which the rank holds a block with a "
-    "visible key in flight while a tile computed (on the contiguous layout a round whose blocks are all in the "
+    "bidirectional ring of 4 ranks for the striped, an uneven striped (18 tokens: 5, 5, 4, 4), the contiguous "
+    "layout and contiguous chunks dealt 0, 2, 1, 3 (the ring not in sequence order): outputs equal the layer on one "
+    "device (float64); each rank computed one tile per block holding a key its queries may see, none for the "
+    "others, each once, its queries rotated by its tokens' global positions, the keys of the right rank expanded "
+    "h // 3, with the mask of the global positions (not the diagonal); every message the ring's (as in part 2) less "
+    "every hop after which the block reaches no rank that sees one of its keys (it passes through a rank that does "
+    "not need it only towards one that does), K rotated by its tokens' global positions (once, where they are), "
+    "then V, nkv heads, blocks of different sizes; every transfer of a round in which the rank holds a block with a "
+    "visible key in flight while a tile computed (on the contiguous layouts a round whose blocks are all in the "
     "rank's future is exempt), and both ways at once; no library code",
 }
 
@@ -146,12 +164,35 @@ def sends(r: int, world: int, side: str = "right") -> dict[int, list[int]]:
     }
 
 
-def ring_side(calls, world: int, sizes: list[int]) -> str:
+def needs(layout: list[list[int]], i: int, j: int) -> bool:
+    """Whether rank i's queries may see a key of rank j's block under the causal mask (i != j)."""
+    return i != j and min(layout[j]) <= max(layout[i])
+
+
+def plan(r: int, world: int, side: str = "right", layout: list[list[int]] | None = None) -> dict[int, list]:
+    """The blocks rank r hands to isend, by neighbour, as (round, owner) in round order: the schedule of `sends`,
+    and with a layout (part 4) only the hops after which the block still reaches a rank that needs it (its path
+    in that direction, up to where the schedule ends it, holds a rank whose queries see one of its keys)."""
+    rightward = world // 2 if side == "right" else (world - 1) // 2
+    out = {}
+    for peer, owners in sends(r, world, side).items():
+        d, hops = (1, rightward) if peer == (r + 1) % world else (-1, world - 1 - rightward)
+        kept = []
+        for s, j in enumerate(owners):  # block j leaves rank r at round s on its hop s: receivers j+d(s+1).. j+d hops
+            ahead = [(j + d * t) % world for t in range(s + 1, hops + 1)]
+            if layout is None or any(needs(layout, i, j) for i in ahead):
+                kept.append((s, j))
+        out[peer] = kept
+    return out
+
+
+def ring_side(calls, world: int, sizes: list[int], layout: list[list[int]] | None = None) -> str:
     """Which way a student's even ring sends the opposite block its last hop, read from rank 0's sends to rank 1
     (the numbers it handed to isend): "left" when they are exactly that schedule's, else "right"."""
     sent = sum(c["data"].numel() for c in calls if c["op"] == "send" and c["peer"] == 1 % world and "data" in c)
-    left = sum(sizes[j] for j in sends(0, world, "left")[1 % world])
-    return "left" if world % 2 == 0 and sent == left else "right"
+    left = sum(sizes[j] for _, j in plan(0, world, "left", layout)[1 % world])
+    right = sum(sizes[j] for _, j in plan(0, world, "right", layout)[1 % world])
+    return "left" if world % 2 == 0 and sent == left and left != right else "right"
 
 
 def held(r: int, world: int) -> list[list[int]]:
@@ -258,11 +299,19 @@ def _whose_keys(k: torch.Tensor) -> tuple[int, list[int] | None]:
     return -1, None
 
 
+def _scores(q, k, mask):
+    """s = q k / sqrt(hd) [B, nh, Tq, Tk], -inf where the mask hides a key."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return scores if mask is None else scores.masked_fill(~mask.to(torch.bool), -math.inf)
+
+
 def _state(q, k, v, mask):
-    """The FlashAttention-2 state of q over the keys k (see attend) and the log-sum-exp, without recording."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, nh, Tq, Tk]
-    if mask is not None:
-        scores = scores.masked_fill(~mask.to(torch.bool), -math.inf)
+    """The FlashAttention-2 state of q over the keys k (see attend), without recording."""
+    return _state_of(_scores(q, k, mask), v)
+
+
+def _state_of(scores, v):
+    """The state (acc, m, l) of the scores [B, nh, Tq, Tk] (-inf: not seen) over the values v [B, nh, Tk, hd]."""
     m = scores.amax(dim=-1)  # [B, nh, Tq]: the row max; -inf on a row with no visible key
     seen = ~torch.isneginf(m).unsqueeze(-1)  # [B, nh, Tq, 1]: rows with a visible key
     weights = torch.where(seen, torch.exp(scores - m.unsqueeze(-1)), 0.0)  # [B, nh, Tq, Tk], each <= 1; 0 unseen
@@ -318,6 +367,17 @@ def masked_state(q, k, v, mask=None):
     return _state(q, k, v, mask)
 
 
+def sink_state(q, k, v, mask, sink):
+    """The state (acc, m, l) of q over the keys k and an attention sink: one more key that every row of head h
+    sees, with the score sink[h] ([nh]; -inf: head h has no sink) and the value 0 (it takes a share of the softmax
+    and adds nothing to the output). A row that sees none of the keys has the sink's state alone: acc 0, m sink[h],
+    l 1 (acc 0, m -inf, l 0 without a sink)."""
+    scores = _scores(q, k, mask)  # [B, nh, Tq, Tk]
+    column = sink.to(scores).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)  # [B, nh, Tq, 1]: the sink's score
+    nothing = torch.zeros_like(v[..., :1, :])  # [B, nh, 1, hd]: the sink's value
+    return _state_of(torch.cat([scores, column], dim=-1), torch.cat([v, nothing], dim=-2))
+
+
 # --------------------------------------------------------------------------------------- what the ranks did
 
 
@@ -353,16 +413,17 @@ def _comm_events(since: float) -> list[dict]:
     ]
 
 
-def _neighbours_wrong(calls, r: int, world: int) -> str:
-    """What is wrong with whom rank r talked to ('' if only K/V to and from ranks r+1 and r-1, no collective)."""
+def _neighbours_wrong(calls, r: int, world: int, every: bool = True) -> str:
+    """What is wrong with whom rank r talked to ('' if only K/V to and from ranks r+1 and r-1, no collective;
+    every: with both of them, both ways)."""
     neighbours = {(r + 1) % world, (r - 1) % world}
     sends = [c["peer"] for c in calls if c["op"] == "send"]
     recvs = [c["peer"] for c in calls if c["op"] in probe.P2P and c["op"] != "send"]
     if probe.library_collectives(calls):
         return f"called {sorted(set(probe.library_collectives(calls)))}"
-    if set(sends) != neighbours:
+    if set(sends) != neighbours if every else not set(sends) <= neighbours:
         return f"expected sends to ranks {sorted(neighbours)}, received sends to ranks {sends}"
-    if set(recvs) != neighbours:
+    if set(recvs) != neighbours if every else not set(recvs) <= neighbours:
         return f"expected receives from ranks {sorted(neighbours)}, received receives from ranks {recvs}"
     return ""
 
@@ -385,16 +446,17 @@ def _what(rest: torch.Tensor, forms: list[tuple[str, list[torch.Tensor]]], size:
     return f"{min(rest.numel(), size) * 8:,} bytes that are no rank's block"
 
 
-def _traffic_wrong(calls, r: int, world: int, side: str, forms: list[tuple[str, list[torch.Tensor]]]) -> str:
-    """'' when rank r sent each neighbour exactly the blocks of the ring's schedule, in round order (forms[0]: the
-    right form of each rank's block, flattened; messages may split a block, e.g. K then V); else the first wrong
-    message, with the block expected and what came (named by the other forms when it is one of them)."""
+def _traffic_wrong(calls, r: int, world: int, side: str, forms, layout=None) -> str:
+    """'' when rank r sent each neighbour exactly the blocks of the ring's plan (with a layout: only the useful
+    hops), in round order (forms[0]: the right form of each rank's block, flattened; messages may split a block,
+    e.g. K then V); else the first wrong message, with the block expected and what came (named by the other forms
+    when it is one of them)."""
     blocks = forms[0][1]
-    for peer, owners in sends(r, world, side).items():
+    for peer, owners in plan(r, world, side, layout).items():
         sent = [c["data"].to(torch.float64) for c in calls if c["op"] == "send" and c["peer"] == peer and "data" in c]
         got = torch.cat(sent) if sent else torch.zeros(0, dtype=torch.float64)  # host: the grader's data
         offset = 0
-        for s, j in enumerate(owners):
+        for s, j in owners:
             block = blocks[j]
             piece = got[offset : offset + block.numel()]
             if piece.numel() == block.numel() and _close(piece, block):
@@ -411,39 +473,51 @@ def _traffic_wrong(calls, r: int, world: int, side: str, forms: list[tuple[str, 
                 for j in range(world)
                 if extra == forms[0][0].format(j=j)
                 for other in ((peer + 1) % world, (peer - 1) % world)
-                if other != r and j in sends(other, world, side).get(peer, [])
+                if other != r and j in [o for _, o in plan(other, world, side, layout).get(peer, [])]
             ]
-            return f"to rank {peer}, after round {len(owners) - 1}: expected nothing more, received {extra}" + (
-                twice[0] if twice else ""
+            useless = [
+                f" (no rank from {peer} on that way sees a key of it)"
+                for j in range(world)
+                if layout is not None and extra == forms[0][0].format(j=j) and not twice
+            ]
+            last = f"round {owners[-1][0]}" if owners else "nothing"
+            return f"to rank {peer}, after {last}: expected nothing more, received {extra}" + (
+                twice[0] if twice else useless[0] if useless else ""
             )
     return ""
 
 
-def _rounds(events: list[dict], r: int, world: int, sizes: list[int]) -> dict:
-    """Rank r's transfers by (kind, peer), cut into the ring's rounds: {("send", r+1): [[round 0's], [round 1's],
-    ...], ...}. A block may travel as one message or two (K, then V): round 0's block (rank r's own to send, the
-    sender's own to receive; sizes[j] numbers) says which."""
+def _rounds(events: list[dict], r: int, world: int, sizes: list[int], side: str, layout=None) -> dict:
+    """Rank r's transfers by (kind, peer), cut into the ring's rounds: {("send", r+1): {round: [its transfers]},
+    ...}, the rounds those of the plan (with a layout, rounds whose hop is useless carry nothing). A block may
+    travel as one message or two (K, then V): the first transfer's size against its block says which."""
     rounds = {}
     for key in sorted({(e["kind"], e["peer"]) for e in events}):
         kind, peer = key
         transfers = [e for e in events if (e["kind"], e["peer"]) == key]
-        first_block = 8 * sizes[r if kind == "send" else peer] if 0 <= peer < world else 0
-        per = 2 if transfers[0]["bytes"] * 2 == first_block else 1
-        rounds[key] = [transfers[i : i + per] for i in range(0, len(transfers), per)]
+        sender, receiver = (r, peer) if kind == "send" else (peer, r)
+        planned = plan(sender, world, side, layout).get(receiver, []) if 0 <= peer < world else []
+        if not planned:
+            rounds[key] = {s: [e] for s, e in enumerate(transfers)}
+            continue
+        per = 2 if transfers[0]["bytes"] * 2 == 8 * sizes[planned[0][1]] else 1
+        cut = [transfers[i : i + per] for i in range(0, len(transfers), per)]
+        labels = [s for s, _ in planned] + list(range(planned[-1][0] + 1, planned[-1][0] + 1 + len(cut)))
+        rounds[key] = dict(zip(labels, cut, strict=False))
     return rounds
 
 
-def _overlap_wrong(events: list[dict], tiles: list[dict], r: int, world: int, busy: list[bool], sizes) -> str:
+def _overlap_wrong(events, tiles, r: int, world: int, busy: list[bool], sizes, side="right", layout=None) -> str:
     """'' when every transfer of a round in which rank r computes (busy[s]) was in flight while a tile computed
-    (issued before it began, waited for after it ended), and in every round of both directions the transfers to
-    and from r+1 and r-1 were in flight together; else the first round and transfer that was not (sizes[j]: the
-    numbers in rank j's block, to tell one message per block from two)."""
+    (issued before it began, waited for after it ended), and in every round with transfers both ways (to or from
+    r+1, and to or from r-1) they were all in flight together; else the first round and transfer that was not
+    (sizes[j]: the numbers in rank j's block, to tell one message per block from two)."""
     right, left = (r + 1) % world, (r - 1) % world
-    by = _rounds(events, r, world, sizes)
+    by = _rounds(events, r, world, sizes, side, layout)
     end = lambda e: math.inf if e["end"] < 0 else e["end"]  # noqa: E731 (never waited for: still in flight)
     way = lambda e: f"{e['kind']} {'to' if e['kind'] == 'send' else 'from'} rank {e['peer']}"  # noqa: E731
     for rounds in by.values():
-        for s, transfers in enumerate(rounds):
+        for s, transfers in sorted(rounds.items()):
             if s < len(busy) and not busy[s]:
                 continue  # every block this round is in the rank's future: no tile to hide behind
             for e in transfers:
@@ -453,11 +527,14 @@ def _overlap_wrong(events: list[dict], tiles: list[dict], r: int, world: int, bu
                         f"rank {r}: round {s}, the {way(e)}: expected in flight while a tile computed, "
                         f"received {received}"
                     )
-    for s in range((world - 1) // 2):  # the rounds in which blocks travel both ways
-        keys = (("send", right), ("recv", left), ("send", left), ("recv", right))
-        if any(len(by.get(key, [])) <= s for key in keys):
-            continue  # the traffic verdict names a missing transfer
-        together = [e for key in keys for e in by[key][s]]
+    for s in range(world // 2):
+        ways = [
+            [e for key in (("send", right), ("recv", left)) for e in by.get(key, {}).get(s, [])],
+            [e for key in (("send", left), ("recv", right)) for e in by.get(key, {}).get(s, [])],
+        ]
+        if not all(ways) or right == left:
+            continue  # one way only this round
+        together = ways[0] + ways[1]
         first_done = min(together, key=end)
         last_issued = max(together, key=lambda e: e["start"])
         if last_issued["start"] >= end(first_done):
@@ -477,16 +554,22 @@ def _verdict(what: str, wrong: list[str]) -> str:
     return f"{what}: PASS" if not wrong else f"{what}: {_first(wrong)}: FAIL"
 
 
-def _first_difference(got: torch.Tensor, ref: torch.Tensor) -> str:
-    """Where got first differs from ref, with both values (for a FAIL line)."""
+def _first_difference(got: torch.Tensor, ref: torch.Tensor, axes: tuple[str, ...] = ()) -> str:
+    """Where got first differs from ref, with both values (for a FAIL line); axes names the dimensions (a name
+    starting with "_" is left out of the line)."""
     bad = ~torch.isclose(got, ref, rtol=0, atol=1e-10, equal_nan=False) & ~(torch.isneginf(got) & torch.isneginf(ref))
     if not bad.any():
         return ""
     index = [int(i) for i in bad.nonzero()[0]]
+    if axes:
+        where = ", ".join(f"{a} {i}" for a, i in zip(axes, index, strict=False) if not a.startswith("_"))
+        return f"first at {where}: expected {ref[tuple(index)].item():.6g}, received {got[tuple(index)].item():.6g}"
     return f"first at {index}: expected {ref[tuple(index)].item():.6g}, received {got[tuple(index)].item():.6g}"
 
 
-def _compare(what: str, parts: list[tuple[str, torch.Tensor | None, torch.Tensor]], against: str) -> str:
+def _compare(
+    what: str, parts: list[tuple[str, torch.Tensor | None, torch.Tensor]], against: str, axes: tuple[str, ...] = ()
+) -> str:
     """compare(...).line over several tensors (name, received, expected), with the first wrong element of the first
     tensor that differs (expected, received) when it fails. -inf (no key seen) must come back as -inf."""
     for name, got, _ in parts:
@@ -502,13 +585,16 @@ def _compare(what: str, parts: list[tuple[str, torch.Tensor | None, torch.Tensor
     if verdict.passed:
         return verdict.line
     for name, got, ref in parts:
-        if where := _first_difference(got, ref):
+        if where := _first_difference(got, ref, axes):
             named = f"{name}: {where}" if len(parts) > 1 else where
             return dataclasses.replace(verdict, note=named).line
     return verdict.line
 
 
 # ------------------------------------------------------------------------------------------- 1 · the merge
+
+
+ROWS = ("_batch", "head", "row", "dim")  # a state's dimensions, as a FAIL line names them
 
 
 def _merged(merge, tiles: list, order: str):
@@ -534,20 +620,21 @@ def _state_data(state) -> dict:
 
 
 def merge_rank(merge_across_ranks) -> dict:
-    """Rank code: this rank's state of the shared queries over its own keys (RANK_CUTS) for each case, merged
-    across the ranks by the student's merge_across_ranks; every call it makes into torch.distributed, per case."""
+    """Rank code: this rank's state of the shared queries over its own keys (RANK_CUTS) and the sink for each case,
+    merged across the ranks by the student's merge_across_ranks; every call it makes into torch.distributed."""
     r = dist.get_rank()
     bounds = [0, *RANK_CUTS, T_MERGE]
     lo, hi = bounds[r], bounds[r + 1]
     results = {}
     with library_calls(LIBRARY) as called:
-        for name, (scale, kind) in RANK_CASES.items():
+        for name, (scale, kind, sinks) in RANK_CASES.items():
             q, k, v = (t.to(parlab.device()) for t in merge_problem(3, scale))
             mask = merge_mask(kind)
             own = None if mask is None else mask[:, lo:hi].to(parlab.device())
-            state = attend(q, k[..., lo:hi, :], v[..., lo:hi, :], own)  # [B, 2, 16, HD] and [B, 2, 16] x 2
+            sink = torch.tensor(sinks, dtype=torch.float64, device=parlab.device())  # [2]: one logit per head
+            state = sink_state(q, k[..., lo:hi, :], v[..., lo:hi, :], own, sink)  # [B, 2, 16, HD], [B, 2, 16] x 2
             with probe.recording(keep_sent_data=False) as calls:
-                merged = merge_across_ranks(state)
+                merged = merge_across_ranks(state, sink.clone())
             results[name] = {
                 "state": _state_data(merged),
                 "calls": [{"op": c["op"], "bytes": c["bytes"]} for c in calls],
@@ -606,6 +693,7 @@ def judge_merge(data) -> list[str]:
                 f"{name}: merged state (m, l, acc)",
                 [(key, _tensor(got[key], ref.shape), ref) for key, ref in state],
                 "the state over all the keys",
+                ROWS,
             )
         )
         lines.append(
@@ -613,18 +701,27 @@ def judge_merge(data) -> list[str]:
                 f"{name}: finish (out, lse)",
                 [(key, _tensor(got[key], ref.shape), ref) for key, ref in (("out", out), ("lse", lse))],
                 "attention over all the keys",
+                ROWS,
             )
         )
     ranks = data["ranks"]
-    for name, (scale, kind) in RANK_CASES.items():
+    for name, (scale, kind, sinks) in RANK_CASES.items():
         q, k, v = merge_problem(3, scale)
-        acc, row_max, row_sum = masked_state(q, k, v, merge_mask(kind))
+        sink = torch.tensor(sinks, dtype=torch.float64)  # host: the reference on one device
+        acc, row_max, row_sum = sink_state(q, k, v, merge_mask(kind), sink)
         parts = [
             (f"rank {r}'s {key}", _tensor(res["cases"][name]["state"][key], ref.shape), ref)
             for r, res in enumerate(ranks)
             for key, ref in (("m", row_max), ("l", row_sum), ("acc", acc))
         ]
-        lines.append(_compare(f"across {P} ranks, {name}: every rank's state", parts, "the state over all the keys"))
+        lines.append(
+            _compare(
+                f"across {P} ranks, {name}: every rank's state",
+                parts,
+                "the state over all the keys and the sink once",
+                ROWS,
+            )
+        )
     lines.append(
         _verdict(
             f"across {P} ranks: all-reduces only, at most the state's bytes per rank",
@@ -730,7 +827,7 @@ def judge_ring(data) -> list[str]:
                 traffic.append(f"rank {r}: {wrong}")
             if wrong := _ring_tiles_wrong(res["tiles"], r, world):
                 tiles.append(wrong)
-            if wrong := _overlap_wrong(res["comm"], res["tiles"], r, world, [True] * world, sizes):
+            if wrong := _overlap_wrong(res["comm"], res["tiles"], r, world, [True] * world, sizes, side):
                 overlap.append(wrong)
         lines += [
             _verdict(
@@ -763,19 +860,22 @@ def _pairs_theory(T: int, world: int) -> int:
     return max(n * (j + 1) + world * n * (n - 1) // 2 for j, n in enumerate(counts))
 
 
-def _ring_bytes_theory(T: int, world: int) -> tuple[int, int]:
-    """(the most bytes a rank hands to isend, the most bytes over one link in one direction) in one forward of the
-    bidirectional ring, striped: rank r sends to r+1 the blocks of ranks r, r-1, .. (P // 2 of them) and to r-1
-    those of r, r+1, .. ((P-1) // 2)."""
-    counts = [(T - j + world - 1) // world for j in range(world)]
-    right = [sum(counts[(r - s) % world] for s in range(world // 2)) for r in range(world)]
-    left = [sum(counts[(r + s) % world] for s in range((world - 1) // 2)) for r in range(world)]
-    return max(a + b for a, b in zip(right, left, strict=True)) * TOKEN_BYTES, max(right + left) * TOKEN_BYTES
+def _ring_bytes_theory(layout: list[list[int]]) -> tuple[int, int]:
+    """(the bytes all ranks hand to isend, the most bytes over one link in one direction) in one forward of the
+    layer's ring (part 4): the bidirectional ring's plan, the opposite block rightward, each hop kept only while
+    the block still reaches a rank whose queries see one of its keys."""
+    world = len(layout)
+    link = {
+        (r, peer): sum(len(layout[j]) for _, j in owners) * TOKEN_BYTES
+        for r in range(world)
+        for peer, owners in plan(r, world, "right", layout).items()
+    }
+    return sum(link.values()), max(link.values())
 
 
 def work_theory() -> dict[str, float]:
-    sent, link = _ring_bytes_theory(T_WORK, P_WORK)
-    return {"pairs_busiest": _pairs_theory(T_WORK, P_WORK), "bytes_busiest": sent, "bytes_link": link}
+    sent, link = _ring_bytes_theory(contiguous(T_WORK, P_WORK))
+    return {"pairs_busiest": _pairs_theory(T_WORK, P_WORK), "bytes_total": sent, "bytes_link": link}
 
 
 THEORY = {"work": work_theory}  # the numbers judge_work scores against (tests/test_lab_design.py hides them)
@@ -803,14 +903,15 @@ def _pairs_counted(layout: list[list[int]]) -> int:
 
 
 def _ring_replayed(layout: list[list[int]]) -> tuple[int, int]:
-    """The bidirectional ring played block by block: each round every rank passes each block it got on, in the
-    direction it travels, to a neighbour that has not seen it and does not get it from the other side in the same
-    round (then it goes rightward only). Returns the most bytes a rank sent and the most bytes on one link in one
-    direction."""
+    """The layer's ring played block by block: each round every rank passes each block it got on, in the direction
+    it travels, to a neighbour that has not seen it and does not get it from the other side in the same round
+    (then it goes rightward only); then each block's path in each direction is cut after the last rank on it whose
+    queries see one of its keys (causal: a query at position t sees the keys at 0..t). Returns the most bytes a
+    all ranks sent and the most bytes on one link in one direction."""
     world = len(layout)
     seen = [{r} for r in range(world)]
     moving = [{+1: r, -1: r} for r in range(world)]  # the block each rank passes on each way (None: none)
-    link = {(r, d): 0 for r in range(world) for d in (+1, -1)}
+    paths = {(j, d): [] for j in range(world) for d in (+1, -1)}  # the (sender, receiver) hops of block j, way d
     while any(len(s) < world for s in seen):
         arriving = [{+1: None, -1: None} for _ in range(world)]
         for r in range(world):
@@ -821,22 +922,27 @@ def _ring_replayed(layout: list[list[int]]) -> tuple[int, int]:
                 if d == -1 and moving[(to - 1) % world][+1] == block:
                     continue  # the neighbour gets it from its left this round
                 arriving[to][d] = block
-                link[(r, d)] += len(layout[block]) * TOKEN_BYTES
+                paths[(block, d)].append((r, to))
         for r in range(world):
             seen[r] |= {b for b in arriving[r].values() if b is not None}
         moving = arriving
-    sent = [link[(r, +1)] + link[(r, -1)] for r in range(world)]
-    return max(sent), max(link.values())
+    sees = lambda i, j: any(k <= t for t in layout[i] for k in layout[j])  # noqa: E731
+    link = {(r, d): 0 for r in range(world) for d in (+1, -1)}
+    for (j, d), hops in paths.items():
+        last = max((h for h, (_, to) in enumerate(hops) if sees(to, j)), default=-1)
+        for sender, _ in hops[: last + 1]:
+            link[(sender, d)] += len(layout[j]) * TOKEN_BYTES
+    return sum(link.values()), max(link.values())
 
 
 def judge_work(data) -> list[str]:
     theory, predicted = THEORY["work"](), data["predicted"]
-    sent, link = _ring_replayed(striped(T_WORK, P_WORK))
-    counted = {"pairs_busiest": _pairs_counted(striped(T_WORK, P_WORK)), "bytes_busiest": sent, "bytes_link": link}
+    sent, link = _ring_replayed(contiguous(T_WORK, P_WORK))
+    counted = {"pairs_busiest": _pairs_counted(striped(T_WORK, P_WORK)), "bytes_total": sent, "bytes_link": link}
     labels = {
         "pairs_busiest": "pairs_busiest (query-key pairs the busiest rank's queries see, striped; counted on the mask)",
-        "bytes_busiest": "bytes_busiest (bytes the busiest rank sends in one bidirectional ring forward; replayed)",
-        "bytes_link": "bytes_link (bytes over the busiest link, one direction; replayed)",
+        "bytes_total": "bytes_total (bytes all ranks send in one forward of the layer, contiguous; replayed)",
+        "bytes_link": "bytes_link (bytes over the busiest link, one direction, contiguous; replayed)",
     }
     lines = []
     for name, label in labels.items():
@@ -971,18 +1077,26 @@ def judge_layer(data) -> list[str]:
             ("rank {j}'s V then K", _flat_blocks(blocks["v"], blocks["k"])),
         ]
         sizes = [block.numel() for block in forms[0][1]]
-        side = ring_side(ranks[0][name]["calls"], P, sizes)
-        traffic, overlap = [], []
+        traffic, overlap = {}, []
+        for side in SIDES:  # P even: the opposite block's last hop either way, the same for every block
+            traffic[side] = []
+            for r in range(P):
+                res = ranks[r][name]
+                wrong = _neighbours_wrong(res["calls"], r, P, every=False) or _traffic_wrong(
+                    res["calls"], r, P, side, forms, layout
+                )
+                traffic[side] += [f"rank {r}: {wrong}"] if wrong else []
+        side = "left" if traffic["right"] and not traffic["left"] else "right"
+        traffic = traffic[side]
         for r in range(P):
             res = ranks[r][name]
-            wrong = _neighbours_wrong(res["calls"], r, P) or _traffic_wrong(res["calls"], r, P, side, forms)
-            traffic += [f"rank {r}: {wrong}"] if wrong else []
-            if wrong := _overlap_wrong(res["comm"], res["tiles"], r, P, _busy_rounds(layout, r), sizes):
+            busy = _busy_rounds(layout, r)
+            if wrong := _overlap_wrong(res["comm"], res["tiles"], r, P, busy, sizes, side, layout):
                 overlap.append(wrong)
         lines.append(
             _verdict(
                 f"{name}: every message each rank sent, in order: the ring's block, its K rotated, then V, nkv = "
-                f"{NKV} heads, any block size",
+                f"{NKV} heads, any block size, and no hop after which the block reaches no rank that sees it",
                 traffic,
             )
         )
