@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import math
 import re
 from pathlib import Path
@@ -198,3 +199,13 @@ def test_the_answer_key_in_words_is_only_in_the_instructors_part():
     text = (ROOT / "labs" / "README.md").read_text()
     students = text[: text.index("## For instructors")]
     assert "| `lab" not in students, "a row of the answer-key table above 'For instructors'"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_the_closing_summary_stays_in_the_solution(lab):
+    """A lab's "What you built" says in words what each part needed: solution-only, never in the handout."""
+    solution = nbformat.read(ROOT / "labs" / "solutions" / f"{lab}.ipynb", as_version=4)
+    summaries = [c for c in solution.cells if c.cell_type == "markdown" and "**What you built.**" in c.source]
+    assert all(markers.solution_only(c) for c in summaries), f"{lab}: a 'What you built' cell without the tag"
+    handout = (ROOT / "labs" / f"{lab}.ipynb").read_text()
+    assert "What you built" not in handout and "What you built" not in json.dumps(markers.student_version(solution))

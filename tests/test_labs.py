@@ -70,7 +70,8 @@ def test_student_version_stores_no_outputs_and_hides_the_solution():
         student = nbformat.read(LABS / solution_path.name, as_version=4)
         assert student.metadata["parlab"]["lab"] == solution_path.stem
         checks = 0
-        for ours, theirs in zip(student.cells, solution.cells, strict=True):
+        handed = [cell for cell in solution.cells if not markers.solution_only(cell)]  # "What you built" stays
+        for ours, theirs in zip(student.cells, handed, strict=True):
             if markers.answer_name(theirs):
                 assert "BEGIN SOLUTION" not in ours.source and "END SOLUTION" not in ours.source
                 handed_out = "# HANDOUT" in theirs.source  # the bug hunt hands out broken code instead
@@ -151,9 +152,11 @@ def test_every_lab_is_on_the_fixed_list_with_a_module_that_collects_and_judges_e
 def test_judges_fail_what_is_not_the_answer():
     """The judges compute their reference themselves: data that is not the answer fails, malformed data raises."""
     lab00 = grading.checks_module("lab00_ring_allreduce")
-    zeros = {"chunks": [torch.zeros(250)] * 4, "calls": []}
-    lines = grading.judge(lab00, "reduce_scatter", {"ranks": [zeros] * 4})
+    case = lab00.RS_CASES[0]
+    zeros = {"pieces": [torch.zeros(n, dtype=torch.float64) for n in case["sizes"]], "calls": []}
+    lines = grading.judge(lab00, "reduce_scatter", {"ranks": [zeros] * len(case["ring"])})
     assert lines and all(line.endswith(": FAIL") for line in lines if "holds" in line or "sent" in line)
+    assert any("summed over all ranks" in line and line.endswith(": FAIL") for line in lines), lines
     assert grading.judge(lab00, "reduce_scatter", {"error": "rank 1 failed: boom"}) == [
         "reduce_scatter: the check did not complete (rank 1 failed: boom): FAIL"
     ]

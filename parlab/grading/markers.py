@@ -119,12 +119,19 @@ def hint_of(cell) -> str | None:
     return hint if isinstance(hint, str) else None
 
 
+def solution_only(cell) -> bool:
+    """A markdown cell for the solution alone (cell tag "solution-only"): a lab's closing "What you built" says in
+    words what each part needed, which a handout must not say before the student has found it."""
+    return cell.cell_type == "markdown" and "solution-only" in cell.get("metadata", {}).get("tags", [])
+
+
 def student_version(solution, hints: bool = True):
-    """The notebook handed to students: solution blocks stripped and no stored output (no verdict shows before the
-    student's own run; the expected verdicts stay in the solution, where the grader reads them). With
-    `hints=False` the hint cells (markdown cells with metadata parlab.hint) are left out too, and every stub says
-    only "write this"."""
+    """The notebook handed to students: solution blocks stripped, solution-only cells left out, and no stored output
+    (no verdict shows before the student's own run; the expected verdicts stay in the solution, where the grader
+    reads them). With `hints=False` the hint cells (markdown cells with metadata parlab.hint) are left out too, and
+    every stub says only "write this"."""
     nb = copy.deepcopy(solution)
+    nb.cells = [cell for cell in nb.cells if not solution_only(cell)]
     if not hints:
         nb.cells = [cell for cell in nb.cells if hint_of(cell) is None]
     answers = set()

@@ -11,11 +11,12 @@ from html import escape as html_escape
 class _ProgressLine:
     """Progress of a launch longer than 1 s ("4/4 ranks started, step 3/10 after 5 s"), where someone watches.
 
-    In a notebook: an HTML progress bar under the cell, updated in place, and emptied once the ranks report. It is HTML only, which nbval does not
-    compare (conftest.py), because its figures depend on timing; under pytest it is not shown at all. In a
-    terminal: one line on stderr, rewritten in place. Where stderr is no terminal (a pipe, a log) and LINES is on
-    (the command line turns it on for `run` and `tour`: a long run must say it is alive wherever it is read):
-    whole lines, "parlab: ...", the first after LINE_DELAY seconds, then at most one every LINE_EVERY seconds.
+    In a notebook: an HTML progress bar under the cell, updated in place, and emptied once the ranks report. It is
+    HTML only, which nbval does not compare (conftest.py), because its figures depend on timing; under pytest it is
+    not shown at all. In a terminal: one line on stderr, rewritten in place. Where stderr is no terminal (a pipe, a
+    log) and LINES is on (the command line turns it on for `run` and `tour`: a long run must say it is alive
+    wherever it is read): whole lines, "parlab: ...", the first after LINE_DELAY seconds, then at most one every
+    LINE_EVERY seconds.
     """
 
     DELAY = 1.0  # seconds before the progress appears: quick launches stay silent
