@@ -194,11 +194,14 @@ def test_a_prediction_cell_is_the_students_own_computation(source, refused):
 
 
 def test_the_answer_key_in_words_is_only_in_the_instructors_part():
-    """labs/README.md's table of what each lab asks (its variants, the shortcuts each check catches) is an answer
-    key: a student reads the README's top and "For students", so no row of it may stand there."""
+    """The table of what each lab asks (its variants, the shortcuts each check catches) is an answer key: it lives
+    beside the solutions (labs/solutions/README.md), never in labs/README.md, which students read."""
     text = (ROOT / "labs" / "README.md").read_text()
     students = text[: text.index("## For instructors")]
     assert "| `lab" not in students, "a row of the answer-key table above 'For instructors'"
+    assert not re.search(r"^\| `lab\w+` \(\d+\) \|", text, re.M), "the answer key belongs in labs/solutions/README.md"
+    key = (ROOT / "labs" / "solutions" / "README.md").read_text()
+    assert all(re.search(rf"^\| `{lab}` \(\d+\) \|", key, re.M) for lab in LABS), "a lab without its answer-key row"
 
 
 @pytest.mark.parametrize("lab", LABS)
