@@ -39,7 +39,9 @@ import re
 import sys
 from pathlib import Path
 
-RISE = {"autolaunch": False, "scroll": True, "theme": "simple", "transition": "none", "start_slideshow_at": "beginning"}
+# "white": its fonts ship with RISE (the "simple" theme fetches Google's: offline, two console errors);
+# notebooks/rise.css undoes its upper-case headings.
+RISE = {"autolaunch": False, "scroll": True, "theme": "white", "transition": "none", "start_slideshow_at": "beginning"}
 # A code cell that an instructor runs live: a live timeline, a replay, a widget.
 # nbval's comment markers, a line of their own, and the cell tag nbval reads instead (nbval's plugin lower-cases
 # the marker and turns "_" into "-").
@@ -77,18 +79,25 @@ def _imports_only(cell: dict) -> bool:
     return bool(code) and all(IMPORT_LINE.match(line) for line in code.splitlines()) and "import" in code
 
 
-# The estimate behind "fits the screen" (pixels at RISE's default zoom in JupyterLab, measured once in Chromium by
-# eye against lesson 03: close enough to split slides, not a layout engine).
+# The estimate behind "fits the screen": pixels on a RISE slide at 1280x720 with notebooks/rise.css (18 px body,
+# 15 px code), fitted to every lesson's (sub)slides as benchmarks/slides_in_rise.py measured them in Chromium
+# (code input 0.91 and printed output 0.84 of the first, eyeballed constants; markdown 0.75; plotly 0.97). A widget
+# is counted at a figure's height, as the notebook view shows it (RISE 0.43's page shows it as one line of text).
 SCREEN_PX = 720 - 60  # the slide area less reveal.js's margins and controls
-MARKDOWN_LINE_PX, MARKDOWN_CHARS, HEADING_PX, SUBHEADING_PX, BLANK_PX = 27, 95, 56, 40, 8
-CODE_LINE_PX, OUTPUT_LINE_PX, OUTPUT_CHARS, CELL_PADDING_PX = 19, 18, 110, 24
-FIGURE_PX, WIDGET_PX, TABLE_ROW_PX = 450, 520, 20
+MARKDOWN_LINE_PX, MARKDOWN_CHARS, HEADING_PX, SUBHEADING_PX, BLANK_PX = 22, 90, 56, 40, 8
+CODE_LINE_PX, OUTPUT_LINE_PX, OUTPUT_CHARS, CELL_PADDING_PX, FENCED_LINE_PX = 20, 17, 135, 10, 15
+FIGURE_PX, WIDGET_PX, TABLE_ROW_PX = 450, 520, 10
 
 
 def _markdown_px(text: str) -> int:
-    height = 16
+    height, fenced = 16, False
     for line in text.splitlines():
-        if re.match(r"#{1,2} ", line):
+        if line.lstrip().startswith("```"):  # a code block: its lines at the code's line height, unwrapped
+            fenced = not fenced
+            height += BLANK_PX
+        elif fenced:
+            height += FENCED_LINE_PX
+        elif re.match(r"#{1,2} ", line):
             height += HEADING_PX
         elif re.match(r"#{3,6} ", line):
             height += SUBHEADING_PX
@@ -112,8 +121,9 @@ def _output_px(output: dict) -> int:
     joined = {key: "".join(value) if isinstance(value, list) else str(value) for key, value in data.items()}
     if "text/markdown" in joined:
         return _markdown_px(joined["text/markdown"])
-    if "text/html" in joined:
-        return TABLE_ROW_PX * (joined["text/html"].count("<tr") + 2)
+    if "text/html" in joined:  # a table, a progress bar; an emptied one (a launch's finished bar) takes no room
+        html = joined["text/html"].strip()
+        return TABLE_ROW_PX * (html.count("<tr") + 2) if html else 0
     if "text/plain" in joined:
         return OUTPUT_LINE_PX * len(joined["text/plain"].splitlines())
     return 0

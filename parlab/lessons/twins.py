@@ -1,7 +1,8 @@
 """Lesson 10: from parlab to PyTorch. Each scheme beside its twin (parlab/twins), what DTensor hides, and the
 debugging tools a practitioner reaches for.
 
-    side_by_side(scheme)      parlab's hand-written core and the twin's few lines of API, as one Markdown cell
+    by_hand(scheme)           parlab's hand-written core of a scheme, as a Markdown cell (one slide)
+    with_torch(scheme)        the PyTorch twin's few lines of API for the same scheme (the next slide)
     run_twin(scheme, ...)     the scheme and its twin in one launch: (results, report), report["twin"] the verdict
     twin_lines(report)        the twin's verdict lines, and its bytes per kind beside parlab's (rank 0)
     placements()              DTensor's placements on live ranks: which redistribution is which collective
@@ -48,14 +49,19 @@ def _pairs() -> dict:
     }
 
 
-def side_by_side(scheme: str, max_lines: int = 30) -> Markdown:
-    """parlab's core of `scheme` and the PyTorch twin's code, one above the other (the source as it is now)."""
-    ours, theirs = _pairs()[scheme]
-    return Markdown(
-        f"**parlab, by hand** (`{ours.__module__}.{ours.__qualname__}`)\n```python\n{_source(ours, max_lines)}\n```\n"
-        f"**PyTorch's API** (`{theirs.__module__}.{theirs.__qualname__}`)\n```python\n"
-        f"{_source(theirs, max_lines)}\n```"
-    )
+def _shown(title: str, obj, max_lines: int) -> Markdown:
+    return Markdown(f"**{title}** (`{obj.__module__}.{obj.__qualname__}`)\n```python\n{_source(obj, max_lines)}\n```")
+
+
+# One code listing per cell: on a slide (1280x720) a listing of about 28 lines fits, two one above the other do not.
+def by_hand(scheme: str, max_lines: int = 28) -> Markdown:
+    """parlab's hand-written core of `scheme` (the source as it is now, cut after `max_lines` lines)."""
+    return _shown("parlab, by hand", _pairs()[scheme][0], max_lines)
+
+
+def with_torch(scheme: str, max_lines: int = 28) -> Markdown:
+    """The PyTorch twin's code for `scheme`: what torch's API leaves to write (cut after `max_lines` lines)."""
+    return _shown("PyTorch's API", _pairs()[scheme][1], max_lines)
 
 
 def run_twin(scheme: str, world_size: int = 2, **options):
