@@ -75,14 +75,15 @@ STRUCTURAL = {
     "every rank's weights after the last (its slices and its replicas) equal one device's; each rank communicates "
     "one [B, T, H] per sublayer in forward and one in backward, and after backward the gradients of its K/V head "
     "only; no call into parlab's tensor parallelism",
-    "zigzag_targets": "for T = 16, 20 and 23 on 4 ranks (2P chunks cut as torch.tensor_split cuts them: the "
-    "first T mod 2P one token longer), each rank given only its zigzag block of token ids: every "
+    "zigzag_targets": "for T = 16, 20 and 23 on 4 ranks (2P chunks cut by torch.tensor_split), each rank given "
+    "only its zigzag block of token ids: every "
     "rank's targets, each, equal one device's next tokens in the same layout (a FAIL shows the loss they give "
     "against one device's and the first target that differs); each rank exchanges only with ranks r-1 and r+1, "
     "point to point, at most two token ids per sequence; no call into parlab's sequence code",
     "zero_clip": "3 Adam steps with the gradient clipped at a global norm, the lab model's matrices sharded over "
-    "shard groups and replicated across them, on two layouts (groups of 2 ranks, replicated twice; one group of 4, "
-    "its last shard padded), its RMSNorm gains replicated: on each layout the norm each rank clipped by and every "
+    "shard groups and replicated across them, on two layouts in this order (one group of 4, its last shard padded; "
+    "groups of 2 ranks, replicated twice), its RMSNorm gains replicated: on each layout the norm each rank clipped "
+    "by (a FAIL shows the numbers for the first layout whose norm differs only) and every "
     "parameter equal one device's; per step each rank reduce-scatters the gradient in its shard group, all-reduces "
     "its shard across the replicas (if it has any), all-gathers the parameters in its shard group and "
     "all-reduces the gains' gradients, and at most 2P numbers more, nothing else; no call into parlab's ZeRO",
@@ -93,8 +94,9 @@ STRUCTURAL = {
     "2 SGD steps each: no hang (a hang fails within seconds, naming each "
     "rank's call), the loss of each step and every stage's parameters after the last equal one device's; every "
     "stage sends m activations forward and m gradients back per step, and the first and last stage all-reduce the "
-    "tied matrix's gradient once, nothing else; no call into parlab's pipeline code (not known, and a FAIL, for a "
-    "launch whose ranks did not finish)",
+    "tied matrix's gradient once, nothing else; stage s holds the activations of at most min(p - s, m) micro-batches "
+    "at once (1F1B's memory: GPipe's all-forwards-first loop and one warm-up forward too many fail); no call into "
+    "parlab's pipeline code (not known, and a FAIL, for a launch whose ranks did not finish)",
     "ring_gqa": "a ring-attention forward of grouped K/V heads under the library's backward, for (nq, nkv) = (4, 4) "
     "and (6, 2): the output and dL/dq, dL/dk, dL/dv equal one device's causal attention; each rank sends P-1 K/V "
     "blocks of the nkv heads only in forward, and no tensor its forward makes holds a K/V block copied for each "
@@ -205,8 +207,8 @@ def judge_dp_tokens(data) -> list[str]:
 
 
 def zigzag_block(t: torch.Tensor, rank: int) -> torch.Tensor:
-    """Rank `rank`'s zigzag block of a [B, T] tensor: chunks rank and 2P-1-rank of 2P chunks, side by side. The
-    chunks are torch.tensor_split's: when 2P does not divide T, the first T mod 2P chunks are one token longer."""
+    """Rank `rank`'s zigzag block of a [B, T] tensor: chunks rank and 2P-1-rank of 2P chunks (torch.tensor_split's),
+    side by side."""
     chunks = t.tensor_split(2 * P, dim=1)
     return torch.cat([chunks[rank], chunks[2 * P - 1 - rank]], dim=1)  # [B, c_r + c_(2P-1-r)]
 

@@ -68,6 +68,8 @@ class Stage:
     send_backward(grad_x)     grad_x to stage s-1
     send_forward_recv_backward(y) -> grad         the two at once, both in flight together
     send_backward_recv_forward(grad_x) -> x       the two at once, both in flight together (stage 0: from the loader)
+    held                      the micro-batches whose activations this stage holds, awaiting backward (the check
+                              counts them: their peak in a step is the stage's activation memory)
     tied_grad() -> grad       this stage's copy of the tied matrix's gradient, [V, H] (the first and the last
                               stage; None on the others)
     tied_group                the process group of the first and the last stage
@@ -81,6 +83,7 @@ class Stage:
         self.positions = torch.arange(PIPE_CFG.seq_len, device=parlab.device())
         self.shape = (PIPE_B, PIPE_CFG.seq_len, PIPE_CFG.hidden)
         self.held: list[tuple[torch.Tensor, torch.Tensor]] = []  # (input, output) awaiting backward, oldest first
+        self.most_held = 0  # the most micro-batches whose activations this stage held at once (the step's peak)
         self.loss = 0.0
 
     def _empty(self) -> torch.Tensor:
@@ -93,6 +96,7 @@ class Stage:
             out = lab_loss(self.model.logits(out), next(self.targets)) / self.m  # logits: the embedding's copy
             self.loss += out.item()
         self.held.append((x, out))
+        self.most_held = max(self.most_held, len(self.held))
         return out
 
     def backward(self, grad: torch.Tensor | None) -> torch.Tensor | None:
@@ -163,7 +167,7 @@ def run_1f1b(one_f_one_b, ms: tuple[int, ...]) -> dict[int, list[dict]]:
         mine = stage_parameters(model, s)
         steps = []
         for _ in range(PIPE_STEPS):
-            stage.loss = 0.0
+            stage.loss, stage.most_held = 0.0, 0
             with probe.recording(keep_sent_data=False, with_groups=True) as calls, library_calls(LIBRARY) as called:
                 one_f_one_b(stage, m)
             with torch.no_grad():
@@ -171,7 +175,7 @@ def run_1f1b(one_f_one_b, ms: tuple[int, ...]) -> dict[int, list[dict]]:
                     p -= PIPE_LR * (p.grad if p.grad is not None else 0.0)
             model.zero_grad(set_to_none=True)
             messages = [[c["op"], int(c["peer"]), len(c["group"]), int(c["bytes"])] for c in calls]
-            steps.append({"loss": stage.loss, "calls": messages, "library": called})
+            steps.append({"loss": stage.loss, "calls": messages, "held": stage.most_held, "library": called})
         out[m] = {"steps": steps, "params": {n: p.detach().clone() for n, p in mine.items()}}
     return out
 
@@ -236,6 +240,18 @@ def _wrong_messages(ranks, m: int) -> str:
     return ""
 
 
+def _too_many_held(ranks, m: int) -> str:
+    """'' when, in every step, every stage s held the activations of at most min(p - s, m) micro-batches at once
+    (1F1B's memory: p - s warm-up and steady-state forwards in flight, never all m as GPipe holds them); else the
+    first stage and step that held more, with both counts."""
+    for step in range(PIPE_STEPS):
+        for s in range(P):
+            most, held = min(P - s, m), ranks[s]["steps"][step].get("held")
+            if not isinstance(held, int) or held > most:
+                return f"step {step + 1}, stage {s}: expected at most {most} held, received {held}"
+    return ""
+
+
 def judge_pipeline_m(data) -> list[str]:
     runs, lines, called, unknown = data["runs"], [], [], []
     for ms in PIPE_LAUNCHES:
@@ -256,6 +272,9 @@ def judge_pipeline_m(data) -> list[str]:
         wrong = _wrong_messages(ranks, m)
         what = f"m={m}: every stage's messages in each step (m each way, the tied gradient summed once, nothing else)"
         lines.append(f"{what}: {f'{wrong}: FAIL' if wrong else 'PASS'}")
+        many = _too_many_held(ranks, m)
+        what = f"m={m}: activations each stage holds at once (1F1B: stage s at most min(p - s, m) micro-batches)"
+        lines.append(f"{what}: {f'{many}: FAIL' if many else 'PASS'}")
         called += [c for res in ranks for step in res["steps"] for c in step["library"]]
     if unknown:  # the ranks that did not finish never said what they called
         ms = ", ".join(str(m) for m in unknown)

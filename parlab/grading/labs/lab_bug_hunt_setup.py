@@ -45,19 +45,18 @@ DP_LENGTHS = (8, 3, 5, 8, 2, 8, 6, 1, 7, 7, 4, 2, 8, 5, 3, 6)
 # TP_STEPS SGD steps on the mean squared error of its output, x: [BATCH, T_TP, H].
 TP_CFG = LabConfig(vocab_size=32, seq_len=8, hidden=8, heads=4, kv_heads=2, ffn=16, layers=1)
 BATCH, T_TP, TP_STEPS, TP_LR = 2, 4, 3, 0.5
-# Part 3, the zigzag layout: ZZ_B sequences of each length in ZIGZAG_T, cut into 2P chunks as torch.tensor_split cuts
-# them (the first T mod 2P chunks one token longer): 16 even; 20 every rank's two chunks of unequal length (rank P-1's
-# too, whose chunks P-1 and P follow each other); 23 rank 0's only.
+# Part 3, the zigzag layout: ZZ_B sequences of each length in ZIGZAG_T, cut into 2P chunks by torch.tensor_split:
+# 16, 20 and 23 tokens on P = 4 ranks.
 ZIGZAG_T = (16, 20, 23)
 ZZ_B = 2
 ZZ_CFG = LabConfig(vocab_size=32, seq_len=24, hidden=8, heads=2, kv_heads=1, ffn=16, layers=1)  # the loss shown
 # Part 4, hybrid sharding with clipping: the lab model's matrices (PSI_M = 642 numbers) sharded over groups of
 # `shard` ranks, replicated over the P / shard groups (rank r in shard group r // shard), for each shard-group size
-# in ZERO_LAYOUTS (2: two groups of 2, the user's nodes; 4: one group of all 4, the user's earlier run, its last shard
-# padded); its RMSNorm gains (18 numbers) replicated on every rank; Adam with ZERO_LR for ZERO_STEPS steps, the
-# gradient clipped at MAX_NORM.
+# in ZERO_LAYOUTS, in this order (4: one group of all 4, the user's earlier run, its last shard padded; 2: two groups
+# of 2, the user's nodes); its RMSNorm gains (18 numbers) replicated on every rank; Adam with ZERO_LR for ZERO_STEPS
+# steps, the gradient clipped at MAX_NORM.
 ZERO_CFG = LabConfig(vocab_size=29, seq_len=8, hidden=6, heads=3, kv_heads=1, ffn=11, layers=1)
-ZERO_LAYOUTS = (2, 4)
+ZERO_LAYOUTS = (4, 2)
 B_ZERO, ZERO_STEPS, ZERO_LR, MAX_NORM = 8, 3, 0.05, 0.05
 # The prediction: a Llama-3-8B-sized lab model (untied head) on PREDICT_N ranks, tensor parallel over PREDICT_TP of
 # them (Megatron's slices, the vocabulary split too; more ranks than K/V heads, so each K/V head is held whole by

@@ -10,7 +10,7 @@ shard across the replicas, average, Adam on the shard, all-gather the parameters
 gains are replicated on every rank, their gradients all-reduced over all ranks. Clipping (Pascanu et al. 2013)
 multiplies every gradient by min(1, max_norm / (norm + 1e-6)), the norm that of the whole model's averaged
 gradient, as torch.nn.utils.clip_grad_norm_ computes it on one device. The check runs every layout of
-ZERO_LAYOUTS (shard groups of 2, replicated twice; one shard group of all P ranks).
+ZERO_LAYOUTS (one shard group of all P ranks; shard groups of 2, replicated twice).
 """
 
 from __future__ import annotations
@@ -150,15 +150,18 @@ def _bytes(step: list, ops: tuple[str, ...], size: int | None) -> int:
 def judge_zero_clip(data) -> list[str]:
     reference, norms = zero_single_device()
     lines = []
-    for shard in ZERO_LAYOUTS:
-        lines += _judge_layout(data[str(shard)], shard, reference, norms)
+    for shard in ZERO_LAYOUTS:  # the logged norm's numbers for the first layout whose norm is wrong only
+        shown = any(line.endswith(": FAIL") and "gradient norm" in line for line in lines)
+        lines += _judge_layout(data[str(shard)], shard, reference, norms, numbers=not shown)
     called = [c for shard in ZERO_LAYOUTS for res in data[str(shard)] for c in res["library"]]
     lines.append(library_verdict("zero_step", called))
     return lines
 
 
-def _judge_layout(ranks: list[dict], shard: int, reference: dict, norms: list[float]) -> list[str]:
-    """The verdicts on one layout: shard groups of `shard` ranks, replicated P / shard times."""
+def _judge_layout(ranks: list[dict], shard: int, reference: dict, norms: list[float], numbers: bool) -> list[str]:
+    """The verdicts on one layout: shard groups of `shard` ranks, replicated P / shard times. numbers: a wrong norm
+    says the first step's expected and received norm (else only that it is wrong: a second layout's numbers beside
+    the first's would give the cause by a division, not by a measurement)."""
     _, flat_param, _, gains = flat_lab_model()
     psi_m, n_gains = flat_param.numel(), sum(g.numel() for g in gains)
     S = math.ceil(psi_m / shard)  # a shard: the last one ends in padding where shard does not divide PSI_M
@@ -174,6 +177,9 @@ def _judge_layout(ranks: list[dict], shard: int, reference: dict, norms: list[fl
         what = f"{layout}: the gradient norm clipped by in each of {ZERO_STEPS} steps (clipped at {MAX_NORM})"
         curves = [curve_line(f"{what}, rank {r}", ranks[r]["norms"], norms) for r in range(P)]
         wrong = [line for line in curves if line.endswith(": FAIL")]
+        if wrong and not numbers:
+            r = curves.index(wrong[0])
+            wrong[0] = f"{what}, rank {r}: differs (numbers shown for the first layout whose norm differs only): FAIL"
         lines.append(wrong[0] if wrong else curve_line(f"{what}, every rank", ranks[0]["norms"], norms))
     params = [res["params"] for res in ranks]
     lines.append(compare(f"{layout}: every rank's parameters after {ZERO_STEPS} steps", params, [reference] * P).line)

@@ -1,0 +1,71 @@
+# ruff: noqa
+# A wrong answer to labs/lab_bug_hunt.ipynb (the other answers are the solution's).
+# The bug: part 2 half fixed the other way. sync_grads makes a new bucket every step and copies the sums back into
+# the gradients backward wrote, but the K/V gradients are still summed over ranks {0, 2} and {1, 3}, which hold
+# different K/V heads: each K/V head's rows take another head's gradient.
+# EXPECT FAIL: tp_training
+
+# ANSWER: megatron_block
+class Copy(torch.autograd.Function):
+    """Megatron's f: identity forward; backward, the sum over ranks of the incoming gradient. [B, T, H]."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        comm.all_reduce(grad)
+        return grad
+
+
+class Reduce(torch.autograd.Function):
+    """Megatron's g: forward, the sum over ranks of their partial outputs; identity backward. [B, T, H]."""
+
+    @staticmethod
+    def forward(ctx, partial):
+        y = partial.clone()
+        comm.all_reduce(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def kv_groups(P: int, nq: int, nkv: int) -> list[list[int]]:
+    """The ranks that hold each K/V head, one list per K/V head."""
+    return [list(range(j, P, nkv)) for j in range(nkv)]  # the ranks whose query heads read K/V head j
+
+
+def tp_block(x, w, positions):
+    """The lab model's block on this rank's heads and SwiGLU units. x: [B, T, H], replicated; w: this rank's
+    weights by name (attn_norm, mlp_norm: [H]; q: [nq/P hd, H]; k, v: [hd, H]; o: [H, nq/P hd]; gate, up:
+    [F/P, H]; down: [H, F/P]); positions: [T]. Returns [B, T, H], the same on every rank."""
+    B, T, H = x.shape
+    hd = w["k"].shape[0]
+
+    def heads(t):  # [B, T, n hd] -> [B, n, T, hd]
+        return t.view(B, T, -1, hd).transpose(1, 2)
+
+    a = Copy.apply(rms_norm(x, w["attn_norm"]))  # the replicated norm on every rank alike, then f
+    q = apply_rope(heads(a @ w["q"].T), positions)  # [B, nq/P, T, hd]: this rank's query heads
+    k = apply_rope(heads(a @ w["k"].T), positions)  # [B, 1, T, hd]: the K/V head they read
+    y = gqa_attention(q, k, heads(a @ w["v"].T))  # [B, nq/P, T, hd]
+    x = x + Reduce.apply(y.transpose(1, 2).reshape(B, T, -1) @ w["o"].T)  # g: [B, T, H]
+    n = Copy.apply(rms_norm(x, w["mlp_norm"]))
+    h = F.silu(n @ w["gate"].T) * (n @ w["up"].T)  # [B, T, F/P]: this rank's SwiGLU units
+    return x + Reduce.apply(h @ w["down"].T)  # [B, T, H]
+
+
+def sync_grads(w, group):
+    """After backward: the gradients of this rank's K/V head summed over the ranks that hold it (group), k's and
+    v's side by side in one all-reduce."""
+    k, v = w["k"], w["v"]
+    # A new bucket every step: the step drops the gradients (p.grad = None), so each backward writes new tensors,
+    # never views of an earlier step's bucket.
+    bucket = torch.cat([k.grad.flatten(), v.grad.flatten()])  # [2 hd H]
+    comm.all_reduce(bucket, group=group)
+    k.grad.copy_(bucket[: k.numel()].view_as(k))
+    v.grad.copy_(bucket[k.numel() :].view_as(v))
