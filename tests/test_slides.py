@@ -122,6 +122,12 @@ def test_every_slide_opens_with_its_heading_and_shared_slides_fit_the_screen(pat
         height = sum(cell_height(nb["cells"][i]) for i in group)
         if len(group) > 1:
             assert height <= SCREEN_PX, f"{path.name} cells {group}: {height} px on one slide"
-        tall += [group[0]] * (height > SCREEN_PX)
-    # A single cell taller than the screen scrolls: a printed source or a figure; keep them few.
-    assert len(tall) <= 12, f"{path.name}: {len(tall)} single cells taller than the screen: {tall}"
+        widget = any(_widget(output) for i in group for output in nb["cells"][i].get("outputs", []))
+        tall += [(group[0], height)] * (height > 720 and not widget)
+    # What benchmarks/slides_in_rise.py measured: every (sub)slide within 720 px in RISE at 1280x720. The estimate
+    # keeps a little above it; a widget's cell is counted at its notebook-view height (RISE 0.43 shows it as one line).
+    assert not tall, f"{path.name}: (sub)slides taller than the screen by the estimate (cell, px): {tall}"
+
+
+def _widget(output: dict) -> bool:
+    return "application/vnd.jupyter.widget-view+json" in output.get("data", {})
