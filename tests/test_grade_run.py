@@ -217,7 +217,8 @@ def write_submissions(folder: Path) -> dict[str, dict]:
     for stem, where in [("own_key_absolute", "absolute"), ("own_key_relative", "relative")]:
         nb = _notebook(LABS / "lab03_pipeline_1f1b.ipynb")  # the handout, answered with nothing ...
         solved = _notebook(LABS / "solutions" / "lab03_pipeline_1f1b.ipynb")
-        for cell, solution_cell in zip(nb.cells, solved.cells, strict=True):
+        handed = [cell for cell in solved.cells if not markers.solution_only(cell)]  # as the handout has them
+        for cell, solution_cell in zip(nb.cells, handed, strict=True):
             if markers.check_marker(cell):  # ... but with every verdict a stored PASS: its own answer key
                 cell.outputs = solution_cell.outputs
         own = folder / stem
