@@ -33,7 +33,7 @@ class GQAttentionTP(nn.Module):
             if head == kv_head:
                 self.kv_group, self.sharers = group, len(members)
 
-    def forward(self, x, positions):
+    def forward(self, x, positions, docs):
         x = self.enter(x)
         B, T, _ = x.shape
         hd = self.cfg.head_size
@@ -43,7 +43,9 @@ class GQAttentionTP(nn.Module):
 
         q = apply_rope(heads(self.q(x)), positions, self.cfg.rope_base)
         k = apply_rope(heads(self.k(x)), positions, self.cfg.rope_base)
-        y = gqa_attention(q, k, heads(self.v(x)))
+        seen = (docs[:, None] == docs[None, :]) & (positions[None, :] <= positions[:, None])
+        scores = (q @ k.transpose(-2, -1) / hd**0.5).masked_fill(~seen, float("-inf"))
+        y = scores.softmax(dim=-1) @ heads(self.v(x))
         return self.leave(self.o(y.transpose(1, 2).reshape(B, T, -1)))
 
     def sync_grads(self):

@@ -1,9 +1,9 @@
 # ruff: noqa
 # A wrong answer to labs/lab02_tensor_parallel.ipynb (the other answers are the solution's). The bug: RoPE rotates q
-# and k by 0..T-1, the tokens' places in the tensor, instead of the global positions it is given. Attention scores
-# depend only on the difference of two tokens' positions, so a plain shift (tokens 5..14 of one sequence) would still
-# come out right; but every case restarts the positions at 0 where a next document begins, the first case included
-# (a document resumed at position 5, then the next one's start), and there the differences are wrong.
+# and k by 0..T-1, the rows' places in the tensor, instead of the positions it is given; the document mask is right.
+# Attention scores depend only on the difference of two tokens' positions, and a token sees only its own document:
+# where each document's rows are in order (the first case, a document resumed at 5 included) the differences are
+# right; where the rows are shuffled or in the ranks' order they are not.
 # EXPECT FAIL: gqa
 
 # ANSWER: gqa
@@ -32,7 +32,7 @@ class GQAttentionTP(nn.Module):
             if head == kv_head:
                 self.kv_group = group
 
-    def forward(self, x, positions):
+    def forward(self, x, positions, docs):
         x = self.enter(x)
         B, T, _ = x.shape
         hd = self.cfg.head_size
@@ -40,10 +40,12 @@ class GQAttentionTP(nn.Module):
         def heads(t):
             return t.view(B, T, -1, hd).transpose(1, 2)
 
-        local = torch.arange(T, device=x.device)  # the tokens' positions... counted from 0 here
+        local = torch.arange(T, device=x.device)  # the rows' places... counted from 0 here
         q = apply_rope(heads(self.q(x)), local, self.cfg.rope_base)
         k = apply_rope(heads(self.k(x)), local, self.cfg.rope_base)
-        y = gqa_attention(q, k, heads(self.v(x)))
+        seen = (docs[:, None] == docs[None, :]) & (positions[None, :] <= positions[:, None])
+        scores = (q @ k.transpose(-2, -1) / hd**0.5).masked_fill(~seen, float("-inf"))
+        y = scores.softmax(dim=-1) @ heads(self.v(x))
         return self.leave(self.o(y.transpose(1, 2).reshape(B, T, -1)))
 
     def sync_grads(self):
