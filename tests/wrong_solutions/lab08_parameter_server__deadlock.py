@@ -9,16 +9,19 @@
 def ssp_server(theta, steps, lr, s):
     N = dist.get_world_size() - 1
     pushes = {w: 0 for w in range(1, N + 1)}
-    read, version = dict.fromkeys(pushes, 0), 0
+    read, alive, version = dict.fromkeys(pushes, 0), set(pushes), 0
     for w in pushes:
         comm.send(theta, w)
     g = torch.empty_like(theta)
-    for _ in range(N * steps):
+    while any(pushes[w] < steps for w in alive):
         w = comm.recv(g, None)
-        theta = theta - lr / (1 + version - read[w]) * g
-        version += 1
-        pushes[w] += 1
-        if pushes[w] - min(pushes.values()) <= s:  # only the worker that pushed
-            comm.send(theta, w)
-            read[w] = version
+        if not torch.isfinite(g).all():
+            alive.discard(w)
+        else:
+            theta = theta - lr / (1 + version - read[w]) * g
+            version += 1
+            pushes[w] += 1
+            if pushes[w] - min(pushes[u] for u in alive) <= s:  # only the worker that pushed
+                comm.send(theta, w)
+                read[w] = version
     return theta

@@ -8,14 +8,19 @@
 # ANSWER: ssp
 def ssp_server(theta, steps, lr, s):
     N = dist.get_world_size() - 1
-    read, version = {w: 0 for w in range(1, N + 1)}, 0
-    for w in read:
+    pushes = {w: 0 for w in range(1, N + 1)}
+    read, alive, version = dict.fromkeys(pushes, 0), set(pushes), 0
+    for w in pushes:
         comm.send(theta, w)
     g = torch.empty_like(theta)
-    for _ in range(N * steps):
+    while any(pushes[w] < steps for w in alive):
         w = comm.recv(g, None)
-        theta = theta - lr / (1 + version - read[w]) * g
-        version += 1
-        comm.send(theta, w)
-        read[w] = version
+        if not torch.isfinite(g).all():
+            alive.discard(w)
+        else:
+            theta = theta - lr / (1 + version - read[w]) * g
+            version += 1
+            pushes[w] += 1
+            comm.send(theta, w)
+            read[w] = version
     return theta

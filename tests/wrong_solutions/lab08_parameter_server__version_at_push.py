@@ -9,18 +9,21 @@
 def ssp_server(theta, steps, lr, s):
     N = dist.get_world_size() - 1
     pushes = {w: 0 for w in range(1, N + 1)}
-    read, held, version = dict.fromkeys(pushes, 0), set(), 0
+    read, held, alive, version = dict.fromkeys(pushes, 0), set(), set(pushes), 0
     for w in pushes:
         comm.send(theta, w)
     g = torch.empty_like(theta)
-    for _ in range(N * steps):
+    while any(pushes[w] < steps for w in alive) or held:
         w = comm.recv(g, None)
-        theta = theta - lr / (1 + version - read[w]) * g
-        version += 1
-        read[w] = version  # when it pushed, not when its reply goes
-        pushes[w] += 1
-        held.add(w)
-        slowest = min(pushes.values())
+        if not torch.isfinite(g).all():
+            alive.discard(w)
+        else:
+            theta = theta - lr / (1 + version - read[w]) * g
+            version += 1
+            read[w] = version  # when it pushed, not when its reply goes
+            pushes[w] += 1
+            held.add(w)
+        slowest = min(pushes[u] for u in alive)
         for u in sorted(held):
             if pushes[u] - slowest <= s:
                 comm.send(theta, u)

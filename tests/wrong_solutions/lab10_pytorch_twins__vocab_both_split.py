@@ -1,8 +1,8 @@
 # ruff: noqa
 # A wrong answer to labs/lab10_pytorch_twins.ipynb (the other answers are the solution's). The bug: torchtitan's
-# plan, the embedding split over the vocabulary whatever the head: right for the tied head, whose matrix is the
-# embedding's, but the untied embedding could stay whole (its lookup sends nothing and its output's gradient is whole
-# on every rank already): split, it costs one more all-reduce of [B, T, H] in forward.
+# plan, the embedding split over the vocabulary by the vocabulary-parallel lookup whatever the head: the untied
+# embedding could stay whole (its lookup sends nothing and its output's gradient is whole on every rank already):
+# split, it costs one more all-reduce of [B, T, H] in forward; the tied head pays that all-reduce too.
 # EXPECT FAIL: vocab_parallel
 
 # ANSWER: vocab_parallel

@@ -64,6 +64,9 @@ STRAGGLER, SLOWDOWN = 3, 3.0
 DELAY_STEPS, DELAY_BOUNDS = 4, (1, 2)
 DELAY_BATCHES = lab_batches(CFG, B, DELAY_STEPS, seed=5)
 SSP_STEPS, SSP_BOUNDS = 4, (0, 1)
+# Part 3: worker FAILED fails at its step FAILS_AT: that push carries NaN (what a failure detector would report),
+# then it stops, pulling nothing more; worker STRAGGLER is slow and alive.
+FAILED, FAILS_AT = 2, 2
 SSP_BATCHES = lab_batches(CFG, B, SSP_STEPS, seed=1)
 
 # Part 4: S = 3 servers (ranks 0..2), N = 3 workers (ranks 3..5), K = 4 steps. Server j serves shard j and is the
@@ -92,11 +95,13 @@ STRUCTURAL = {
     "a worker; the one-device replay of the run in the server's order equals the server's final parameters, the "
     "loss of every gradient and every worker's last pull; a run that never finishes is reported by a FAIL line "
     "after the 15 s launch timeout; nothing of parlab's parameter server or this module called",
-    "ssp": "at s = 0 and s = 1 with a straggler, lr / (1 + tau): walked in the server's own order, every pull after "
-    "the worker's previous gradient; the parameters of every worker's step c (c = K: its last pull) contain every "
-    "worker's gradients of steps 0..c-s-1 (a FAIL names the pull and the worker missing); no pull still unsent at a "
-    "receive once they did; N x K gradients, K + 1 pulls a worker; the one-device replay in the server's order, "
-    "each gradient with lr / (1 + tau) (tau from the version the worker was sent), equals the server's final "
+    "ssp": "at s = 0 and s = 1 with a straggler and worker 2 failing at its step 2 (its push carries NaN, then it "
+    "stops), lr / (1 + tau): walked in the server's own order, every pull after the worker's previous gradient, "
+    "none to the failed worker once its failure came; every pull (the last pull counting as step K) within s clocks "
+    "of every worker alive at that moment (a FAIL names the pull and the worker too far behind); no pull still unsent "
+    "at a receive once it was allowed; every living worker's K gradients applied and K + 1 pulls, the failed "
+    "worker's earlier gradients applied and its NaN never; the one-device replay in the server's order, each "
+    "gradient with lr / (1 + tau) (tau from the version the worker was sent), equals the server's final "
     "parameters, the loss of every gradient and every worker's last pull; a run that never finishes (a reply "
     "nobody can release) is reported by a FAIL line after the launch timeout; nothing of parlab's parameter server "
     "or this module called",
@@ -504,9 +509,34 @@ def read_staleness(log: list[tuple[str, int]]) -> list[int | None]:
     return out
 
 
-def run_server_and_workers(server, batches, *args) -> dict:
+def failing_worker(model, batches, slowdown: float = 1.0, fails_at: int | None = None) -> dict:
+    """Part 3's worker (ranks 1..N), parlab's worker with a failure: K times pull theta [Psi] from rank 0, compute
+    the gradient of its b rows of batch c, push it [Psi]; then a last pull. With fails_at = c, at its step c it
+    pushes NaN instead (the server learns of the failure from that message) and stops: no more pulls."""
+    rank, theta, losses = dist.get_rank(), flat_params(model), []
+    for c, batch in enumerate(batches):
+        comm.recv(theta, 0)  # pull c: theta <- the parameters its step c computes on
+        set_params(model, theta)
+        if c == fails_at:
+            comm.send(torch.full_like(theta, float("nan")), 0)  # the failure, as the server sees it
+            return {"losses": losses}
+        x, y = rows_of(batch, rank, N)  # [b, T] each
+        start = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        loss = next_token_loss(model, x, y)
+        loss.backward()
+        losses.append(loss.item())
+        time.sleep((slowdown - 1) * (time.perf_counter() - start))  # a straggler idles before it pushes
+        comm.send(flat_grads(model), 0)  # push c
+    comm.recv(theta, 0)  # the last pull
+    set_params(model, theta)
+    return {"losses": losses}
+
+
+def run_server_and_workers(server, batches, *args, fails: bool = False) -> dict:
     """Rank code: rank 0 calls server(theta_0, K, LR, *args) on the flat parameters [Psi] and returns its final
-    theta and its calls; ranks 1..N run parlab's worker (worker STRAGGLER slowed by SLOWDOWN)."""
+    theta and its calls; ranks 1..N run parlab's worker (worker STRAGGLER slowed by SLOWDOWN), or with `fails`
+    failing_worker (worker FAILED failing at its step FAILS_AT)."""
     rank = dist.get_rank()
     model = build_lab_model(CFG, device=parlab.device())  # theta_0, the same on every rank
     if rank == 0:
@@ -514,18 +544,22 @@ def run_server_and_workers(server, batches, *args) -> dict:
         return {**record, "theta": _host(record.pop("out"))}
     slowdown = SLOWDOWN if rank == STRAGGLER else 1.0
     batches = [(x.to(parlab.device()), y.to(parlab.device())) for x, y in batches]
-    out = run_worker(model, batches, slowdown=slowdown, loss_fn=next_token_loss)
+    if fails:
+        out = failing_worker(model, batches, slowdown, FAILS_AT if rank == FAILED else None)
+    else:
+        out = run_worker(model, batches, slowdown=slowdown, loss_fn=next_token_loss)
     losses = torch.tensor(out["losses"], dtype=torch.float64)  # host: plain numbers, returned to the parent
     return {"losses": losses, "theta": flat_params(model).cpu()}
 
 
-def collect_runs(server, batches, bounds) -> dict:
+def collect_runs(server, batches, bounds, fails: bool = False) -> dict:
     """One launch per bound (a server that hangs at one bound does not cost the other its verdicts): each rank's
     result, or the launch's timeout in words."""
     runs = {}
     for bound in bounds:
         try:
-            runs[str(bound)] = list(parlab.launch(run_server_and_workers, N + 1, server, batches, bound, **LAUNCH))
+            args = (run_server_and_workers, N + 1, server, batches, bound)
+            runs[str(bound)] = list(parlab.launch(*args, fails=fails, **LAUNCH))
         except parlab.LaunchTimeout as stopped:  # what each rank waited in, in words: the FAIL line says it
             calls = getattr(stopped, "calls", {}) or {}
             said = {r: re.sub(r" for [\d.]+ s\b", "", " ".join(str(c).split()))[:70] for r, c in calls.items()}
@@ -557,19 +591,21 @@ def replay(order: list[int], reads: dict[tuple[int, int], int], batches, scaled:
     return {"versions": versions, "losses": losses}
 
 
-def walk(messages: list, K: int, unsafe, *, what_waits: str) -> dict:
+def walk(messages: list, K: int, unsafe, *, what_waits: str, fails: dict[int, int] | None = None) -> dict:
     """Walk a server's messages in its program order (ranks 1..N its workers, each K pulls and pushes, then a last
     pull; the reply to a worker's c-th push is its pull c + 1, pull 0 is theta_0).
 
     unsafe(w, c, state) -> None, or why sending pull c to worker w now breaks the part's guarantee; state: the
-    version (gradients received so far), `computing` (worker -> the version it computes on, for the workers sent
-    parameters and not yet heard from) and `pushes` (worker -> gradients received from it).
+    version (gradients applied so far), `computing` (worker -> the version it computes on, for the workers sent
+    parameters and not yet heard from), `pushes` (worker -> gradients received from it) and `dead` (the workers
+    whose failure came). fails: worker -> c, its push c is its failure (NaN, not applied; nothing more to it).
     Returns the order of the gradients (their workers), reads[(w, c)] (the version pull c of w carried), every
     gradient's staleness, the pulls sent per worker and the first breach of each property: "before" (a reply
     before its push), "safe" (a reply that breaks the guarantee), "held" (a reply the guarantee allowed, still
     unsent at a later receive)."""
     workers = list(range(1, N + 1))
-    state = {"version": 0, "computing": {}, "pushes": dict.fromkeys(workers, 0)}
+    fails = fails or {}
+    state = {"version": 0, "computing": {}, "pushes": dict.fromkeys(workers, 0), "dead": set()}
     sent, due = dict.fromkeys(workers, 0), dict.fromkeys(workers, 0)  # due: receives made when the pull was due
     order, reads, taus, breach = [], {}, [], {"before": None, "safe": None, "held": None}
     for kind, w, _ in messages:
@@ -577,7 +613,8 @@ def walk(messages: list, K: int, unsafe, *, what_waits: str) -> dict:
             continue  # not a worker: the traffic lines say so
         if kind == "recv":
             for u in workers:  # before this receive: was a reply the guarantee allowed still unsent?
-                if due[u] is not None and sent[u] <= K and unsafe(u, sent[u], state) is None:
+                alive = u not in state["dead"]
+                if alive and due[u] is not None and sent[u] <= K and unsafe(u, sent[u], state) is None:
                     if breach["held"] is None:
                         when = "at the start" if state["version"] == 0 else f"after gradient {state['version']}"
                         breach["held"] = (
@@ -585,6 +622,10 @@ def walk(messages: list, K: int, unsafe, *, what_waits: str) -> dict:
                             f"{state['version'] + 1} came"
                         )
             r = state["computing"].pop(w, None)
+            if fails.get(w) == state["pushes"][w]:  # its failure: nothing applied, nothing owed to it
+                state["dead"].add(w)
+                due[w] = None
+                continue
             taus.append(None if r is None else state["version"] - r)
             order.append(w)
             state["version"] += 1
@@ -594,7 +635,9 @@ def walk(messages: list, K: int, unsafe, *, what_waits: str) -> dict:
         c = sent[w]
         sent[w] += 1
         reads[(w, c)] = state["version"]
-        if due[w] is None and breach["before"] is None:
+        if w in state["dead"] and breach["safe"] is None:
+            breach["safe"] = f"pull {c} of worker {w} sent after its failure came (it pulls nothing more)"
+        if due[w] is None and breach["before"] is None and w not in state["dead"]:
             breach["before"] = f"pull {c} of worker {w} sent before its gradient {c - 1} came"
         why = unsafe(w, c, state) if c <= K else f"pull {c} of worker {w}: a worker pulls K + 1 = {K + 1} times"
         if why is not None and breach["safe"] is None:
@@ -605,15 +648,22 @@ def walk(messages: list, K: int, unsafe, *, what_waits: str) -> dict:
     return {"order": order, "reads": reads, "taus": taus, "sent": sent, "breach": breach}
 
 
-def _judge_async_run(tag: str, ranks, walked: dict, batches, scaled: bool, lines: list[str]) -> list[str]:
-    """The lines every held-reply server shares: pulls answered, then the one-device replay in the server's order."""
-    K, server, order, reads = len(batches), ranks[0], walked["order"], walked["reads"]
+def _judge_async_run(
+    tag: str, ranks, walked: dict, batches, scaled: bool, lines: list[str], fails: dict[int, int] | None = None
+) -> list[str]:
+    """The lines every held-reply server shares: pulls answered, then the one-device replay in the server's order.
+    fails: worker -> c, its step c was its failure (gradients 0..c-1 applied, pulls 0..c answered)."""
+    K, server, order, reads, fails = len(batches), ranks[0], walked["order"], walked["reads"], fails or {}
+    done = {w: fails.get(w, K) for w in range(1, N + 1)}  # the gradients each worker computed
     per_worker = [order.count(w) for w in range(1, N + 1)]
-    complete = per_worker == [K] * N and all(walked["sent"][w] == K + 1 for w in range(1, N + 1))
-    found = f"found {per_worker} gradients, {list(walked['sent'].values())} pulls: FAIL"
-    lines.append(
-        f"{tag}: every worker's K = {K} gradients applied and K + 1 pulls answered: {'PASS' if complete else found}"
-    )
+    pulls = [done[w] + 1 for w in range(1, N + 1)]  # a failed worker got the pull of the step it failed at
+    complete = per_worker == list(done.values()) and [walked["sent"][w] for w in range(1, N + 1)] == pulls
+    found = f"expected {list(done.values())} gradients and {pulls} pulls, found {per_worker} gradients, "
+    found += f"{list(walked['sent'].values())} pulls: FAIL"
+    what = f"every worker's K = {K} gradients applied and K + 1 pulls answered"
+    if fails:
+        what = "every living worker's K gradients applied and K + 1 pulls answered, the failed one's before it failed"
+    lines.append(f"{tag}: {what}: {'PASS' if complete else found}")
     lines.append(_library_line(f"{tag}: server", server["library"]))
     if not complete:
         return lines
@@ -622,20 +672,26 @@ def _judge_async_run(tag: str, ranks, walked: dict, batches, scaled: bool, lines
         return [*lines, f"{tag}: one-device replay ({result['error']}): FAIL"]
     versions, against = result["versions"], "one-device replay in the server's order"
     ours = torch.tensor(
-        [ranks[w]["losses"][c] for w in range(1, N + 1) for c in range(K)], dtype=torch.float64
+        [ranks[w]["losses"][c] for w in range(1, N + 1) for c in range(done[w])], dtype=torch.float64
     )  # host: what the workers computed
-    theirs = [result["losses"][(w, c)] for w in range(1, N + 1) for c in range(K)]
+    theirs = [result["losses"][(w, c)] for w in range(1, N + 1) for c in range(done[w])]
     theirs = torch.tensor(theirs, dtype=torch.float64)  # host: the reference on one device
-    last = [versions[reads[(w, K)]] for w in range(1, N + 1)]
+    last = [versions[reads[(w, done[w])]] for w in range(1, N + 1)]
     got = by_name(server["theta"]) if isinstance(server["theta"], torch.Tensor) else {}
     step = "lr / (1 + tau)" if scaled else "lr"
     return [
         *lines,
         first_wrong_tensor(
-            f"{tag}: server's parameters after {N * K} gradients, each with {step}", got, by_name(versions[-1]), against
+            f"{tag}: server's parameters after {len(order)} gradients, each with {step}",
+            got,
+            by_name(versions[-1]),
+            against,
         ),
         compare(
-            f"{tag}: loss of each of the {N * K} gradients, as the workers computed it", ours, theirs, against=against
+            f"{tag}: loss of each of the {len(order)} gradients, as the workers computed it",
+            ours,
+            theirs,
+            against=against,
         ).line,
         compare(
             f"{tag}: every worker's last pull", [ranks[w]["theta"] for w in range(1, N + 1)], last, against=against
@@ -711,24 +767,24 @@ def judge_staleness(data) -> list[str]:
 
 
 def ssp_unsafe(s: int):
-    """Part 3's guarantee as walk's `unsafe`: the parameters of a worker's step c (c = K: its last pull) contain
-    every gradient of every worker's steps 0..c - s - 1 (its gradients are applied on arrival)."""
+    """Part 3's guarantee as walk's `unsafe`: a worker starting its step c (c = K: its last pull) is at most s clocks
+    ahead of every worker alive (a clock: the steps a worker has finished, its gradients applied on arrival)."""
 
     def unsafe(w, c, state):
-        missing = [u for u, p in sorted(state["pushes"].items()) if p < c - s]
-        if not missing:
+        behind = [u for u, p in sorted(state["pushes"].items()) if u not in state["dead"] and c - p > s]
+        if not behind:
             return None
-        u = missing[0]
+        u = behind[0]
         return (
-            f"pull {c} of worker {w} (its step {c}) sent when worker {u} had pushed {state['pushes'][u]} "
-            f"gradients: expected its gradients of steps 0..{c - s - 1} in it"
+            f"pull {c} of worker {w} (starting its step {c}) sent while worker {u}, alive, had finished "
+            f"{state['pushes'][u]} steps: {c - state['pushes'][u]} clocks apart, expected at most s = {s}"
         )
 
     return unsafe
 
 
 def collect_ssp(ssp_server) -> dict:
-    return collect_runs(ssp_server, SSP_BATCHES, SSP_BOUNDS)
+    return collect_runs(ssp_server, SSP_BATCHES, SSP_BOUNDS, fails=True)
 
 
 def _judge_ssp_run(s: int, ranks) -> list[str]:
@@ -739,15 +795,16 @@ def _judge_ssp_run(s: int, ranks) -> list[str]:
     lines = _traffic_lines(tag, server)
     if not lines[-1].endswith(": PASS"):
         return lines
-    walked = walk(server["messages"], SSP_STEPS, ssp_unsafe(s), what_waits="its guarantee met")
+    fails = {FAILED: FAILS_AT}
+    walked = walk(server["messages"], SSP_STEPS, ssp_unsafe(s), what_waits="allowed", fails=fails)
     for key, what in (
         ("before", "every pull after the worker's previous gradient"),
-        ("safe", "the parameters of every worker's step c contain every worker's gradients of steps 0..c-s-1"),
-        ("held", "no pull held once its parameters contained them"),
+        ("safe", "every pull within s clocks of every living worker, none to the failed one"),
+        ("held", "no pull held once allowed"),
     ):
         found = walked["breach"][key]
         lines.append(f"{tag}: {what}: {'PASS' if found is None else found + ': FAIL'}")
-    return _judge_async_run(tag, ranks, walked, SSP_BATCHES, True, lines)
+    return _judge_async_run(tag, ranks, walked, SSP_BATCHES, True, lines, fails)
 
 
 def judge_ssp(data) -> list[str]:
@@ -888,12 +945,23 @@ def _messages_line(what: str, ranks: list[dict], plan, failure) -> str:
             if have != want:
                 other = f"server {peer}" if peer < SERVERS else f"worker {peer}" if peer >= 0 else "any rank"
                 other = f"sends to {other}" if kind == "send" else f"receives from {other}"
+                if 0 <= peer < SERVERS and want:  # replication: its size is part 4's question, never printed
+                    return f"{what}: server {j}, {other}: {_replication(want, have)}: FAIL"
                 return f"{what}: server {j}, {other}: expected {_sizes(want)}, found {_sizes(have)}: FAIL"
     strays = [(r, p) for r in range(SERVERS, SERVERS + N) for _, p, _ in ranks[r]["messages"] if p >= SERVERS]
     if strays:
         worker, peer = strays[0]
         return f"{what}: worker {worker}: expected messages with servers only, found one with rank {peer}: FAIL"
     return f"{what}: PASS"
+
+
+def _replication(want: list[int], have: list[int]) -> str:
+    """What went wrong between a server and its backup, without the size a correct replication has."""
+    if len(have) != len(want):
+        return f"expected {len(want)} messages (one a step while both are alive), found {len(have)}"
+    if sum(have) > sum(want):
+        return f"found {_sizes(have)}: more than the least that lets the backup take over exactly"
+    return f"found {_sizes(have)}: too few to let the backup take over exactly"
 
 
 def _sizes(sizes: list[int]) -> str:

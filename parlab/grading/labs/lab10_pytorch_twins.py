@@ -1,8 +1,9 @@
 """Lab 10's checks: PyTorch's own tensor parallelism (DTensor's `parallelize_module`) on the lab model with fewer K/V
 heads than ranks (one K/V head, two ranks: k and v cannot be split by heads), planned by the student: Megatron's splits
-with the K/V projections replicated and their gradient synced where it is narrowest, a prediction of the collectives
-of a plan the student did not write, a plan with Megatron's traffic and a K/V byte budget, the vocabulary-parallel head
-and loss in the fewest bytes (untied and tied), and Megatron's sequence parallelism.
+with the K/V projections replicated and their gradient synced where that is cheapest with x's gradient left complete,
+a prediction of the collectives of a plan the student did not write, a plan with Megatron's traffic and a K/V byte
+budget, the vocabulary-parallel head and loss in the fewest bytes (untied, and tied with the table gathered rather
+than the lookup summed), and Megatron's sequence parallelism.
 
 Every check builds the lab model (parlab.core.lab_model, float64, the same seed on every rank), applies the student's
 plan on a one-axis "tp" DeviceMesh of P ranks (gloo, CPU), runs one forward and backward of the lab loss, and
@@ -34,7 +35,7 @@ from parlab.grading.labs import prediction_lines, run_check
 from parlab.grading.labs.guard import library_calls, library_line
 
 LAUNCH = {"timeout": 60, "echo": False}  # a hang stops after 60 s and names the ranks
-P, BATCH, SEED = 2, 4, 0  # the tp mesh's ranks; sequences per batch; the lab model's seed
+P, BATCH, SEED = 2, 16, 0  # the tp mesh's ranks; sequences per batch (B T tokens outnumber V/P); the model's seed
 # V = 64, T = 16, H = 32, nq = 4, F = 64, two layers, untied head, float64; one K/V head (nkv = 1 < P): every rank
 # needs the whole K/V head, which a split by output features (ColwiseParallel) would cut in half.
 CFG = LabConfig(kv_heads=1, vocab_size=256)
@@ -53,7 +54,7 @@ STRUCTURAL = {
     "every gradient complete on every rank after backward (none Partial: ready for the update); forward: one "
     "all-reduce of [B, T, H] per sub-layer and nothing else; backward: one all-reduce of [B, T, H] per column-"
     "parallel Linear (q, gate, up) and one of [B, T, nkv hd] for each of k and v (their gradient summed where it is "
-    "narrowest), nothing else; no call into parlab's twin code",
+    "cheapest with x's gradient left complete), nothing else; no call into parlab's twin code",
     "layer_collectives": "the predicted collectives per layer and step of the given plan (two K/V heads; o and down "
     "reduce-scattered by tokens, the sub-layers' outputs gathered back): forward collectives, backward all-reduces "
     "and all-gathers, their payload per rank, against the grader's theory (exact), and the theory against what torch "
@@ -64,10 +65,12 @@ STRUCTURAL = {
     "sizes); every gradient complete",
     "vocab_parallel": "untied and tied head: the loss and every gradient equal one device's, every gradient complete; "
     "the head's matrix sharded over the vocabulary; the logits a DTensor sharded on the vocabulary (the [B, T, V] "
-    "logits never travel: the loss's collectives move at most B T numbers each); forward: the fewest all-reduces of "
-    "[B, T, H], one per sub-layer and, tied only, one for the embedding (an untied embedding split fails); backward: "
-    "one per sub-layer and one for the head, and at most part 1's K/V bytes beside; nothing else; no call into "
-    "parlab's twin code",
+    "logits never travel: the loss's collectives move at most B T numbers each); forward: one all-reduce of [B, T, "
+    "H] per sub-layer and beside them the fewest bytes any plan with these logits needs: none untied (an untied "
+    "embedding split fails), tied the table's share [V/P, H] all-gathered for the lookup (the vocabulary-parallel "
+    "lookup's all-reduce of [B, T, H], torchtitan's and lesson 10's, fails: B T > V/P); the FAIL line does not print "
+    "the least; backward: one per sub-layer and one for the head, and at most part 1's K/V bytes beside; nothing "
+    "else; no call into parlab's twin code",
     "sequence_parallel": "the loss and every gradient (the norms' Partial gradients summed; every other gradient "
     "complete) equal one device's; every block and the final norm receive this rank's T/P tokens; logits sharded on "
     "the vocabulary; forward and backward each exactly 2L+1 reduce-scatters of [B, T, H] and 2L+1 all-gathers of "
@@ -197,8 +200,10 @@ def run_plan(answer, kind: str, loss_backward, configs: list[LabConfig]) -> dict
                 answer(model, mesh)
         record = Collectives()
         inputs, logits = [], []
-        hooks = [b.register_forward_pre_hook(partial(_take_input, inputs)) for b in model.blocks]
-        hooks.append(model.norm.register_forward_pre_hook(partial(_take_input, inputs)))
+        # prepend: what the previous module handed over, before any pre-hook of the answer's (one slicing the tokens
+        # there would otherwise pass for a stream split by tokens)
+        hooks = [b.register_forward_pre_hook(partial(_take_input, inputs), prepend=True) for b in model.blocks]
+        hooks.append(model.norm.register_forward_pre_hook(partial(_take_input, inputs), prepend=True))
         hooks.append(model.register_forward_hook(partial(_take_logits, record, logits)))
         record.phase = "forward"
         # The student's loss function runs under the library hook too (a profile hook: it slows DTensor's Python
@@ -385,7 +390,7 @@ def _activation(cfg: LabConfig) -> int:
 
 
 def _kv_sync(cfg: LabConfig) -> int:
-    """Bytes of the gradient of k's (or v's) output, [B, T, nkv hd]: where the K/V head's gradient is narrowest
+    """Bytes of the gradient of k's (or v's) output, [B, T, nkv hd]: where the K/V head's gradient is cheapest to sum
     when each Linear has a style of its own (part 1)."""
     return BATCH * cfg.seq_len * cfg.kv_heads * cfg.head_size * cfg.dtype_bytes
 
@@ -591,10 +596,26 @@ def logits_line(label: str, ranks: list[dict], cfg: LabConfig) -> str:
 
 
 def vocab_forward(cfg: LabConfig) -> int:
-    """The fewest all-reduces of [B, T, H] in forward with vocabulary-sharded logits: one per sub-layer, and one
-    for the embedding only when it is the head (tied: its matrix is split by tokens, so is the lookup); an untied
-    embedding stays whole, and its lookup's gradient is whole on every rank already."""
-    return 2 * cfg.layers + int(cfg.tied)
+    """The fewest bytes beside the sub-layers' all-reduces in forward with vocabulary-sharded logits. Untied: none
+    (the embedding stays whole; its lookup's gradient is whole on every rank already). Tied: the table is the head,
+    split by tokens; the lookup needs either its [B, T, H] output summed (the vocabulary-parallel lookup: an
+    all-reduce of B T H numbers) or the table's shards gathered first (an all-gather of V/P x H numbers a rank, whose
+    backward is a free slice: the lookup's gradient of the table is whole on every rank). The cheaper of the two."""
+    if not cfg.tied:
+        return 0
+    return min(_activation(cfg), cfg.vocab_size // P * cfg.hidden * cfg.dtype_bytes)
+
+
+def least_line(what: str, ranks: list[dict], phase: str, exact: dict[tuple[str, int], int], least: int) -> str:
+    """As budget_line, but the budget is the part's question: a FAIL says how much was spent, never the least."""
+    for r, res in enumerate(ranks):
+        counts = _count(res["calls"], phase)
+        main = {key: n for key, n in counts.items() if key in exact}
+        spent = sum(key[1] * n for key, n in counts.items() if key not in exact)
+        if main != exact or spent > least:
+            beside = f"{spent:,} bytes beside them" + (": more than the least a plan needs" if main == exact else "")
+            return f"{what}: rank {r} ran {_listed(counts)}; expected {_listed(exact)}, {beside}: FAIL"
+    return f"{what}: PASS"
 
 
 def judge_vocab_parallel(data) -> list[str]:
@@ -616,11 +637,13 @@ def judge_vocab_parallel(data) -> list[str]:
             ),  # fmt: skip
             complete_line(label, ranks),
             logits_line(label, ranks, cfg),
-            traffic_line(
-                f"{label}forward, every rank: the fewest all-reduces of [B, T, H] ({vocab_forward(cfg)}), nothing else",
+            least_line(
+                f"{label}forward, every rank: {2 * L} all-reduces of [B, T, H] (sub-layers), and beside them the "
+                "fewest bytes any plan with these logits needs",
                 ranks,
                 "forward",
-                {("all_reduce", act): vocab_forward(cfg)},
+                {("all_reduce", act): 2 * L},
+                vocab_forward(cfg),
             ),
             traffic_line(
                 f"{label}loss, every rank: all-reduces of at most B T numbers, nothing else",
