@@ -527,3 +527,27 @@ def test_lab06s_judge_accounts_bytes_as_the_library_does():
     from parlab.grading.labs import lab06_offload
 
     assert lab06_offload.library_accounting_agrees()
+
+
+def test_lab07_every_right_plan_gets_the_solutions_pass_line():
+    """The grader compares PASS lines with the solution's: a plan with another number of micro-batches within the
+    bubble's bound (the handout: any will do) must read the same (a trial student lost 5 points to this)."""
+    from parlab.grading.labs import lab07_hybrid as lab07
+    from parlab.grading.labs.lab07_layout import MAX_BUBBLE, best_plan, busiest, pipeline_bubble
+
+    tried = 0
+    for cfg, world, budget in lab07.PLAN_CASES:
+        best = best_plan(world, budget, cfg)
+        if best is None:
+            continue
+        axes, zero = best
+        sent, held = busiest(cfg, axes, zero)
+        rows = lab07.B // axes["dp"]
+        ms = [m for m in range(1, rows + 1) if rows % m == 0 and pipeline_bubble(axes["pp"], m) <= MAX_BUBBLE]
+        lines = set()
+        for m in ms:
+            plan = {"axes": axes, "zero": zero, "microbatches": m, "held": held, "sent": sent}
+            lines.add(lab07.plan_line(cfg, world, budget, {**plan, "bubble": pipeline_bubble(axes["pp"], m)}))
+        assert len(lines) == 1 and next(iter(lines)).endswith(": PASS"), lines
+        tried += len(ms) > 1
+    assert tried, "no case where two numbers of micro-batches are both right"
