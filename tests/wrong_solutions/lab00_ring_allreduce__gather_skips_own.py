@@ -8,4 +8,5 @@
 # PREDICT: cross_node_bytes
 sizes = [151, 151, 151, 150, 150, 150, 150, 150]
 rank_order = sum(2 * (1203 - sizes[r]) * 8 for r in (0, 2, 4, 6))
-node_order = 2 * (1203 - sizes[6]) * 8
+ring = [2, 4, 6, 0, 1, 3, 5, 7]
+fewest = 2 * (1203 - sizes[0]) * 8

@@ -47,10 +47,13 @@ NODE_LAYOUTS = {  # name: (nodes, N); nodes[g] = the global ranks of node g
     "2 nodes x 2 ranks": ([[0, 1], [2, 3]], 1000),
     "3 nodes x 2 ranks, dealt round-robin": ([[0, 3], [1, 4], [2, 5]], 12),
     "nodes of 3 and 2 ranks, dealt round-robin": ([[0, 2, 4], [1, 3]], 10),
+    # Three nodes of different sizes: an even split of the work across nodes overloads the small node's ports.
+    "nodes of 3, 3 and 2 ranks, dealt round-robin": ([[0, 3, 6], [1, 4, 7], [2, 5]], 48),
 }
-# The prediction: 8 ranks dealt round-robin over 2 nodes, N = 1203 float64 (chunks of 151 and 150), two rings.
+# The prediction: 8 ranks dealt round-robin over 2 nodes, N = 1203 float64 (chunks of 151 and 150); the ring in rank
+# order, and a ring order of the student's choosing that makes node 0 send node 1 the fewest bytes.
 PREDICTED_NODES, PREDICTED_NUMEL = [[0, 2, 4, 6], [1, 3, 5, 7]], 1203
-PREDICTED_RINGS = {"rank_order": [0, 1, 2, 3, 4, 5, 6, 7], "node_order": [0, 2, 4, 6, 1, 3, 5, 7]}
+RANK_ORDER = [0, 1, 2, 3, 4, 5, 6, 7]
 HALVING_CASES = [(4, 1000), (8, 1000)]  # (P, N): P a power of two, N a multiple of P
 
 STRUCTURAL = {
@@ -66,16 +69,20 @@ STRUCTURAL = {
     "in the reduce-scatter, to r-1 halves 1, summed over r, r+1, ...; then finished halves, the first of each ring "
     "the rank's own chunk's (both halves of chunk c finish on rank c); at every step both directions in flight "
     "together (parlab.core.comm's trace: a step's four transfers all issued before any is waited for); bytes",
-    "hierarchical": "three node layouts (2x2; 3 nodes of 2 dealt round-robin; nodes of 3 and 2 dealt round-robin, "
-    "where local ranks do not pair up): the sum on every rank; the bytes sent between nodes, all nodes together, "
-    "equal to the least any all-reduce needs (2(G-1) N elements: every element must reach each of G nodes and be "
-    "reduced from them); the busiest rank's bytes to and from other nodes equal to the least possible (the G=2 "
-    "lower bound ceil(N / smallest node), or 2(G-1)N / (G L) for equal nodes); inside each node no rank sends more "
+    "hierarchical": "four node layouts (2x2; 3 nodes of 2 dealt round-robin; nodes of 3 and 2 dealt round-robin, "
+    "where local ranks do not pair up; nodes of 3, 3 and 2 dealt round-robin, N=48, where an even split of the work "
+    "across nodes overloads the small node's ports): the sum on every rank; the bytes sent between nodes, all nodes "
+    "together, equal to the least any all-reduce needs (2(G-1) N elements: every element must reach each of G nodes "
+    "and be reduced from them); the busiest rank's bytes to and from other nodes equal to the least possible (the "
+    "lower bound max(ceil(N / smallest node), ceil(2(G-1)N / P)), met on these layouts); inside each node no rank "
+    "sends more "
     "than a ring all-reduce of the node would, 2(L-1) ceil(N/L) elements; no library collective or library ring",
-    "cross_node_bytes": "the two predicted byte counts (a flat ring all-reduce, part 1's reduce-scatter then the "
-    "all-gather round the same ring, on 8 ranks dealt round-robin over 2 nodes, N=1203 float64: what node 0 sends "
-    "to node 1 with the ring in rank order and in node order) equal the counts of the messages those rings must "
-    "send (exactly); the student's own reduce-scatter measured on both rings (shown once the predictions are right)",
+    "cross_node_bytes": "a flat ring all-reduce (part 1's reduce-scatter then the all-gather round the same ring) on "
+    "8 ranks dealt round-robin over 2 nodes, N=1203 float64, what node 0 sends to node 1: the predicted count for "
+    "the ring in rank order equals the count of the messages it must send (exactly); the student's own ring is a "
+    "ring of the 8 ranks on which node 0 sends node 1 the fewest bytes of all 5040 ring orders (searched "
+    "exhaustively, no number printed); the predicted fewest equals that least (exactly); the student's own "
+    "reduce-scatter measured on both rings (shown once all is right)",
     "halving_doubling": "P=4 and P=8: the sum on every rank; 2 log2 P exchanges, each one isend and one irecv with "
     "the same partner, partners paired both ways, the doubling partners the halving ones in reverse, no two partners "
     "that have summed a rank in common; in halving step k every message is P/2^(k+1) whole chunks, each summed over "
@@ -588,17 +595,17 @@ def least_between_nodes(nodes: list[list[int]], numel: int) -> int:
 
 
 def least_busiest_port(nodes: list[list[int]], numel: int) -> int:
-    """The fewest elements the busiest rank must send to (or receive from) other nodes, in any all-reduce.
+    """The fewest elements the busiest rank must send to (or receive from) other nodes, in any all-reduce: a lower
+    bound, proved here for any layout, and met on this lab's layouts (the solution reaches it).
 
-    Two nodes: each must send the other every element of its sum at least once (N), over its own L_g ports, so a
-    rank of the smaller node sends (and receives) at least ceil(N / min L_g). G equal nodes of L: 2(G-1) N elements
-    cross in all (least_between_nodes) over G L ports."""
-    G, sizes = len(nodes), [len(node) for node in nodes]
-    if G == 2:
-        return math.ceil(numel / min(sizes))
-    if len(set(sizes)) != 1:
-        raise ValueError("the bound is worked out for two nodes, or for nodes of equal size")
-    return math.ceil(2 * (G - 1) * numel / (G * sizes[0]))
+    Every node must send each element's node sum out at least once (else no other node can hold the total) and
+    receive at least once: N elements out of node g, over its own L_g ports, so one of its ranks sends (and
+    receives) at least ceil(N / L_g), for every g: ceil(N / min L_g). And all nodes together send at least
+    2(G-1) N (least_between_nodes) over the P ports of all ranks: one of them carries at least ceil(2(G-1) N / P).
+    On two nodes the first is the larger; on equal nodes of L the second, 2(G-1)N / (G L). On nodes of different
+    sizes either may be (nodes of 3, 3 and 2, N=48: both are 24, which an even split of the work misses)."""
+    sizes = [len(node) for node in nodes]
+    return max(math.ceil(numel / min(sizes)), math.ceil(2 * (len(nodes) - 1) * numel / sum(sizes)))
 
 
 def inside_cap(node: list[int], numel: int) -> int:
@@ -660,9 +667,18 @@ def flat_ring_cross(ring: list[int], nodes: list[list[int]], numel: int) -> int:
     return sum(8 * (2 * numel - sizes[ring[m]] - sizes[ring[(m + 1) % P]]) for m in crossing)
 
 
+def fewest_cross(nodes: list[list[int]], numel: int) -> int:
+    """The least flat_ring_cross over every order of the ring (rank 0 first: a ring has no start), searched."""
+    P = sum(len(node) for node in nodes)
+    return min(flat_ring_cross([0, *rest], nodes, numel) for rest in itertools.permutations(range(1, P)))
+
+
 def cross_node_theory() -> dict[str, int]:
     """The two numbers the prediction asks for."""
-    return {key: flat_ring_cross(ring, PREDICTED_NODES, PREDICTED_NUMEL) for key, ring in PREDICTED_RINGS.items()}
+    return {
+        "rank_order": flat_ring_cross(RANK_ORDER, PREDICTED_NODES, PREDICTED_NUMEL),
+        "fewest": fewest_cross(PREDICTED_NODES, PREDICTED_NUMEL),
+    }
 
 
 THEORY = {"cross_node_bytes": cross_node_theory}
@@ -676,26 +692,38 @@ def _plain(value):
         return repr(value)[:40]
 
 
-def _run_cross(phase, numel: int, nodes: list[list[int]]) -> dict[str, int]:
-    """Rank side: the student's reduce-scatter on each predicted ring in turn; bytes this rank sent to the other
-    node on each."""
+def _run_cross(phase, numel: int, nodes: list[list[int]], rings: dict[str, list[int]]) -> dict[str, int]:
+    """Rank side: the student's reduce-scatter on each ring in turn; bytes this rank sent to the other node on
+    each."""
     where, r, out = node_of(nodes), dist.get_rank(), {}
-    for key, ring in PREDICTED_RINGS.items():
+    for key, ring in rings.items():
         chunks = _sizes(numel, len(ring))  # part 1's pieces: the chunks x.tensor_split(P), chunk c owned by rank c
         calls = _run_reduce_scatter(phase, chunks, list(range(len(ring))), ring)["calls"]
         out[key] = sum(int(c["bytes"]) for c in _sends(calls) if where.get(int(c["peer"]), -1) != where[r])
     return out
 
 
-def collect_cross_node_bytes(rank_order, node_order, reduce_scatter_phase) -> dict:
-    """The predictions as numbers, and (shown, not scored) what the student's own reduce-scatter sent between the
-    nodes on both rings."""
-    predicted = {"rank_order": rank_order, "node_order": node_order}
-    data = {"predicted": {k: _plain(v) for k, v in predicted.items()}, "measured": {}, "note": ""}
-    world = sum(len(node) for node in PREDICTED_NODES)
+def _ring(value, world: int) -> list[int] | None:
+    """The student's ring as a list of ints, or None if it is not every rank 0..world-1 once."""
     try:
-        sent = parlab.launch(_run_cross, world, reduce_scatter_phase, PREDICTED_NUMEL, PREDICTED_NODES, **LAUNCH)
-        data["measured"] = {key: sum(sent[r][key] for r in PREDICTED_NODES[0]) for key in PREDICTED_RINGS}
+        ring = [int(q) for q in value]
+    except (TypeError, ValueError):
+        return None
+    return ring if sorted(ring) == list(range(world)) else None
+
+
+def collect_cross_node_bytes(rank_order, ring, fewest, reduce_scatter_phase) -> dict:
+    """The predictions as numbers, the student's ring, and (shown, not scored) what the student's own
+    reduce-scatter sent between the nodes on the rank-order ring and on theirs."""
+    predicted = {"rank_order": rank_order, "fewest": fewest}
+    world = sum(len(node) for node in PREDICTED_NODES)
+    data = {"predicted": {k: _plain(v) for k, v in predicted.items()}, "measured": {}, "note": ""}
+    data["ring"] = _ring(ring, world) if not isinstance(ring, (str, bytes)) else None
+    data["ring_shown"] = repr(ring)[:60]
+    rings = {"rank_order": RANK_ORDER, **({"yours": data["ring"]} if data["ring"] else {})}
+    try:
+        sent = parlab.launch(_run_cross, world, reduce_scatter_phase, PREDICTED_NUMEL, PREDICTED_NODES, rings, **LAUNCH)
+        data["measured"] = {key: sum(sent[r][key] for r in PREDICTED_NODES[0]) for key in rings}
     except Exception as exc:  # the prediction is graded all the same; only the measurement is missing
         data["note"] = f"your reduce_scatter_phase did not run on 8 ranks ({type(exc).__name__}): nothing measured"
     return data
@@ -703,7 +731,7 @@ def collect_cross_node_bytes(rank_order, node_order, reduce_scatter_phase) -> di
 
 LABELS = {
     "rank_order": "bytes node 0 sends to node 1, flat ring in rank order",
-    "node_order": "bytes node 0 sends to node 1, flat ring in node order",
+    "fewest": "bytes node 0 sends to node 1, flat ring in your order",
 }
 
 
@@ -715,11 +743,21 @@ def judge_cross_node_bytes(data) -> list[str]:
         )
         right = right and out[-1].endswith(": PASS")
         lines += out
+    # The ring: judged by what a flat ring on it must send, against the least over every ring order; no number is
+    # printed (the least is the prediction `fewest`).
+    ring, world = data.get("ring"), sum(len(node) for node in PREDICTED_NODES)
+    what = "your ring: node 0 sends node 1 the fewest bytes of any order of the ring"
+    if ring is None:
+        lines.append(f"{what}: expected every rank 0..{world - 1} once, received {data.get('ring_shown')}: FAIL")
+    else:
+        least = flat_ring_cross(ring, PREDICTED_NODES, PREDICTED_NUMEL) == theory["fewest"]
+        lines.append(f"{what}: PASS" if least else f"{what}: {ring} is not such a ring, node 0 sends more on it: FAIL")
+        right = right and least
     measured = data.get("measured") or {}
     if measured and right:  # shown only once the predictions are right: not a number to copy
         lines.append(
             f"measured, your reduce-scatter alone (the first of the two phases): node 0 sent node 1 "
-            f"{measured.get('rank_order', 0):,} bytes in rank order, {measured.get('node_order', 0):,} in node order"
+            f"{measured.get('rank_order', 0):,} bytes in rank order, {measured.get('yours', 0):,} on your ring"
         )
     if data.get("note"):
         lines.append(data["note"])
