@@ -1,6 +1,7 @@
 """`python -m parlab figures`: a lesson's figures as standalone files for a slide deck."""
 
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -38,6 +39,8 @@ def test_figures_of_lesson_03_become_one_standalone_html_file_each(tmp_path, cap
         assert 'src="plotly.min.js"' in text and "://" not in text.split("Plotly.newPlot")[0]
         assert "Plotly.newPlot" in text and len(text) < 200_000
         assert json.dumps(title)[1:-1] in text, f"{page.name} does not carry its figure {title!r}"
+        tab = re.search(r"<title>(.*?)</title>", text)  # the browser tab says which figure it is
+        assert tab and tab.group(1).strip() and "<br>" not in tab.group(1), page.name
     plotly_js = (tmp_path / "plotly.min.js").read_text()
     assert len(plotly_js) > 1_000_000 and str(tmp_path / "plotly.min.js") in written
     index = (tmp_path / "index.html").read_text()

@@ -517,6 +517,9 @@ def test_the_graders_feedback_shows_a_wrong_predictions_numbers():
     lab = types.SimpleNamespace(judge_bytes=lambda data: prediction_lines("bytes", data, 4576, 4576, rtol=0.005))
     graded = judge(lab, "bytes", 4512, graded=True)
     assert graded[0] == "bytes: predicted 4,512 | theory 4,576 | measured 4,576" and graded[1].endswith(": FAIL")
+    assert "predicted 4,512, theory 4,576: FAIL" in graded[1]  # on the verdict line: what the feedback keeps
+    detail = scores.score_lines("bytes", 2, graded, ["bytes: prediction within 0.5% of theory: PASS"]).detail
+    assert "predicted 4,512, theory 4,576" in detail, detail
     assert "4,576" not in " ".join(judge(lab, "bytes", 4512))  # the student's own run: still hidden
     assert "4,576" not in " ".join(prediction_lines("bytes", 4512, 4576, 4576, rtol=0.005))  # the flag was reset
 

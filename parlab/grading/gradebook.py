@@ -148,7 +148,9 @@ def rows(grades: list[dict], students: list[str], roots: list[Path | None]) -> l
                 "feedback": file_name_of(student),
             }
         )
-    out.sort(key=lambda row: (row["student"], row["lab"], row["notebook"]))
+    out.sort(
+        key=lambda row: (row["student"].casefold(), row["student"], row["lab"], row["notebook"])
+    )  # Zoë after alice
     seen: dict[tuple[str, str], int] = {}
     for row in out:
         seen[(row["student"], row["lab"])] = seen.get((row["student"], row["lab"]), 0) + 1

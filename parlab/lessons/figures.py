@@ -117,6 +117,17 @@ def _slug(text: str, limit: int = 80) -> str:
     return slug or "figure"
 
 
+def page_title(figure: Figure) -> str:
+    """The title the figure's spec carries (with_title gave every figure one)."""
+    title = (figure.spec.get("layout") or {}).get("title")
+    return str((title.get("text") if isinstance(title, dict) else title) or figure.title)
+
+
+def _plain(title: str) -> str:
+    """A plotly title as plain text: its <br> line breaks a space, other tags dropped."""
+    return re.sub(r"<[^>]+>", "", title.replace("<br>", " "))
+
+
 def figure_id(figure: Figure) -> str:
     """The figure's own id (`layout.meta.id`, a string), else its title as a slug."""
     meta = (figure.spec.get("layout") or {}).get("meta")
@@ -195,7 +206,11 @@ def export(
         stems.append((stem, figure))
         if "html" in formats:
             target = out / f"{stem}.html"
-            target.write_text(pio.to_html(figure.spec, include_plotlyjs=PLOTLY_JS, full_html=True, validate=False))
+            page = pio.to_html(figure.spec, include_plotlyjs=PLOTLY_JS, full_html=True, validate=False)
+            title = html.escape(_plain(page_title(figure)))  # the browser tab's name: plotly's page has none
+            target.write_text(
+                page.replace('<meta charset="utf-8" />', f'<meta charset="utf-8" /><title>{title}</title>', 1)
+            )
             written.append(target)
     static = [f for f in formats if f in STATIC_FORMATS]
     if static and figures:

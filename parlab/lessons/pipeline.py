@@ -191,8 +191,8 @@ def timelines(
 ) -> go.Figure:
     """The ideal timeline of `schedule` (unit costs), and below it, if a trace is given, the measured one.
 
-    Bars: blue forward, orange backward (BI orange, BW red for zero bubble), light blue the time a rank waits in
-    a recv (drawn thin); the number on a bar is its micro-batch; hatched bars are a rank's chunks 1..v-1.
+    Bars: blue forward, orange backward (BI orange, BW red for zero bubble), dark teal the time a rank waits in a
+    recv (drawn thin); the number on a bar is its micro-batch; hatched bars are a rank's chunks 1..v-1.
     Hover shows the exact action ("F3c1": forward of micro-batch 3 on chunk 1), start and end.
     """
     costs_used = {**DEFAULT_COSTS, **(costs or {})}

@@ -164,8 +164,12 @@ def prediction_lines(label: str, predicted, theory: float, measured=None, rtol: 
     lines = [f"{label}: {columns}"]
     if number is None:
         lines.append(f"{label}: prediction is not a finite number ({type(predicted).__name__}): FAIL")
+    elif ok:
+        lines.append(f"{label}: prediction {within}: PASS")
+    elif _GRADED.get():  # the grader keeps verdict lines only: the numbers go on the FAIL line itself
+        lines.append(f"{label}: prediction {within}: predicted {_shown(predicted)}, theory {_shown(theory)}: FAIL")
     else:
-        lines.append(f"{label}: prediction {within}: {'PASS' if ok else 'FAIL'}")
+        lines.append(f"{label}: prediction {within}: FAIL")
     if measured is not None:
         value = _number(measured)
         ok = value is not None and abs(value - theory) <= 1e-9 * max(abs(theory), 1.0)
