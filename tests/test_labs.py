@@ -554,3 +554,32 @@ def test_lab07_every_right_plan_gets_the_solutions_pass_line():
         assert len(lines) == 1 and next(iter(lines)).endswith(": PASS"), lines
         tried += len(ms) > 1
     assert tried, "no case where two numbers of micro-batches are both right"
+
+
+def _solutions_verdicts(name: str, check: str) -> tuple[list[str], int]:
+    """The solution's stored verdict lines of `check` (masked, as the grader compares them) and its points."""
+    lab = official._official_lab(name, nbformat.read(LABS / "solutions" / f"{name}.ipynb", as_version=4))
+    return lab.expected[check], dict(lab.checks)[check]
+
+
+def test_lab11_every_right_interval_gets_the_solutions_pass_lines():
+    """The grader compares PASS lines with the solution's: another interval within 1% of the least loss (Young's,
+    Daly's, a search: all right), with another prediction within 2% of its measured loss, must read the same lines
+    and score full marks against the stored solution."""
+    from parlab.grading.labs import lab11_fault_tolerance as lab11
+
+    near, far = [], []
+    for cluster in lab11.CLUSTERS:
+        best_tau, best = lab11._measured_best(cluster)
+        taus = torch.tensor([best_tau * f for f in (0.9, 1.1, 0.95, 1.05)], dtype=torch.float64)
+        lost = lab11.simulate(*cluster, taus)
+        i = next(i for i in range(len(taus)) if lost[i] <= best * (1 + lab11.SIM_SLACK / 2))  # a clear margin
+        near.append((best_tau, best * 0.995))
+        far.append((float(taus[i]), float(lost[i]) * 1.01))
+    lines = [lab11.judge_checkpoint_cost({"answers": answers, "library": []}) for answers in (near, far)]
+    verdicts = [[markers.mask(line) for line in got if markers.VERDICT_RE.search(line)] for got in lines]
+    assert verdicts[0] == verdicts[1] and all(line.endswith(": PASS") for line in verdicts[0]), verdicts
+    expected, points = _solutions_verdicts("lab11_fault_tolerance", "checkpoint_cost")
+    for got in lines:
+        result = scores.score_lines("checkpoint_cost", points, got, expected)
+        assert result.passed, result.detail

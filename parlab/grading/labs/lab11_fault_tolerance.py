@@ -977,14 +977,25 @@ def judge_checkpoint_cost(data) -> list[str]:
             continue
         _, best = _measured_best(cluster)
         measured = float(simulate(*cluster, torch.tensor([tau], dtype=torch.float64))[0])  # host: the judge's
+        # The PASS lines name no number of the answer: the grader compares them with the solution's, and every
+        # interval within the slack (and every prediction within its tolerance) is right. The numbers are shown
+        # on a line of their own (not scored), and in the FAIL lines.
         lines.append(
-            f"{said}: your interval {tau:.4g} s lost {measured:.4f} of the time measured, within "
-            f"{SIM_SLACK:.0%} of the least any interval lost ({best:.4f}): "
-            + ("PASS" if measured <= best * (1 + SIM_SLACK) else "FAIL")
+            f"{said}: your interval {tau:.4g} s lost {measured:.4f} of the time measured (the least any interval "
+            f"lost: {best:.4f}); you predicted {lost:.4f}"
         )
+        what = f"{said}: your interval lost within {SIM_SLACK:.0%} of the least any interval lost"
         lines.append(
-            f"{said}: your predicted loss {lost:.4f} vs {measured:.4f} measured at your interval, within "
-            f"{LOSS_RTOL:.0%}: " + ("PASS" if abs(lost - measured) <= LOSS_RTOL * measured else "FAIL")
+            f"{what}: PASS"
+            if measured <= best * (1 + SIM_SLACK)
+            else f"{what}: expected at most {best * (1 + SIM_SLACK):.4f}, received {measured:.4f} (interval "
+            f"{tau:.4g} s): FAIL"
+        )
+        what = f"{said}: your predicted loss within {LOSS_RTOL:.0%} of the loss measured at your interval"
+        lines.append(
+            f"{what}: PASS"
+            if abs(lost - measured) <= LOSS_RTOL * measured
+            else f"{what}: expected {measured:.4f}, received {lost:.4f}: FAIL"
         )
     return lines
 
