@@ -3,7 +3,7 @@ heads than ranks (one K/V head, two ranks: k and v cannot be split by heads), pl
 with the K/V projections replicated and their gradient synced where that is cheapest with x's gradient left complete,
 a prediction of the collectives of a plan the student did not write, a plan with Megatron's traffic and a K/V byte
 budget, the vocabulary-parallel head and loss in the fewest bytes (untied, and tied with the table gathered rather
-than the lookup summed), and Megatron's sequence parallelism.
+than the lookup summed), and Megatron's sequence parallelism (untied and tied).
 
 Every check builds the lab model (parlab.core.lab_model, float64, the same seed on every rank), applies the student's
 plan on a one-axis "tp" DeviceMesh of P ranks (gloo, CPU), runs one forward and backward of the lab loss, and
@@ -71,11 +71,12 @@ STRUCTURAL = {
     "lookup's all-reduce of [B, T, H], torchtitan's and lesson 10's, fails: B T > V/P); the FAIL line does not print "
     "the least; backward: one per sub-layer and one for the head, and at most part 1's K/V bytes beside; nothing "
     "else; no call into parlab's twin code",
-    "sequence_parallel": "the loss and every gradient (the norms' Partial gradients summed; every other gradient "
-    "complete) equal one device's; every block and the final norm receive this rank's T/P tokens; logits sharded on "
-    "the vocabulary; forward and backward each exactly 2L+1 reduce-scatters of [B, T, H] and 2L+1 all-gathers of "
-    "[B, T/P, H] (the embedding reduce-scattered, never all-reduced), in backward at most part 1's K/V bytes beside, "
-    "the loss's small all-reduces, nothing else; no call into parlab's twin code",
+    "sequence_parallel": "untied and tied head (the tied table split over the vocabulary is the head): the loss and "
+    "every gradient (the norms' Partial gradients summed; every other gradient complete) equal one device's; every "
+    "block and the final norm receive this rank's T/P tokens; logits sharded on the vocabulary; forward and backward "
+    "each exactly 2L+1 reduce-scatters of [B, T, H] and 2L+1 all-gathers of [B, T/P, H] (the embedding "
+    "reduce-scattered, never all-reduced), in backward at most part 1's K/V bytes beside, the loss's small "
+    "all-reduces, nothing else; no call into parlab's twin code",
 }
 
 
@@ -607,14 +608,20 @@ def vocab_forward(cfg: LabConfig) -> int:
 
 
 def least_line(what: str, ranks: list[dict], phase: str, exact: dict[tuple[str, int], int], least: int) -> str:
-    """As budget_line, but the budget is the part's question: a FAIL says how much was spent, never the least."""
+    """As budget_line, but the budget is the part's question: a FAIL states the target in words (the least bytes any
+    plan with these logits needs) and what the rank sent beside the expected collectives, never the least's number.
+    A collective beyond the expected count (a fifth all-reduce of [B, T, H] where four are expected) is beside them."""
     for r, res in enumerate(ranks):
         counts = _count(res["calls"], phase)
-        main = {key: n for key, n in counts.items() if key in exact}
-        spent = sum(key[1] * n for key, n in counts.items() if key not in exact)
+        main = {key: min(n, exact[key]) for key, n in counts.items() if key in exact}
+        spent = sum(key[1] * (n - main.get(key, 0)) for key, n in counts.items())
         if main != exact or spent > least:
-            beside = f"{spent:,} bytes beside them" + (": more than the least a plan needs" if main == exact else "")
-            return f"{what}: rank {r} ran {_listed(counts)}; expected {_listed(exact)}, {beside}: FAIL"
+            received = f"received {_listed(main)} and {spent:,} bytes beside them"
+            received += ", more than that least" if spent > least else ""
+            return (
+                f"{what}: rank {r} ran {_listed(counts)}; expected {_listed(exact)} and beside them the least bytes "
+                f"any plan with these logits needs, {received}: FAIL"
+            )
     return f"{what}: PASS"
 
 
@@ -669,45 +676,53 @@ def judge_vocab_parallel(data) -> list[str]:
 
 
 def collect_sequence_parallel(apply_sp, loss_backward) -> dict:
-    return collect(apply_sp, "apply", loss_backward, [CFG])
+    return collect(apply_sp, "apply", loss_backward, [CFG, TIED])
 
 
 def judge_sequence_parallel(data) -> list[str]:
-    ranks, cfg = _configs(data, 0), CFG
-    L, act, rows = cfg.layers, _activation(cfg), BATCH * cfg.seq_len * cfg.dtype_bytes
-    n = 2 * L + 1  # the embedding's reduce-scatter, then two per layer; the final norm's all-gather, two per layer
-    mirror = {("reduce_scatter", act): n, ("all_gather", act // P): n}
-    local = [BATCH, cfg.seq_len // P, cfg.hidden]
-    what = "every block and the final norm receive this rank's T/P tokens, [B, T/P, H]"
-    shapes = f"{what}: PASS"
-    for r, res in enumerate(ranks):
-        wrong = [(i, shape) for i, shape in enumerate(res["inputs"]) if shape != local]
-        if wrong or len(res["inputs"]) != L + 1:
-            where, shape = wrong[0] if wrong else (len(res["inputs"]), "nothing")
-            name = f"block {where}" if where < L else "the final norm"
-            shapes = f"{what}: rank {r}: {name} received {shape}, expected {local}: FAIL"
-            break
-    return [
-        *numbers_lines("", ranks, reference(cfg)),
-        shapes,
-        complete_line("", ranks, exempt=("norm",)),
-        logits_line("", ranks, cfg),
-        traffic_line(
-            f"forward, every rank: {n} reduce-scatters of [B, T, H] and {n} all-gathers of [B, T/P, H], nothing else",
-            ranks,
-            "forward",
-            mirror,
-        ),
-        traffic_line(
-            "loss, every rank: all-reduces of at most B T numbers, nothing else", ranks, "loss", {}, small=rows
-        ),
-        budget_line(
-            f"backward, every rank: {n} reduce-scatters of [B, T, H], {n} all-gathers of [B, T/P, H], and beside "
-            "them no more than part 1's K/V bytes",
-            ranks,
-            "backward",
-            mirror,
-            _kv_part1(cfg),
-        ),
-        _library_line(data["ranks"]),
-    ]
+    lines = []
+    for index, (name, cfg) in enumerate((("untied head", CFG), ("tied head", TIED))):
+        ranks, label = _configs(data, index), f"{name}: "
+        L, act, rows = cfg.layers, _activation(cfg), BATCH * cfg.seq_len * cfg.dtype_bytes
+        n = 2 * L + 1  # the embedding's reduce-scatter, then two per layer; the final norm's all-gather, two per layer
+        mirror = {("reduce_scatter", act): n, ("all_gather", act // P): n}
+        local = [BATCH, cfg.seq_len // P, cfg.hidden]
+        what = f"{label}every block and the final norm receive this rank's T/P tokens, [B, T/P, H]"
+        shapes = f"{what}: PASS"
+        for r, res in enumerate(ranks):
+            wrong = [(i, shape) for i, shape in enumerate(res["inputs"]) if shape != local]
+            if wrong or len(res["inputs"]) != L + 1:
+                where, shape = wrong[0] if wrong else (len(res["inputs"]), "nothing")
+                block = f"block {where}" if where < L else "the final norm"
+                shapes = f"{what}: rank {r}: {block} received {shape}, expected {local}: FAIL"
+                break
+        lines += [
+            *numbers_lines(label, ranks, reference(cfg)),
+            shapes,
+            complete_line(label, ranks, exempt=("norm",)),
+            logits_line(label, ranks, cfg),
+            traffic_line(
+                f"{label}forward, every rank: {n} reduce-scatters of [B, T, H] and {n} all-gathers of [B, T/P, H], "
+                "nothing else",
+                ranks,
+                "forward",
+                mirror,
+            ),
+            traffic_line(
+                f"{label}loss, every rank: all-reduces of at most B T numbers, nothing else",
+                ranks,
+                "loss",
+                {},
+                small=rows,
+            ),
+            budget_line(
+                f"{label}backward, every rank: {n} reduce-scatters of [B, T, H], {n} all-gathers of [B, T/P, H], and "
+                "beside them no more than part 1's K/V bytes",
+                ranks,
+                "backward",
+                mirror,
+                _kv_part1(cfg),
+            ),
+        ]
+    lines.append(_library_line(data["ranks"]))
+    return lines
