@@ -278,7 +278,8 @@ def _in_flags(message: str, scheme: str) -> str:
 
     for f in fields(all_schemes()[scheme].options):
         flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-        message = re.sub(rf"(?<![\w.-]){f.name}=", f"{flag} ", message)
+        message = re.sub(rf"(?<![\w.-]){f.name}=", f"{flag} ", message)  # world_size=4: --world 4
+        message = re.sub(rf"(?<![\w.-]){f.name}(?= [<>]=? )", flag, message)  # world_size >= 2: --world >= 2
     return message
 
 

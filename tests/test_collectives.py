@@ -89,7 +89,7 @@ def test_cli_verdict_lines_and_bad_input():
     assert out.stdout.splitlines()[0].startswith("ring all-reduce, rank 0: matches single device: max |err|")
     bad = _cli("run", "collectives", "--world", "4", "--numel", "2")
     assert bad.returncode == 2
-    assert "numel=2 must be >= world_size=4" in bad.stderr
+    assert "--numel 2 must be >= --world 4" in bad.stderr
 
 
 def test_same_code_runs_under_torchrun():

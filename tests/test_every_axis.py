@@ -45,7 +45,7 @@ RUNS = [
 ]
 
 REFUSED = [
-    ("megatron-sp", ["--world", "1"], "world_size=1 gives no tensor"),
+    ("megatron-sp", ["--world", "1"], "--world 1 gives no tensor"),
     ("ps", ["--world", "1"], "a parameter server needs at least 2 ranks"),
 ]
 

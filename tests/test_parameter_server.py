@@ -133,7 +133,7 @@ def test_async_fast_workers_do_not_wait(async_straggler):
     "world, opts, message",
     [
         (1, {}, "needs at least 2 ranks"),
-        (4, {"straggler": 0, "slowdown": 2.0}, "--straggler 0 is the server"),
+        (4, {"straggler": 0, "slowdown": 2.0}, "straggler=0 is the server"),  # the Python API: its fields
         (4, {"straggler": 4, "slowdown": 2.0}, "straggler=4 does not exist: the workers are ranks 1..3"),
         (4, {"straggler": -1, "slowdown": 2.0}, "straggler=-1 does not exist"),
         (4, {"straggler": 1, "slowdown": 0.5}, r"slowdown=0.5 must be in \[1, 1000\]"),

@@ -127,4 +127,4 @@ def test_cli_usp_json_and_one_error_line(capsys):
     bad = ["run", "usp", "--heads", "8", "--hidden", "24", "--ulysses", "3", "--ring", "1", "--world", "3"]
     assert main(bad) == 2  # refused before any process starts
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("parlab: error:") and "ulysses=3" in lines[0], lines
+    assert len(lines) == 1 and lines[0].startswith("parlab: error:") and "--ulysses 3" in lines[0], lines
