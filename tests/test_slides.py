@@ -5,7 +5,17 @@ from pathlib import Path
 
 import pytest
 
-from parlab.lessons.slides import SCREEN_PX, add_slides, cell_height, is_live, main, nbval_tags, slide_types, slides
+from parlab.lessons.slides import (
+    SCREEN_PX,
+    WIDGET_MIME,
+    add_slides,
+    cell_height,
+    is_live,
+    main,
+    nbval_tags,
+    slide_types,
+    slides,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -130,4 +140,4 @@ def test_every_slide_opens_with_its_heading_and_shared_slides_fit_the_screen(pat
 
 
 def _widget(output: dict) -> bool:
-    return "application/vnd.jupyter.widget-view+json" in output.get("data", {})
+    return WIDGET_MIME in output.get("data", {})

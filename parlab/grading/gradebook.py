@@ -33,6 +33,8 @@ import sys
 import unicodedata
 from pathlib import Path
 
+from parlab.grading.summary import name_order, write_summary
+
 # feedback: the name of the student's feedback file (an ASCII slug and a hash: which file is whose, at a glance)
 COLUMNS = ["student", "lab", "notebook", "points", "max_points", "parts", "failed", "seconds", "notes", "feedback"]
 SEPARATORS = "_-. "  # what joins a lab's prefix to a student's name in a file name (lab00_bob, lab00-bob)
@@ -148,9 +150,7 @@ def rows(grades: list[dict], students: list[str], roots: list[Path | None]) -> l
                 "feedback": file_name_of(student),
             }
         )
-    out.sort(
-        key=lambda row: (row["student"].casefold(), row["student"], row["lab"], row["notebook"])
-    )  # Zoë after alice
+    out.sort(key=lambda row: (*name_order(row["student"]), row["lab"], row["notebook"]))
     seen: dict[tuple[str, str], int] = {}
     for row in out:
         seen[(row["student"], row["lab"])] = seen.get((row["student"], row["lab"]), 0) + 1
@@ -224,7 +224,6 @@ def write_class(args, labs: dict, found, grades: list[dict], skipped=()) -> None
     """`grade --gradebook CSV [--feedback DIR] [--no-hints]`: the gradebook, a feedback file per student, the wide
     CSV and the class summary."""
     from parlab.grading.official import MAX_NOTEBOOK_BYTES, lab_key
-    from parlab.grading.summary import write_summary
 
     students = []
     for (path, root), grade_ in zip(found, grades, strict=True):

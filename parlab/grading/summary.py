@@ -27,10 +27,15 @@ def attempted(grade: dict) -> bool:
     return not checks or not all(NOT_ATTEMPTED_MARK in (c.get("detail") or "") for c in checks)
 
 
+def name_order(name: str) -> tuple[str, str]:
+    """How students are sorted everywhere: by the name whatever its case (Zoë after alice), then as written."""
+    return name.casefold(), name
+
+
 def class_summary(table: list[dict], grades: list[dict], students: list[str], skipped=()) -> dict:
     """The figures of the summary, as data: labs, checks and who did not attempt, from the gradebook's rows
     (`table`) and the report's grades (one per row's notebook, with their students)."""
-    roster = sorted(set(students), key=lambda name: (name.casefold(), name))
+    roster = sorted(set(students), key=name_order)
     labs: dict[str, dict] = {}
     for grade, student in zip(grades, students, strict=True):
         lab = labs.setdefault(
@@ -76,7 +81,7 @@ def wide_rows(table: list[dict]) -> tuple[list[str], list[dict]]:
         own[row["lab"]] = max(int(row["points"]), own.get(row["lab"], 0))
     rows = [
         {"student": student, **{lab: own.get(lab, "") for lab in labs}, "total": sum(own.values())}
-        for student, own in sorted(best.items(), key=lambda item: (item[0].casefold(), item[0]))
+        for student, own in sorted(best.items(), key=lambda item: name_order(item[0]))
     ]
     return ["student", *labs, "total"], rows
 

@@ -87,6 +87,7 @@ SCREEN_PX = 720 - 60  # the slide area less reveal.js's margins and controls
 MARKDOWN_LINE_PX, MARKDOWN_CHARS, HEADING_PX, SUBHEADING_PX, BLANK_PX = 22, 90, 56, 40, 8
 CODE_LINE_PX, OUTPUT_LINE_PX, OUTPUT_CHARS, CELL_PADDING_PX, FENCED_LINE_PX = 20, 17, 135, 10, 15
 FIGURE_PX, WIDGET_PX, TABLE_ROW_PX = 450, 520, 10
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"  # an ipywidgets output
 
 
 def _markdown_px(text: str) -> int:
@@ -116,7 +117,7 @@ def _output_px(output: dict) -> int:
     data = output.get("data", {})
     if "application/vnd.plotly.v1+json" in data:
         return int(data["application/vnd.plotly.v1+json"].get("layout", {}).get("height", FIGURE_PX))
-    if "application/vnd.jupyter.widget-view+json" in data:
+    if WIDGET_MIME in data:
         return WIDGET_PX
     joined = {key: "".join(value) if isinstance(value, list) else str(value) for key, value in data.items()}
     if "text/markdown" in joined:
