@@ -7,7 +7,8 @@ ANSWER cells, written for the labs' own model (parlab.core.lab_model) or a varia
 
 1. data parallelism with gradient accumulation, on documents padded to the sequence length (this file);
 2. tensor parallelism of the lab model's block, its K/V heads shared by pairs of ranks (lab_bug_hunt_tp.py);
-3. the next-token targets of a zigzag layout, each rank holding only its own block of token ids (this file);
+3. the next-token targets of packed documents in a zigzag layout, each rank holding only its own block of token
+   ids and document-start flags (this file);
 4. hybrid sharding (ZeRO inside groups of ranks, replicated across them) with global-norm gradient clipping, and a
    prediction at Llama-3-8B scale (lab_bug_hunt_zero.py);
 5. a 1F1B loop over the lab model's blocks, its LM head tied to its embedding, for any number of micro-batches
@@ -49,6 +50,7 @@ from parlab.grading.labs.lab_bug_hunt_setup import (
     ZIGZAG_T,
     ZZ_B,
     ZZ_CFG,
+    ZZ_DOCS,
     M,
     P,
     _no_error,
@@ -75,11 +77,12 @@ STRUCTURAL = {
     "every rank's weights after the last (its slices and its replicas) equal one device's; each rank communicates "
     "one [B, T, H] per sublayer in forward and one in backward, and after backward the gradients of its K/V head "
     "only; no call into parlab's tensor parallelism",
-    "zigzag_targets": "for T = 16, 20 and 23 on 4 ranks (2P chunks cut by torch.tensor_split), each rank given "
-    "only its zigzag block of token ids: every "
-    "rank's targets, each, equal one device's next tokens in the same layout (a FAIL shows the loss they give "
-    "against one device's and the first target that differs); each rank exchanges only with ranks r-1 and r+1, "
-    "point to point, at most two token ids per sequence; no call into parlab's sequence code",
+    "zigzag_targets": "for T = 16, 20, 24 and 23 on 4 ranks (2P chunks cut by torch.tensor_split), 2 sequences of "
+    "packed documents each (document starts inside chunks and at chunk edges), each rank given only its zigzag "
+    "block of token ids and document-start flags: every rank's targets, each, equal one device's (the next token, "
+    "IGNORE where it begins another document and for the last token) in the same layout (a FAIL shows the loss "
+    "they give against one device's and the first target that differs); each rank exchanges only with ranks r-1 "
+    "and r+1, point to point, and sends at most two numbers per sequence; no call into parlab's sequence code",
     "zero_clip": "3 Adam steps with the gradient clipped at a global norm, the lab model's matrices sharded over "
     "shard groups and replicated across them, on two layouts in this order (one group of 4, its last shard padded; "
     "groups of 2 ranks, replicated twice), its RMSNorm gains replicated: on each layout the norm each rank clipped "
@@ -203,7 +206,7 @@ def judge_dp_tokens(data) -> list[str]:
     ]
 
 
-# ------------------------------------------------------------ part 3: the targets of a zigzag layout, sharded ids
+# ------------------------------------------------------ part 3: the targets of packed documents, zigzag, sharded
 
 
 def zigzag_block(t: torch.Tensor, rank: int) -> torch.Tensor:
@@ -213,26 +216,35 @@ def zigzag_block(t: torch.Tensor, rank: int) -> torch.Tensor:
     return torch.cat([chunks[rank], chunks[2 * P - 1 - rank]], dim=1)  # [B, c_r + c_(2P-1-r)]
 
 
-def zigzag_problem(T: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """ZZ_B sequences of T token ids x [ZZ_B, T] (no id twice in a sequence: a wrong target never looks right), and
-    their targets y: the next token, IGNORE for the last one."""
+def zigzag_problem(T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ZZ_B sequences of T token ids x [ZZ_B, T], each packing documents of the lengths ZZ_DOCS[T] (no id twice in
+    a sequence: a wrong target never looks right); starts [ZZ_B, T] bool, True where a token begins a document; and
+    the targets y [ZZ_B, T]: the next token, IGNORE where the next token begins another document and for the last."""
     gen = torch.Generator().manual_seed(30 + T)
     x = torch.stack([torch.randperm(ZZ_CFG.vocab_size, generator=gen)[:T] for _ in range(ZZ_B)])  # host: the draw
     x = x.to(parlab.device())
+    starts = torch.zeros(ZZ_B, T, dtype=torch.bool, device=parlab.device())
+    for i, lengths in enumerate(ZZ_DOCS[T]):
+        starts[i, [sum(lengths[:d]) for d in range(len(lengths))]] = True
     y = torch.full_like(x, IGNORE)
-    y[:, :-1] = x[:, 1:]
-    return x, y
+    y[:, :-1] = x[:, 1:].masked_fill(starts[:, 1:], IGNORE)
+    return x, starts, y
 
 
 def run_zigzag(zigzag_targets) -> dict:
-    """Rank code: for each T, rank r holds only its zigzag block x_r [B, c_r + c_(2P-1-r)] of the token ids and asks
-    `zigzag_targets` (your code) for their targets; its calls into torch.distributed are recorded."""
+    """Rank code: for each T, rank r holds only its zigzag block of the token ids, x_r [B, c_r + c_(2P-1-r)], and of
+    the document-start flags, starts_r (the same shape), and asks `zigzag_targets` (your code) for their targets;
+    its calls into torch.distributed are recorded (and how many numbers each send carried)."""
     r, out = dist.get_rank(), {}
     for T in ZIGZAG_T:
-        x_r = zigzag_block(zigzag_problem(T)[0], r)
-        with probe.recording(keep_sent_data=False) as calls, library_calls(LIBRARY) as called:
-            targets = zigzag_targets(x_r.clone())
-        calls = [{"op": c["op"], "peer": int(c["peer"]), "bytes": int(c["bytes"])} for c in calls]
+        x, starts, _ = zigzag_problem(T)
+        x_r, starts_r = zigzag_block(x, r), zigzag_block(starts, r)
+        with probe.recording() as calls, library_calls(LIBRARY) as called:
+            targets = zigzag_targets(x_r.clone(), starts_r.clone())
+        calls = [
+            {"op": c["op"], "peer": int(c["peer"]), "numbers": int(c["data"].numel()) if "data" in c else 0}
+            for c in calls
+        ]
         out[T] = {"targets": targets, "calls": calls, "library": called}
     return out
 
@@ -246,17 +258,17 @@ def _shape(value) -> str:
 
 
 def _stray_call(ranks, T: int) -> str:
-    """'' when every rank only sends to and receives from ranks r-1 and r+1, at most 2 token ids per sequence."""
-    most = 2 * ZZ_B * 8
+    """'' when every rank only sends to and receives from ranks r-1 and r+1, at most 2 numbers per sequence."""
+    most = 2 * ZZ_B
     for r in range(P):
         calls = ranks[r][T]["calls"]
         for c in calls:
             if c["op"] not in ("send", "recv") or c["peer"] not in (r - 1, r + 1):
                 peer = f" with rank {c['peer']}" if c["peer"] >= 0 else ""
                 return f"rank {r}: expected sends and receives with ranks r-1, r+1 only, received {c['op']}{peer}"
-        sent = sum(c["bytes"] for c in calls if c["op"] == "send")
+        sent = sum(c["numbers"] for c in calls if c["op"] == "send")
         if sent > most:
-            return f"rank {r}: expected at most {most} bytes sent, received {sent}"
+            return f"rank {r}: expected at most {most} numbers sent ({ZZ_B} sequences), received {sent}"
     return ""
 
 
@@ -279,7 +291,7 @@ def unzigzag(blocks: list[torch.Tensor], T: int) -> torch.Tensor:
 def _targets_line(ranks, T: int) -> str:
     """The verdict on every rank's targets, each against one device's, said as the user sees it (the loss they give
     against one device's) with the first target that differs."""
-    x, y = zigzag_problem(T)
+    x, _, y = zigzag_problem(T)
     what = f"T={T}: the loss with the ranks' targets"
     for r in range(P):
         got, want = ranks[r][T]["targets"], zigzag_block(y, r)
@@ -314,7 +326,7 @@ def judge_zigzag_targets(data) -> list[str]:
     for T in ZIGZAG_T:
         lines.append(_targets_line(ranks, T))
         stray = _stray_call(ranks, T)
-        what = f"T={T}: each rank exchanges with its neighbours only, at most two token ids per sequence"
+        what = f"T={T}: each rank exchanges with its neighbours only, sending at most two numbers per sequence"
         lines.append(f"{what}: {f'{stray}: FAIL' if stray else 'PASS'}")
     called = [c for res in ranks for T in ZIGZAG_T for c in res[T]["library"]]
     lines.append(library_verdict("zigzag_targets", called))

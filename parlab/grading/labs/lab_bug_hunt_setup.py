@@ -45,10 +45,19 @@ DP_LENGTHS = (8, 3, 5, 8, 2, 8, 6, 1, 7, 7, 4, 2, 8, 5, 3, 6)
 # TP_STEPS SGD steps on the mean squared error of its output, x: [BATCH, T_TP, H].
 TP_CFG = LabConfig(vocab_size=32, seq_len=8, hidden=8, heads=4, kv_heads=2, ffn=16, layers=1)
 BATCH, T_TP, TP_STEPS, TP_LR = 2, 4, 3, 0.5
-# Part 3, the zigzag layout: ZZ_B sequences of each length in ZIGZAG_T, cut into 2P chunks by torch.tensor_split:
-# 16, 20 and 23 tokens on P = 4 ranks.
-ZIGZAG_T = (16, 20, 23)
+# Part 3, the zigzag layout of packed documents: ZZ_B sequences of each length in ZIGZAG_T, cut into 2P chunks by
+# torch.tensor_split, each packing documents of the lengths ZZ_DOCS[T][i] (sequence i) end to end. The lengths are
+# chosen so that each T shows a different case: T = 16, chunks of 2, every document start inside a chunk; T = 20,
+# uneven chunks, every start inside a chunk; T = 24, chunks of 3, starts at chunk edges (between two ranks, in both of
+# a rank's chunks, and rank P-1's own); T = 23, uneven chunks and starts at chunk edges.
+ZIGZAG_T = (16, 20, 24, 23)
 ZZ_B = 2
+ZZ_DOCS = {
+    16: ((5, 6, 5), (7, 6, 3)),
+    20: ((4, 7, 9), (8, 9, 3)),
+    24: ((6, 6, 7, 5), (4, 14, 6)),
+    23: ((9, 7, 7), (5, 16, 2)),
+}
 ZZ_CFG = LabConfig(vocab_size=32, seq_len=24, hidden=8, heads=2, kv_heads=1, ffn=16, layers=1)  # the loss shown
 # Part 4, hybrid sharding with clipping: the lab model's matrices (PSI_M = 642 numbers) sharded over groups of
 # `shard` ranks, replicated over the P / shard groups (rank r in shard group r // shard), for each shard-group size
