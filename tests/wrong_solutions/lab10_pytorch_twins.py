@@ -12,4 +12,15 @@ def megatron_plan(model):
         plan[f"blocks.{i}.attn"] = PrepareModuleInput(
             input_layouts=(Replicate(), None), desired_input_layouts=(Replicate(), None), use_local_output=False
         )
+        plan |= {f"blocks.{i}.attn.{w}": KVWeightSum() for w in ("k", "v")}
     return plan
+
+
+class KVWeightSum(ParallelStyle):
+    def _apply(self, module, mesh):
+        def give_output(module, output, mesh):
+            return output.to_local(grad_placements=(Partial(),))
+
+        module = distribute_module(module, mesh, output_fn=give_output)
+        module.weight.register_hook(lambda grad: grad.redistribute(placements=(Replicate(),)))
+        return module

@@ -1,8 +1,8 @@
 # ruff: noqa
 # A wrong answer to labs/lab10_pytorch_twins.ipynb (the other answers are the solution's). The bug: the loss gathers
 # the vocabulary-sharded logits (full_tensor) and takes the plain cross-entropy: right numbers, but the [B, T, V]
-# logits travel, which is what a vocabulary-parallel loss exists to avoid. Part 4 uses this loss too.
-# EXPECT FAIL: vocab_parallel, sequence_parallel
+# logits travel, which is what a vocabulary-parallel loss exists to avoid.
+# EXPECT FAIL: vocab_parallel
 
 # ANSWER: vocab_parallel
 def vocab_plan(model):

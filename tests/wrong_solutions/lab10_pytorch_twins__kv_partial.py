@@ -3,9 +3,9 @@
 # knows each rank's gradient of the K/V head is a share, but leaves it Partial (to_local(grad_placements=Partial)):
 # the numbers are right once the ranks' pieces are summed, but the weights' gradients stay Partial (a sum still owed
 # before the update), and x's gradient from k and v is summed as a whole [B, T, H] each, not at k's and v's narrow
-# output: two all-reduces of [B, T, H] per layer where two of [B, T, nkv hd] do. Part 4 (the solution's) uses this
-# style too; parts 2 and 3 put their own on k and v.
-# EXPECT FAIL: tp_plan, sequence_parallel
+# output: two all-reduces of [B, T, H] per layer where two of [B, T, nkv hd] do. Parts 2, 3 and 4 put their own
+# style on k and v.
+# EXPECT FAIL: tp_plan
 
 # ANSWER: tp_plan
 def tp_plan(model):

@@ -3,9 +3,9 @@
 # out of the plan, as plain Linears, "whole on every rank". The forward is right; but each rank's attention reads the
 # K/V head with its own query heads only, so each rank's gradient of k and v (and their share of dL/dx) is that rank's
 # part: the weights' gradients are wrong on every rank, and so is every gradient below the first block. The plan
-# also names fewer Linears than it should. Part 4 (the solution's) uses the K/V style this answer lacks and fails;
-# parts 2 and 3 put their own style on k and v, and pass.
-# EXPECT FAIL: tp_plan, sequence_parallel
+# also names fewer Linears than it should. Parts 2, 3 and 4
+# put their own style on k and v, and pass.
+# EXPECT FAIL: tp_plan
 
 # ANSWER: tp_plan
 def tp_plan(model):

@@ -3,8 +3,9 @@
 # in front of each sub-layer, but the K/V head kept part 1's style, which sums each rank's share of k's and v's
 # output gradient, [B, T, nkv hd]. Once x's gradient is summed by the sub-layer's one all-reduce anyway, only the
 # weights' gradients, [nkv hd, H], still need a sum: half the bytes at B T = 2 H. Numbers and counts of [B, T, H] are
-# right; the bytes beside them are not. Part 3 accepts part 1's K/V bytes, so it passes.
-# EXPECT FAIL: megatron_plan
+# right; the bytes beside them are not. Part 3 accepts part 1's K/V bytes, so it passes; part 4 (the solution's)
+# uses the weight-summing K/V style this answer never wrote, and fails.
+# EXPECT FAIL: megatron_plan, sequence_parallel
 
 # ANSWER: megatron_plan
 def megatron_plan(model):
