@@ -1,7 +1,7 @@
 # ruff: noqa
 # A wrong answer to labs/lab02_tensor_parallel.ipynb (the other answers are the solution's). The bug: the ring is
 # right (the x blocks and the partial sums go round, each rank its own units, never more than a block at a time),
-# but every receive is waited for as soon as it is posted, before the GEMM it could have hidden behind: each
+# but every receive is waited for before the GEMM it could have hidden behind: each
 # transfer's time adds to the compute's instead of overlapping it.
 # EXPECT FAIL: swiglu
 
@@ -32,26 +32,26 @@ def swiglu(x, gate, up, down, layout):
         if k >= 2:  # block j's sum so far, from rank r + 1 (its step k - 1)
             incoming = empty(j)
             partial_recv = comm.irecv(incoming, nxt)
-            partial_recv.wait()  # the bug: waited for at once
         if k == ranks - 1:  # my own block's sum of every other rank's share, from rank r + 1's last step
             total = empty(r)
             total_recv = comm.irecv(total, nxt)
         if k < ranks - 1:  # the next block comes in while this one computes; this one goes on
             ahead = empty((j + 1) % ranks)
             ahead_recv = comm.irecv(ahead, nxt)
-            ahead_recv.wait()  # the bug: waited for at once
             sends.append(comm.isend(block, prv))
-        out = share(block)  # [B, n_j, H]: the GEMMs, with the transfers in flight
+        if incoming is not None:
+            partial_recv.wait()  # the bug: each receive waited for before the GEMM it could hide behind
+        if k < ranks - 1:
+            ahead_recv.wait()
+        out = share(block)  # [B, n_j, H]
         if k == 0:
             y = out  # my own tokens' share: the sum comes back at the end
         else:
             if incoming is not None:
-                partial_recv.wait()
-                out = out + incoming
+                out = out + incoming  # (already waited for)
             sends.append(comm.isend(out, prv))  # on to rank r - 1 (at the last step: its owner)
         if k < ranks - 1:
-            ahead_recv.wait()
-            block = ahead
+            block = ahead  # (already waited for)
     total_recv.wait()
     comm.wait_all(sends)
     return y + total
