@@ -1,10 +1,11 @@
 """Lab 02's checks: the conjugate operators of a sequence-parallel region whose tokens are dealt to the ranks by
 any layout, uneven included (an all-gather and a reduce-scatter along the sequence, and their backwards; Megatron's
-f and g are handed out); the lab model's SwiGLU MLP loaded from a fused checkpoint written by a run with another
-tensor-parallel degree and another gate/up arrangement, each rank reading only its own units' rows, in either kind of
-region; its grouped-query attention split by heads when there are fewer K/V heads than ranks, at positions that are
-not 0..T-1; a vocabulary-parallel cross-entropy in one collective; and a prediction of one lab-model layer's traffic
-in Megatron-SP form, on an uneven layout.
+f and g are handed out); the lab model's SwiGLU MLP forward in the sequence-parallel region without ever gathering
+the sequence (a collective matmul: the x blocks and the partial sums on a ring of point-to-point messages, each
+transfer hidden behind a GEMM, the work split by hidden units, no tensor larger than two ranks' tokens); its
+grouped-query attention split by heads when there are fewer K/V heads than ranks, at positions that are not
+0..T-1; a vocabulary-parallel cross-entropy in one collective; and a prediction of what that MLP's ring moves over
+its busiest link at an uneven size no check runs, beside the same forward in Megatron-SP form.
 
 Every check runs the student's code on P live ranks, each rank handed the same full problem (float64), and compares
 with one device computing the whole thing (parlab.core.lab_model for the MLP and the attention). A recorder sees
@@ -16,6 +17,8 @@ sequence-parallel code (`LIBRARY`) are seen too (parlab/grading/labs/guard.py): 
 
 from __future__ import annotations
 
+import math
+import time
 from contextlib import contextmanager
 
 import torch
@@ -25,7 +28,7 @@ import torch.nn.functional as F
 import parlab
 from parlab.core import comm, probe
 from parlab.core.check import compare
-from parlab.core.lab_model import LabConfig, apply_rope, build_lab_model, rms_norm
+from parlab.core.lab_model import LabConfig, apply_rope, build_lab_model
 from parlab.grading.labs import error_summary, prediction_lines, run_check
 from parlab.grading.labs.guard import library_calls, library_line
 
@@ -41,13 +44,13 @@ LAYOUTS = {
     "striped": [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]],
     "scattered": [[5, 0], [1, 6, 9], [2, 7], [3, 8, 4]],
 }
-# Part 2: the lab model's SwiGLU MLP, H -> F -> H, from a fused checkpoint written by another run: one file per
-# saving rank, its units' gate and up rows arranged by one of two conventions (see FusedCheckpoint).
-# F = 48: the 3 saving ranks' 16 units each and the P = 4 ranks' 12 do not line up (rank 1's straddle files 0 and 1).
-MLP_CFG = LabConfig(vocab_size=V, seq_len=SEQ, hidden=16, heads=4, kv_heads=2, ffn=48, layers=1)
-SWIGLU_CASES = {  # name: (ranks that wrote it, its arrangement, the region's layout: None for a tensor-parallel one)
-    "saved by 3 ranks, tensor-parallel region": (3, "[gate; up]", None),
-    "saved by 8 ranks, sequence-parallel region (scattered layout)": (8, "interleaved", "scattered"),
+# Part 2: the lab model's SwiGLU MLP, H -> F -> H, forward only ("prefill"), in the sequence-parallel region without
+# ever gathering the sequence: each rank holds its tokens, [B, n_r, H], and the full weights. F/P = 6 units a rank;
+# the memory bound, 2 B max(n_r) H numbers a tensor, is two ranks' tokens: the whole sequence (10 tokens) is over it.
+MLP_CFG = LabConfig(vocab_size=V, seq_len=SEQ, hidden=16, heads=4, kv_heads=2, ffn=24, layers=1)
+SWIGLU_CASES = {  # name: the layout the tokens are dealt by (uneven: 3-3-2-2, and 2-3-2-3 in a scattered order)
+    "contiguous layout": "contiguous",
+    "scattered layout": "scattered",
 }
 # Part 3: the lab model's attention, nq query heads, nkv < P key/value heads, head size hd = H / nq, on a packed
 # sequence: each token has a document and a position in it (RoPE by that position), and attends to the tokens of its
@@ -69,11 +72,12 @@ GQA_CASES = {  # name: (config, (positions, documents), the region's layout (Non
         "ranks",
     ),
 }
-# The prediction: one layer of the lab model in Megatron-SP form on P ranks, LAYER_BATCH sequences of
-# LAYER_CFG.seq_len tokens dealt as LAYER_LAYOUT.
-LAYER_CFG = LabConfig(vocab_size=64, seq_len=SEQ, hidden=64, heads=8, kv_heads=2, ffn=128, layers=1)
-LAYER_BATCH = 2
-LAYER_LAYOUT = LAYOUTS["contiguous"]
+# The prediction: part 2's forward at a size no check runs, RING_P ranks holding RING_COUNTS tokens each (rank r the
+# next RING_COUNTS[r] tokens of the sequence), RING_BATCH sequences, RING_CFG's sizes, float64.
+RING_P = 6
+RING_COUNTS = [5, 3, 4, 2, 6, 4]
+RING_BATCH = 3
+RING_CFG = LabConfig(vocab_size=64, seq_len=sum(RING_COUNTS), hidden=96, heads=8, kv_heads=2, ffn=48, layers=1)
 LIBRARY = (
     "schemes/tensor_parallel.py",
     "schemes/sequence/sequence_parallel.py",
@@ -90,17 +94,17 @@ STRUCTURAL = {
     "scatter_tokens the reverse (one reduce-scatter forward, one all-gather backward); every backward leaves "
     "autograd's incoming gradient unchanged; no call into the library's tensor- or sequence-parallel code (f and g "
     "are handed out, not graded)",
-    "swiglu": "from a fused checkpoint written as one file per saving rank, by a run of 3 ranks in the [gate; up] "
-    "arrangement (a tensor-parallel region, the handed-out f and g; its ranks' shares of F do not line up with "
-    "the 4 ranks') and by a run of 8 ranks in the interleaved arrangement (a sequence-parallel region on the "
-    "scattered layout, the student's gather_tokens and scatter_tokens), the arrangement given to the student only "
-    "as the saving run's code: y and dL/dx on every rank equal one device's lab-model SwiGLU (each rank's tokens "
-    "in the sequence-parallel region); the work split, not repeated: each rank's gradient reaches the gate rows, "
-    "up rows and down columns of F/P hidden units, the same units in all three, no row or column on two ranks "
-    "(the FAIL line counts rows and columns, it does not say where a unit's rows lie), and the ranks' gradients "
-    "sum to one device's; each rank reads at most 2F/P rows from the files (the whole gate_up never on one rank); "
-    "the region's operators called once each way (one all-reduce, or one all-gather and one reduce-scatter, in "
-    "each direction) and nothing else; no call into the library",
+    "swiglu": "the lab model's SwiGLU MLP (F = 24, F/P = 6) forward only, under no_grad, on each rank's tokens of "
+    "two uneven layouts (contiguous 3-3-2-2, scattered 2-3-2-3), every rank handed the full weights: y on each "
+    "rank (its tokens) equal to one device's in float64; point-to-point messages only, each with a ring "
+    "neighbour (r - 1 or r + 1), every one through parlab.core.comm (a collective, or a message to a rank "
+    "further away, fails); memory, watched by a TorchFunctionMode: no tensor the forward makes (views of what it "
+    "was handed aside) holds more than 2 B max(n_r) H numbers, so the whole sequence is never on one rank; the work "
+    "split by units: the operands of each rank's GEMMs, compared row by row with the weights, are the gate rows, up "
+    "rows and down columns of the same F/P units, no unit on two ranks, and its GEMMs do exactly 3 B T H F/P "
+    "multiply-adds (every token through its units once); overlap (parlab.core.comm's trace against the GEMMs' "
+    "times): every receive issued before a GEMM began and waited for after it ended, unless no GEMM was left to "
+    "compute; no call into the library's tensor- or sequence-parallel code",
     "gqa": "the lab model's attention on a packed sequence (each row attends to its own document's rows at positions "
     "up to its own; RoPE by each row's position in its document), the positions and documents given per row of what "
     "enter returns: nq=4/nkv=2 on a document resumed at position 5 then the next one's start, rows in order; "
@@ -116,11 +120,11 @@ STRUCTURAL = {
     "numbers per row (an all-gather's input, an all-reduce's whole tensor: a padded all-reduce of every rank's "
     "numbers fails), none in backward; rows with logits near 1000 included (exp overflows there without a common "
     "shift); no call into the library's loss",
-    "layer_bytes": "the predicted bytes one rank contributes to collectives in one training step of one lab-model "
-    "layer in Megatron-SP form on the uneven contiguous layout (the conjugates' all-gathers and reduce-scatters of "
-    "padded blocks, the RMSNorm gains' gradient sync, the K/V heads' sync over their own ranks) and the bytes it "
-    "sends with ring algorithms, each exact against the grader's theory; shown beside them (not scored), what the "
-    "student's own parts 1-3 sent, run live as that layer",
+    "layer_bytes": "two predictions, exact, at a size no check runs (6 ranks holding 5, 3, 4, 2, 6, 4 tokens, B = 3, "
+    "H = 96, float64): the bytes over the busiest link in one direction of part 2's forward (x blocks and partial "
+    "sums the same way round the ring, each over the fewest links that serve it) and of the same forward in "
+    "Megatron-SP form (part 1's padded all-gather and reduce-scatter on rings); once both are right, shown (not "
+    "scored) what the student's own part 2 sent over its busiest link when run at that size",
 }
 
 
@@ -403,60 +407,102 @@ def judge_conjugates(data) -> list[str]:
 
 # ------------------------------------------------------------------------------- the lab model's SwiGLU MLP
 
-
-class FusedCheckpoint:
-    """A fused gate/up checkpoint as a run of `saved` tensor-parallel ranks left it: file s [2F/saved, H] holds the
-    gate and up rows of that rank's units [s F/saved, (s+1) F/saved), arranged by `fused`:
-
-    - "[gate; up]": the units' gate rows, then the same units' up rows;
-    - "interleaved": unit by unit, each unit's gate row followed by its up row.
-
-    A rank reads rows only through read(), which counts them: the whole gate_up [2F, H] is never to be built on one
-    rank. The files are leaves that require grad: the rows that receive a gradient on a rank are the ones it used."""
-
-    def __init__(self, files: list[torch.Tensor], fused: str):
-        self._files = files
-        self.meta = {"saved_ranks": len(files), "fused": fused, "file_shape": list(files[0].shape)}
-        self.rows_read = 0
-
-    @classmethod
-    def write(cls, gate: torch.Tensor, up: torch.Tensor, saved: int, fused: str) -> FusedCheckpoint:
-        """The files a run of `saved` ranks writes from gate and up [F, H], as leaves."""
-        k = gate.shape[0] // saved
-        files = []
-        for s in range(saved):
-            g_s, u_s = gate[s * k : (s + 1) * k], up[s * k : (s + 1) * k]  # [k, H] each: rank s's units
-            pair = torch.cat([g_s, u_s]) if fused == "[gate; up]" else torch.stack([g_s, u_s], dim=1).flatten(0, 1)
-            files.append(pair.detach().clone().requires_grad_())
-        return cls(files, fused)
-
-    def read(self, file: int, rows) -> torch.Tensor:
-        """Rows of file `file` (an index, a list, a range, a slice or an index tensor) -> [n, H]."""
-        if isinstance(rows, range):
-            rows = list(rows)
-        block = self._files[file][rows]
-        self.rows_read += 1 if block.dim() == 1 else block.shape[0]
-        return block
-
-    def grads(self) -> torch.Tensor | None:
-        """The files' gradients in file order, [2F, H] (None if no gradient reached a file): grader's bookkeeping."""
-        grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in self._files]
-        return None if all(t.grad is None for t in self._files) else torch.cat(grads).detach()
+_GEMMS = {  # the calls that multiply matrices, and the operand whose last dimension is the one summed over
+    torch.matmul: 0,
+    torch.Tensor.matmul: 0,
+    torch.Tensor.__matmul__: 0,
+    torch.Tensor.__rmatmul__: 1,
+    torch.mm: 0,
+    torch.Tensor.mm: 0,
+    torch.bmm: 0,
+    torch.Tensor.bmm: 0,
+    F.linear: 0,
+    torch.addmm: 1,
+    torch.Tensor.addmm: 0,
+    torch.baddbmm: 1,
+    torch.Tensor.baddbmm: 0,
+}
 
 
-def row_units(F_: int, saved: int, fused: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each row of the files in file order: the unit it belongs to and whether it is an up row ([2F] each)."""
-    k = F_ // saved
-    rows = torch.arange(2 * F_)  # host: the grader's bookkeeping
-    file, within = rows // (2 * k), rows % (2 * k)
-    if fused == "[gate; up]":
-        return file * k + within % k, within >= k
-    return file * k + within // 2, within % 2 == 1
+def _flat(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _flat(item)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _flat(item)]
+    return []
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return -1
+
+
+class Watch(torch.overrides.TorchFunctionMode):
+    """Rank code: what the student's forward does with torch, call by call.
+
+    - every tensor a call makes that is not a view of what the rank was handed: the numbers its storage holds (the
+      largest one is kept, with the call that made it);
+    - every matrix product (matmul, @, mm, bmm, linear, addmm, baddbmm, einsum): when it started and ended, its
+      multiply-adds, and which hidden units' gate rows, up rows and down columns its operands are copies of
+      (an operand [a, H] or [H, a] compared row by row, column by column, with the full weights)."""
+
+    def __init__(self, handed: list[torch.Tensor], gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor):
+        super().__init__()
+        self.handed = {_storage(t) for t in handed}
+        self.weights = {"gate": gate, "up": up, "down": down.T}  # [F, H] each: one row per hidden unit
+        self.largest = {"numbers": 0, "shape": [], "call": ""}
+        self.gemms: list[dict] = []
+        self.units = {name: set() for name in self.weights}
+
+    def _units(self, operands) -> None:
+        H = self.weights["gate"].shape[1]
+        for m in operands:
+            if not isinstance(m, torch.Tensor) or m.dim() != 2 or m.dtype != self.weights["gate"].dtype:
+                continue
+            for vectors in (m, m.T):
+                if vectors.shape[1] != H:
+                    continue
+                for name, w in self.weights.items():
+                    same = (vectors[:, None, :] == w[None, :, :]).all(dim=-1)  # [a, F]: row i is unit j's
+                    self.units[name] |= set(same.any(dim=0).nonzero().flatten().tolist())
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        start = time.perf_counter()
+        out = func(*args, **kwargs)
+        end = time.perf_counter()
+        name = getattr(func, "__name__", str(func))
+        if func in _GEMMS or func is torch.einsum:
+            operands = _flat(list(args[1:]) if func is torch.einsum else list(args))
+            if func is torch.einsum:
+                sizes = {}
+                for letters, t in zip(args[0].replace(" ", "").split("->")[0].split(","), operands, strict=False):
+                    sizes.update(zip(letters, t.shape, strict=False))
+                work = math.prod(sizes.values())
+            else:
+                inner = operands[_GEMMS[func]].shape[-1] if len(operands) > _GEMMS[func] else 0
+                work = out.numel() * inner
+            self.gemms.append({"start": start, "end": end, "work": int(work), "call": name})
+            self._units(operands)
+        for t in _flat(out):
+            if _storage(t) in self.handed:
+                continue  # a view of what the rank was handed: no new numbers held
+            try:
+                numbers = t.untyped_storage().nbytes() // t.element_size()
+            except (RuntimeError, NotImplementedError):
+                numbers = t.numel()
+            if numbers > self.largest["numbers"]:
+                self.largest = {"numbers": int(numbers), "shape": list(t.shape), "call": name}
+        return out
 
 
 def swiglu_problem(seed: int = 2) -> dict[str, torch.Tensor]:
     """The lab model's first MLP (parlab.core.lab_model.SwiGLU, H -> F -> H, no biases): gate and up [F, H], down
-    [H, F]. x: [B, SEQ, H] and G = dL/dy: [B, SEQ, H]."""
+    [H, F]; x: [B, SEQ, H], the whole sequence (rank r is handed its tokens of it)."""
     mlp = build_lab_model(MLP_CFG, seed).blocks[0].mlp  # host: the problem's data; rank code moves it (_on_device)
     gen = torch.Generator().manual_seed(seed + 10)
     return {
@@ -464,86 +510,184 @@ def swiglu_problem(seed: int = 2) -> dict[str, torch.Tensor]:
         "up": mlp.up.weight.detach().clone(),  # [F, H]
         "down": mlp.down.weight.detach().clone(),  # [H, F]
         "x": _randn(gen, BATCH, SEQ, MLP_CFG.hidden),
-        "g": _randn(gen, BATCH, SEQ, MLP_CFG.hidden),
     }
 
 
-def _regions(layout_name, f, g, gather_tokens, scatter_tokens):
-    """The region's two operators: f and g, or the sequence-parallel pair on the named layout."""
-    if layout_name is None:
-        return f, g
-    layout = LAYOUTS[layout_name]
-    return (lambda x: gather_tokens(x, layout)), (lambda y: scatter_tokens(y, layout))
+def reference_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """One device: the lab model's SwiGLU, silu(x gate^T) * (x up^T) down^T."""
+    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
 
 
-def run_swiglu(swiglu, f, g, gather_tokens, scatter_tokens) -> dict:
-    """Rank code, for each case: every rank is handed the checkpoint's files (read through FusedCheckpoint.read) and
-    down (a leaf: the columns that receive a gradient are the ones this rank used), and x (whole, or this rank's
-    tokens in a sequence-parallel region); it returns y the same way."""
-    r, out = dist.get_rank(), {}
-    for name, (saved, fused, layout_name) in SWIGLU_CASES.items():
-        data = _on_device(swiglu_problem())
-        mine = slice(None) if layout_name is None else _tokens(LAYOUTS[layout_name], r)
-        x = data["x"][:, mine].clone().requires_grad_()
-        ckpt = FusedCheckpoint.write(data["gate"], data["up"], saved, fused)
-        down = data["down"].clone().requires_grad_()
-        enter, leave = _regions(layout_name, f, g, gather_tokens, scatter_tokens)
-        with recording() as forward_calls, library_calls(LIBRARY) as called:
-            y = swiglu(x, ckpt, down, enter, leave)
-        with recording() as backward_calls, library_calls(LIBRARY) as called_backward:
-            (y * data["g"][:, mine]).sum().backward()
-        out[name] = {
-            "y": y.detach(),
-            "grad_x": x.grad,
-            "grad_files": ckpt.grads(),
-            "grad_down": down.grad,
-            "rows_read": ckpt.rows_read,
-            "forward": forward_calls,
-            "backward": backward_calls,
-            "library": [*called, *called_backward],
+def _transfers(since: float) -> list[dict]:
+    """This rank's traced sends and receives issued after `since`: issued (start), waited for (end), bytes."""
+    return [
+        {
+            "kind": e.kind,
+            "peer": -1 if e.peer is None else int(e.peer),
+            "bytes": int(e.bytes),
+            "start": e.start,
+            "end": -1.0 if e.end is None else e.end,
         }
-    return out
+        for e in comm.trace_events()
+        if e.kind in ("send", "recv") and e.start >= since
+    ]
 
 
-def collect_swiglu(swiglu, f, g, gather_tokens, scatter_tokens) -> dict:
-    return {"ranks": list(parlab.launch(run_swiglu, P, swiglu, f, g, gather_tokens, scatter_tokens, **LAUNCH))}
+def forward_watched(swiglu, data: dict[str, torch.Tensor], layout: list[list[int]]) -> dict:
+    """Rank code: the student's forward on this rank's tokens, watched (Watch), every call into torch.distributed
+    recorded, guarded; no autograd (a prefill)."""
+    r = dist.get_rank()
+    x = data["x"][:, _tokens(layout, r)].clone()  # [B, n_r, H]: this rank's tokens
+    gate, up, down = data["gate"], data["up"], data["down"]
+    watch = Watch([x, gate, up, down], gate, up, down)
+    since = time.perf_counter()
+    with torch.no_grad(), probe.recording(keep_sent_data=False) as calls, library_calls(LIBRARY) as called:
+        with watch:
+            y = swiglu(x, gate, up, down, layout)
+    return {
+        "y": y.detach() if isinstance(y, torch.Tensor) else None,
+        "calls": [[c["op"], int(c["peer"])] for c in calls],
+        "transfers": _transfers(since),
+        "gemms": watch.gemms,
+        "units": {name: sorted(units) for name, units in watch.units.items()},
+        "largest": watch.largest,
+        "library": list(called),
+    }
 
 
-def _units_line(name: str, saved: int, fused: str, ranks: list[dict]) -> str:
-    """Each rank's gradient touches the gate rows, up rows and down columns of the same F/P units, disjoint. The
-    FAIL lines speak of rows read and units, never of where in the files a unit's rows lie (that is the part)."""
-    what = f"{name}: the work split, not repeated: no row of the files or column of down used by two ranks"
-    F_ = MLP_CFG.ffn
-    unit, is_up = row_units(F_, saved, fused)
-    owner = torch.full((F_,), -1)  # host: the grader's bookkeeping of which rank used each unit
-    for r, res in enumerate(ranks):
-        if res["grad_files"] is None or res["grad_down"] is None:
-            return f"{what}: rank {r}: no gradient reached the checkpoint's files or down: FAIL"
-        rows = res["grad_files"].abs().sum(dim=1) != 0  # [2F]: the file rows this rank's result depends on
-        gate, up = unit[rows & ~is_up].sort().values, unit[rows & is_up].sort().values
-        down = (res["grad_down"].abs().sum(dim=0) != 0).nonzero().flatten()
-        if not (torch.equal(gate, up) and torch.equal(gate, down)):
-            return (
-                f"{what}: rank {r}'s gradient reached {int(rows.sum())} rows of the files and {len(down)} columns of "
-                "down, expected the gate row, the up row and the down column of each hidden unit it reached: FAIL"
-            )
-        if len(gate) != F_ // P:
-            return f"{what}: rank {r} used {len(gate)} of the F hidden units, expected F/P = {F_ // P}: FAIL"
-        taken = gate[owner[gate] >= 0]
-        if len(taken):
-            return f"{what}: rank {r} used {len(taken)} hidden units that rank {int(owner[taken[0]])} used too: FAIL"
-        owner[gate] = r
+def run_swiglu(swiglu) -> dict:
+    """Rank code, for each case: the student's forward on this rank's tokens of the case's layout."""
+    data = _on_device(swiglu_problem())
+    return {name: forward_watched(swiglu, data, LAYOUTS[layout]) for name, layout in SWIGLU_CASES.items()}
+
+
+def collect_swiglu(swiglu) -> dict:
+    return {"ranks": list(parlab.launch(run_swiglu, P, swiglu, **LAUNCH))}
+
+
+def _ring_line(what: str, cases: dict[str, list[dict]]) -> str:
+    """Point-to-point messages only, each to or from a ring neighbour (r - 1 or r + 1)."""
+    for case, ranks in cases.items():
+        for r, res in enumerate(ranks):
+            neighbours = {(r - 1) % P, (r + 1) % P}
+            for op, peer in res["calls"]:
+                if op not in probe.P2P:
+                    return f"{what}: {case}, rank {r} called {op}, expected sends and receives only: FAIL"
+                if peer not in neighbours:
+                    return (
+                        f"{what}: {case}, rank {r}: a {op} with rank {peer}, expected only ranks "
+                        f"{sorted(neighbours)}: FAIL"
+                    )
     return f"{what}: PASS"
 
 
-def _reads_line(name: str, ranks: list[dict]) -> str:
-    """Each rank read at most its own units' 2F/P rows from the files: the whole gate_up never on one rank."""
-    limit = 2 * MLP_CFG.ffn // P
-    what = f"{name}: each rank reads at most {limit} rows of the files (2F/P)"
-    for r, res in enumerate(ranks):
-        if res["rows_read"] > limit:
-            return f"{what}: rank {r} read {res['rows_read']} rows, expected at most {limit}: FAIL"
+def _traced_line(what: str, cases: dict[str, list[dict]]) -> str:
+    """Every send and receive through parlab.core.comm (its trace is what the overlap check reads)."""
+    for case, ranks in cases.items():
+        for r, res in enumerate(ranks):
+            made = sum(op in probe.P2P for op, _ in res["calls"])
+            traced = len(res["transfers"])
+            if made != traced:
+                return (
+                    f"{what}: {case}, rank {r} made {made} sends and receives, {traced} of them through "
+                    "parlab.core.comm: FAIL"
+                )
     return f"{what}: PASS"
+
+
+def _memory_line(what: str, cases: dict[str, tuple[list[dict], int]]) -> str:
+    """No tensor the forward made (views of what it was handed aside) holds more than `limit` numbers."""
+    for case, (ranks, limit) in cases.items():
+        for r, res in enumerate(ranks):
+            big = res["largest"]
+            if big["numbers"] > limit:
+                return (
+                    f"{what}: {case}, rank {r}'s {big['call']} made a tensor {big['shape']} holding {big['numbers']} "
+                    f"numbers, expected at most {limit}: FAIL"
+                )
+    return f"{what}: PASS"
+
+
+def _units_line(what: str, cases: dict[str, list[dict]], F_: int) -> str:
+    """Each rank's GEMMs use the gate rows, up rows and down columns of the same F/P units; no unit on two ranks."""
+    for case, ranks in cases.items():
+        owner: dict[int, int] = {}
+        for r, res in enumerate(ranks):
+            used = res["units"]
+            counts = ", ".join(f"{name} {len(used[name])}" for name in ("gate", "up", "down"))
+            if not used["gate"] == used["up"] == used["down"] or len(used["gate"]) != F_ // P:
+                return (
+                    f"{what}: {case}, rank {r}'s GEMMs used the weights of units: {counts}; expected the same "
+                    f"F/P = {F_ // P} units in gate, up and down: FAIL"
+                )
+            taken = [u for u in used["gate"] if u in owner]
+            if taken:
+                return f"{what}: {case}, rank {r} used {len(taken)} units that rank {owner[taken[0]]} used too: FAIL"
+            owner.update(dict.fromkeys(used["gate"], r))
+    return f"{what}: PASS"
+
+
+def _work_line(what: str, cases: dict[str, list[dict]], expected: int) -> str:
+    """Every rank's GEMMs, in multiply-adds, add up to its share: every token through its units, once."""
+    for case, ranks in cases.items():
+        for r, res in enumerate(ranks):
+            work = sum(g["work"] for g in res["gemms"])
+            if work != expected:
+                return f"{what}: {case}, rank {r}'s GEMMs did {work} multiply-adds, expected {expected}: FAIL"
+    return f"{what}: PASS"
+
+
+def _overlap_wrong(res: dict) -> str:
+    """'' when every receive was in flight while a GEMM computed (issued before it began, waited for after it
+    ended), but where no GEMM was left to compute after it was issued; else the first that was not."""
+    gemms = res["gemms"]
+    for i, e in enumerate(t for t in res["transfers"] if t["kind"] == "recv"):
+        end = math.inf if e["end"] < 0 else e["end"]
+        if not any(g["start"] >= e["start"] for g in gemms):
+            continue  # nothing left to hide it behind
+        if not any(e["start"] <= g["start"] and g["end"] <= end for g in gemms):
+            return f"receive {i} (from rank {e['peer']}, {e['bytes']} bytes) waited for with no GEMM while in flight"
+    return ""
+
+
+def _overlap_line(what: str, cases: dict[str, list[dict]]) -> str:
+    for case, ranks in cases.items():
+        for r, res in enumerate(ranks):
+            if wrong := _overlap_wrong(res):
+                return f"{what}: {case}, rank {r}: {wrong}, expected a GEMM computing meanwhile: FAIL"
+    return f"{what}: PASS"
+
+
+def judge_swiglu(data) -> list[str]:
+    ref = swiglu_problem()  # host: the reference on one device
+    y = reference_mlp(ref["x"], ref["gate"], ref["up"], ref["down"])  # [B, SEQ, H]
+    cases = {name: [res[name] for res in data["ranks"]] for name in SWIGLU_CASES}
+    B, H, F_ = BATCH, MLP_CFG.hidden, MLP_CFG.ffn
+    limits = {name: 2 * B * max(map(len, LAYOUTS[layout])) * H for name, layout in SWIGLU_CASES.items()}
+    every = [{"library": [c for res in data["ranks"] for case in res.values() for c in case["library"]]}]
+    return [
+        _first_wrong(
+            "y: each rank's tokens of the MLP's output",
+            {
+                name: ([res["y"] for res in ranks], [y[:, LAYOUTS[SWIGLU_CASES[name]][r]] for r in range(P)])
+                for name, ranks in cases.items()
+            },
+        ),
+        _ring_line("communication: sends and receives with ring neighbours only", cases),
+        _traced_line("every send and receive through parlab.core.comm", cases),
+        _memory_line(
+            "memory: no tensor made holds more than 2 B max(n_r) H numbers (two ranks' tokens)",
+            {name: (ranks, limits[name]) for name, ranks in cases.items()},
+        ),
+        _units_line(
+            "the work split by units: each rank its own F/P units' gate and up rows and down columns", cases, F_
+        ),
+        _work_line(
+            "the work not repeated: each rank's GEMMs, 3 B T H F/P multiply-adds", cases, 3 * B * SEQ * H * F_ // P
+        ),
+        _overlap_line("overlap: every receive in flight while a GEMM computes (while any is left to compute)", cases),
+        _library_line("the SwiGLU MLP", every),
+    ]
 
 
 def _region_calls(layout_name, nbytes: int) -> tuple[list[list], list[list]]:
@@ -560,53 +704,6 @@ def _region_words(layout_name, nbytes: int) -> str:
     if layout_name is None:
         return f"one all-reduce of [B, T, H] ({nbytes} bytes)"
     return "the region's all-gather, then its reduce-scatter"
-
-
-def judge_swiglu(data) -> list[str]:
-    lines = []
-    ref = swiglu_problem()  # host: the reference on one device
-    for name, (saved, fused, layout_name) in SWIGLU_CASES.items():
-        ranks = [res[name] for res in data["ranks"]]
-        x = ref["x"].clone().requires_grad_()
-        ckpt = FusedCheckpoint.write(ref["gate"], ref["up"], saved, fused)
-        files = torch.cat(ckpt._files)  # [2F, H]: the grader, on one device, may hold it whole
-        down = ref["down"].clone().requires_grad_()
-        unit, is_up = row_units(MLP_CFG.ffn, saved, fused)  # the files' rows back in unit order: [F, H] each
-        w_gate = files[(~is_up).nonzero().flatten()[unit[~is_up].argsort()]]
-        w_up = files[is_up.nonzero().flatten()[unit[is_up].argsort()]]
-        y = F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), down)  # the lab model's SwiGLU
-        (y * ref["g"]).sum().backward()
-        layout = None if layout_name is None else LAYOUTS[layout_name]
-        mine = [slice(None) if layout is None else layout[r] for r in range(P)]
-        grads = {"files": [res["grad_files"] for res in ranks], "down": [res["grad_down"] for res in ranks]}
-        summed = {key: sum(g) if None not in g else None for key, g in grads.items()}
-        activation = BATCH * SEQ * MLP_CFG.hidden * 8
-        forward, backward = _region_calls(layout_name, activation)
-        where = "on every rank" if layout is None else "each rank's tokens"
-        lines += [
-            ranks_line(f"{name}: y, {where}", [res["y"] for res in ranks], [y.detach()[:, m] for m in mine]),
-            ranks_line(f"{name}: dL/dx, {where}", [res["grad_x"] for res in ranks], [x.grad[:, m] for m in mine]),
-            _units_line(name, saved, fused, ranks),
-            compare(
-                f"{name}: dL/d(files), dL/d(down): the ranks' gradients summed",
-                summed,
-                {"files": ckpt.grads(), "down": down.grad},
-            ).line,
-            _reads_line(name, ranks),
-            calls_line(
-                f"{name}: forward, every rank: {_region_words(layout_name, activation)}, nothing else",
-                [res["forward"] for res in ranks],
-                forward,
-            ),
-            calls_line(
-                f"{name}: backward, every rank: {_region_words(layout_name, activation)}, nothing else",
-                [res["backward"] for res in ranks],
-                backward,
-            ),
-        ]
-    every = [{"library": [c for res in data["ranks"] for case in res.values() for c in case["library"]]}]
-    lines.append(_library_line("the SwiGLU MLP", every))
-    return lines
 
 
 # ----------------------------------------------------------------------- grouped-query attention, nkv < P
@@ -885,30 +982,36 @@ def judge_vocab_ce(data) -> list[str]:
     ]
 
 
-# ---------------------------------------------------------------------------------------- prediction: a layer
+# ----------------------------------------------------------------------- prediction: part 2's ring, uneven
+
+
+def ring_layout(counts: list[int] = RING_COUNTS) -> list[list[int]]:
+    """Rank r holds the next counts[r] tokens of the sequence."""
+    starts = [sum(counts[:r]) for r in range(len(counts))]
+    return [list(range(s, s + n)) for s, n in zip(starts, counts, strict=True)]
 
 
 def layer_theory(
-    cfg: LabConfig = LAYER_CFG, batch: int = LAYER_BATCH, layout: list[list[int]] = LAYER_LAYOUT
+    cfg: LabConfig = RING_CFG, batch: int = RING_BATCH, counts: list[int] = RING_COUNTS
 ) -> dict[str, float]:
-    """One lab-model layer in Megatron-SP form on len(layout) ranks, one training step, per rank, float64.
+    """Part 2's MLP forward on len(counts) ranks, rank r holding counts[r] tokens, float64; bytes over the busiest
+    link between ring neighbours, in one direction.
 
-    The layer: rank r holds its tokens' [B, n_r, H]; RMSNorm and the residual adds on them; attention and the MLP
-    each in a region entered by gather_tokens and left by scatter_tokens. Forward: an all-gather in front of each
-    region, a reduce-scatter behind it; backward: the conjugates, a reduce-scatter and an all-gather each. With
-    uneven n_r every block is padded to the largest: an all-gather takes one block [B, max n_r, H] from each rank,
-    a reduce-scatter P blocks from each. The RMSNorm gains are replicated but see only this rank's tokens: their
-    gradients (2 H numbers) are partial sums, all-reduced over all ranks. Each K/V head lives on m = P / nkv ranks:
-    its k and v gradients (2 hd H numbers) are all-reduced over those m. Ring algorithms (lesson 00): an
-    all-gather sends P-1 blocks, a reduce-scatter P-1 blocks, an all-reduce over n ranks 2 (n-1)/n of its tensor."""
-    ranks, e = len(layout), cfg.dtype_bytes
-    block = batch * max(map(len, layout)) * cfg.hidden * e  # one rank's padded tokens
-    gains = 2 * cfg.hidden * e
-    m = max(ranks // cfg.kv_heads, 1)  # ranks that share one K/V head
-    kv_sync = 2 * cfg.head_size * cfg.hidden * e if m > 1 else 0
+    link_bytes: x blocks and partial sums travel the same way round the ring (from each rank a to its next rank b),
+    each over the fewest links that serve it. Rank j's x block must reach the P - 1 others: it crosses every link but
+    the one into rank j. Block j's partial sum must collect every other rank's share and end on rank j: it starts on
+    the rank after j and crosses every link but the one out of rank j. The link a -> b thus carries every x block
+    but b's and every partial sum but a's: B H e (2 T - n_a - n_b), the busiest between the two neighbours that hold
+    the fewest tokens together.
+
+    padded_link_bytes: the same forward in Megatron-SP form (part 1's all-gather of blocks padded to the largest
+    rank's count, then the reduce-scatter of P such blocks), both ring collectives: each link carries P - 1 padded
+    blocks in each."""
+    e, P_, T_ = cfg.dtype_bytes, len(counts), sum(counts)
+    pair = min(counts[r] + counts[(r + 1) % P_] for r in range(P_))  # neighbours, either way round
     return {
-        "payload_bytes": 4 * block + 4 * ranks * block + gains + kv_sync,
-        "wire_bytes": 8 * (ranks - 1) * block + 2 * (ranks - 1) / ranks * gains + 2 * (m - 1) / m * kv_sync,
+        "link_bytes": batch * cfg.hidden * e * (2 * T_ - pair),
+        "padded_link_bytes": 2 * (P_ - 1) * batch * max(counts) * cfg.hidden * e,
     }
 
 
@@ -923,79 +1026,69 @@ def plain(value) -> float | str:
         return repr(value)[:40]
 
 
-def run_layer(gather_tokens, scatter_tokens, swiglu, module_class) -> list[list]:
-    """Rank code: one training step of one LAYER_CFG layer in Megatron-SP form built from the student's parts
-    (their region operators on LAYER_LAYOUT, their attention and MLP), the RMSNorm gains' partial gradients summed
-    by this check: every call recorded."""
-    r, cfg, layout = dist.get_rank(), LAYER_CFG, LAYER_LAYOUT
-    block = build_lab_model(cfg, seed=5, device=parlab.device()).blocks[0]
-    gen = torch.Generator().manual_seed(6)
-    x_all, g_all = (_randn(gen, LAYER_BATCH, cfg.seq_len, cfg.hidden).to(parlab.device()) for _ in range(2))
-    mine = _tokens(layout, r)
-    x = x_all[:, mine].clone().requires_grad_()  # [B, n_r, H]: this rank's tokens
-    gains = [norm.weight.detach().clone().requires_grad_() for norm in (block.attn_norm, block.mlp_norm)]  # [H] each
-    ckpt = FusedCheckpoint.write(block.mlp.gate.weight, block.mlp.up.weight, 1, "[gate; up]")  # one writer
-    down = block.mlp.down.weight.detach().clone().requires_grad_()
-    enter, leave = (lambda t: gather_tokens(t, layout)), (lambda t: scatter_tokens(t, layout))
-    positions = torch.arange(cfg.seq_len, device=parlab.device())  # one document, rows in order
-    documents = torch.zeros(cfg.seq_len, dtype=torch.long, device=parlab.device())
-    with library_calls(LIBRARY):
-        attn = module_class(block.attn, enter, leave)
-    with recording() as calls, library_calls(LIBRARY):
-        h = x + attn(rms_norm(x, gains[0], cfg.eps), positions, documents)
-        y = h + swiglu(rms_norm(h, gains[1], cfg.eps), ckpt, down, enter, leave)
-        (y * g_all[:, mine]).sum().backward()
-        attn.sync_grads()
-        partial = torch.cat([gain.grad for gain in gains])  # [2H]: this rank's tokens' share
-        comm.all_reduce(partial)  # the gains' gradients over every rank's tokens
-    return calls
+def ring_problem(seed: int = 7) -> dict[str, torch.Tensor]:
+    """RING_CFG's first MLP and x: [RING_BATCH, T, H]."""
+    mlp = build_lab_model(RING_CFG, seed).blocks[0].mlp  # host: the problem's data; rank code moves it
+    gen = torch.Generator().manual_seed(seed + 10)
+    return {
+        "gate": mlp.gate.weight.detach().clone(),
+        "up": mlp.up.weight.detach().clone(),
+        "down": mlp.down.weight.detach().clone(),
+        "x": _randn(gen, RING_BATCH, RING_CFG.seq_len, RING_CFG.hidden),
+    }
 
 
-def collect_layer_bytes(predicted: dict, gather_tokens=None, scatter_tokens=None, swiglu=None, module_class=None):
-    out = {"predicted": {k: plain(predicted.get(k)) for k in ("payload_bytes", "wire_bytes")}}
+def run_ring(swiglu) -> dict:
+    """Rank code: the student's part 2 at the prediction's size."""
+    res = forward_watched(swiglu, _on_device(ring_problem()), ring_layout())
+    return {"y": res["y"], "transfers": res["transfers"]}
+
+
+def collect_layer_bytes(predicted: dict, swiglu=None):
+    out = {"predicted": {k: plain(predicted.get(k)) for k in ("link_bytes", "padded_link_bytes")}}
     try:
-        ranks = parlab.launch(run_layer, P, gather_tokens, scatter_tokens, swiglu, module_class, **LAUNCH)
-        out["measured"] = list(ranks)
-    except Exception as exc:  # the parts are not done yet: the prediction is scored all the same
+        out["measured"] = list(parlab.launch(run_ring, RING_P, swiglu, **LAUNCH))
+    except Exception as exc:  # part 2 is not done yet: the prediction is scored all the same
         out["measured_error"] = error_summary(exc)[:200]
     return out
 
 
-def _ring_bytes(call: list) -> float:
-    """What one rank sends for a recorded collective with the ring algorithms (lesson 00)."""
-    kind, contributed, group = call
-    n = max(len(group), 1)
-    if kind == "all-gather":
-        return (n - 1) * contributed
-    if kind == "reduce-scatter":
-        return (n - 1) / n * contributed
-    if kind == "all-reduce":
-        return 2 * (n - 1) / n * contributed
-    return float(contributed)
+def _busiest_link(ranks: list[dict]) -> tuple[int, int, int]:
+    """(bytes, from, to) of the link that carried the most bytes one way in a live run."""
+    links: dict[tuple[int, int], int] = {}
+    for r, res in enumerate(ranks):
+        for e in res["transfers"]:
+            if e["kind"] == "send":
+                links[(r, e["peer"])] = links.get((r, e["peer"]), 0) + e["bytes"]
+    if not links:
+        return 0, -1, -1
+    (a, b), most = max(links.items(), key=lambda item: item[1])
+    return most, a, b
 
 
 def judge_layer_bytes(data) -> list[str]:
     theory, predicted = layer_theory(), data["predicted"]
     labels = {
-        "payload_bytes": "bytes one rank contributes to collectives, one layer, one step",
-        "wire_bytes": "bytes one rank sends with ring algorithms, one layer, one step",
+        "link_bytes": "bytes over the busiest link, one way, part 2's forward",
+        "padded_link_bytes": "bytes over the busiest link, one way, the forward in Megatron-SP form",
     }
-    measured = {}
-    if "measured" in data:
-        busiest = max(data["measured"], key=lambda calls: sum(c[1] for c in calls))
-        measured = {"payload_bytes": sum(c[1] for c in busiest), "wire_bytes": sum(map(_ring_bytes, busiest))}
     lines = []
     for key, label in labels.items():
-        verdicts = prediction_lines(label, predicted[key], theory[key], rtol=0)
-        lines += verdicts
-        if not verdicts[-1].endswith(": PASS"):
-            lines.append(f"{label}: your parts' live run is shown once the prediction is right")
-        elif measured:
-            lines.append(
-                f"{label}: measured in a live run of your parts 1-3 as that layer (busiest rank): {measured[key]:,.0f}"
-            )
-        else:
-            lines.append(
-                f"{label}: not measured: your parts 1-3 did not run as that layer ({data.get('measured_error', '')})"
-            )
+        lines += prediction_lines(label, predicted[key], theory[key], rtol=0)
+    if not lines[-1].endswith(": PASS") or not lines[1].endswith(": PASS"):
+        lines.append("your part 2's live run at this size is shown once both predictions are right")
+    elif "measured" in data:
+        ref = ring_problem()  # host: the reference on one device
+        y = reference_mlp(ref["x"], ref["gate"], ref["up"], ref["down"])
+        exact = all(
+            res["y"] is not None and res["y"].shape == y[:, tokens].shape and torch.allclose(res["y"], y[:, tokens])
+            for res, tokens in zip(data["measured"], ring_layout(), strict=True)
+        )
+        most, a, b = _busiest_link(data["measured"])
+        lines.append(
+            f"your part 2 at this size ({'exact' if exact else 'not exact'}): its busiest link, rank {a} to rank {b}, "
+            f"carried {most:,} bytes"
+        )
+    else:
+        lines.append(f"your part 2 did not run at this size ({data.get('measured_error', '')})")
     return lines
