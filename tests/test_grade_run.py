@@ -125,7 +125,7 @@ while True:  # (asleep rather than spinning: a spinning cell would take a core f
 """
 
 LIBRARY_ALL_REDUCE = """
-def reduce_scatter_phase(pieces, owner, ring):
+def reduce_scatter_phase(pieces, owner, ring, touched):
     P, r = dist.get_world_size(), dist.get_rank()
     m = ring.index(r)
     x = torch.cat(pieces)
@@ -157,7 +157,7 @@ def bidirectional_all_reduce(x):
 """
 
 SIZE_MISMATCH = """
-def reduce_scatter_phase(pieces, owner, ring):
+def reduce_scatter_phase(pieces, owner, ring, touched):
     P, r = dist.get_world_size(), dist.get_rank()
     m = ring.index(r)
     right, left = ring[(m + 1) % P], ring[(m - 1) % P]

@@ -6,13 +6,15 @@
 # EXPECT FAIL: reduce_scatter
 
 # ANSWER: reduce_scatter
-def reduce_scatter_phase(pieces: list[torch.Tensor], owner: list[int], ring: list[int]) -> None:
+def reduce_scatter_phase(pieces, owner, ring, touched):
     P, r = dist.get_world_size(), dist.get_rank()
     m = ring.index(r)
     right, left = ring[(m + 1) % P], ring[(m - 1) % P]
     owned = {q: [k for k, o in enumerate(owner) if o == q] for q in ring}
     for s in range(P - 1):
         out, into = owned[ring[(m - s) % P]], owned[ring[(m - 1 - s) % P]]
+        out = [k for k in out if any(touched[q][k] for q in range(P))]  # pieces somebody touched
+        into = [k for k in into if any(touched[q][k] for q in range(P))]
         sizes = [pieces[k].numel() for k in into]
         works = []
         if out:
