@@ -70,7 +70,7 @@ STRUCTURAL = {
     "sizes); every gradient complete",
     "vocab_parallel": "untied and tied head: the loss and every gradient equal one device's, every gradient complete; "
     "the head's matrix sharded over the vocabulary; the logits a DTensor sharded on the vocabulary (the [B, T, V] "
-    "logits never travel: the loss's collectives move at most B T numbers each); forward: one all-reduce of [B, T, "
+    "logits never travel: the loss's collectives move at most B T numbers each, at most 3 B T numbers and 4 scalars in all); forward: one all-reduce of [B, T, "
     "H] per sub-layer and beside them the fewest bytes any plan with these logits needs: none untied (an untied "
     "embedding split fails), tied the table's share [V/P, H] all-gathered for the lookup (the vocabulary-parallel "
     "lookup's all-reduce of [B, T, H], torchtitan's and lesson 10's, fails: B T > V/P); the FAIL line does not print "
@@ -84,7 +84,7 @@ STRUCTURAL = {
     "judge's sp_least: part 2's K/V weight sums, and the cheapest of the ends it lists, sp_entries and sp_exits "
     "untied, sp_tied tied: untied, the lookup's kept tokens' gradient gathered and the whole head's gradient summed; "
     "tied, one sum of the table's gradient for both ends; the ready-made gather of the tokens into a "
-    "vocabulary-split head fails), the loss's all-reduces of at most B T numbers aside and B T numbers allowed; the "
+    "vocabulary-split head fails), the loss's all-reduces of at most B T numbers aside (up to 3 B T numbers and 4 scalars in all: more counts as traffic) and B T numbers allowed; the "
     "FAIL line does not print the least; no call into parlab's twin code",
 }
 
@@ -364,11 +364,29 @@ def _listed(counts: dict[tuple[str, int], int]) -> str:
     return ", ".join(f"{n} {kind} of {nbytes} bytes" for (kind, nbytes), n in sorted(counts.items())) or "nothing"
 
 
+def loss_allowance(rows: int) -> int:
+    """The bytes a loss on split logits may all-reduce: a cross-entropy over a vocabulary split by ranks needs, per
+    token, its row's max, its row's sum of exponentials and its target's logit (three all-reduces of B T numbers, at
+    `rows` bytes each), and a few scalars beside (the loss itself, a count)."""
+    return 3 * rows + 4 * 8
+
+
+def _small_bytes(counts: dict[tuple[str, int], int], small: int) -> int:
+    """The bytes of the all-reduces of at most `small` bytes each among `counts` (the loss's, set aside by size)."""
+    return sum(key[1] * n for key, n in counts.items() if key[0] == "all_reduce" and key[1] <= small)
+
+
 def traffic_line(what: str, ranks: list[dict], phase: str, expected: dict[tuple[str, int], int], small: int = 0) -> str:
-    """Every rank ran exactly `expected` ({(kind, bytes): count}) in `phase`, in any order, besides any all-reduces
-    of at most `small` bytes (the loss's); else the first rank that did not, what it ran and what was expected."""
+    """Every rank ran exactly `expected` ({(kind, bytes): count}) in `phase`, in any order, besides all-reduces of
+    at most `small` bytes each (the loss's) within `loss_allowance(small)` bytes in all (many small all-reduces
+    would carry any traffic past the count); else the first rank that did not, what it ran and what was expected."""
     for r, res in enumerate(ranks):
         counts = _count(res["calls"], phase)
+        if small and _small_bytes(counts, small) > loss_allowance(small):
+            return (
+                f"{what}: rank {r} all-reduced {_small_bytes(counts, small):,} bytes in all-reduces of at most B T "
+                f"numbers, expected at most {loss_allowance(small):,} (three of B T numbers and a few scalars): FAIL"
+            )
         counts = {key: n for key, n in counts.items() if not (key[0] == "all_reduce" and key[1] <= small)}
         if counts != expected:
             return f"{what}: rank {r} ran {_listed(counts)}, expected {_listed(expected)}: FAIL"
@@ -769,10 +787,12 @@ def sp_bytes_line(label: str, ranks: list[dict], cfg: LabConfig) -> str:
         beside, ran = {}, []
         for phase in ("forward", "loss", "backward"):
             counts = _count(res["calls"], phase)
-            if phase == "loss":
+            small = 0
+            if phase == "loss":  # the loss's small all-reduces are free up to what a loss needs, the rest is traffic
+                small = max(0, _small_bytes(counts, rows) - loss_allowance(rows))
                 counts = {key: n for key, n in counts.items() if not (key[0] == "all_reduce" and key[1] <= rows)}
             main = {key: min(n, blocks[key]) for key, n in counts.items() if key in blocks}
-            beside[phase] = sum(key[1] * (n - main.get(key, 0)) for key, n in counts.items())
+            beside[phase] = small + sum(key[1] * (n - main.get(key, 0)) for key, n in counts.items())
             ran.append(f"{phase}: {_listed(counts)}")
             if phase != "loss" and main != blocks:
                 return f"{what}: rank {r} ran in {phase} {_listed(counts)}, expected {_listed(blocks)} and more: FAIL"
