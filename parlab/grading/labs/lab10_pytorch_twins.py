@@ -70,7 +70,8 @@ STRUCTURAL = {
     "sizes); every gradient complete",
     "vocab_parallel": "untied and tied head: the loss and every gradient equal one device's, every gradient complete; "
     "the head's matrix sharded over the vocabulary; the logits a DTensor sharded on the vocabulary (the [B, T, V] "
-    "logits never travel: the loss's collectives move at most B T numbers each, at most 3 B T numbers and 4 scalars in all); forward: one all-reduce of [B, T, "
+    "logits never travel: the loss's collectives move at most B T numbers each, at most 3 B T numbers "
+    "and 4 scalars in all); forward: one all-reduce of [B, T, "
     "H] per sub-layer and beside them the fewest bytes any plan with these logits needs: none untied (an untied "
     "embedding split fails), tied the table's share [V/P, H] all-gathered for the lookup (the vocabulary-parallel "
     "lookup's all-reduce of [B, T, H], torchtitan's and lesson 10's, fails: B T > V/P); the FAIL line does not print "
@@ -84,7 +85,8 @@ STRUCTURAL = {
     "judge's sp_least: part 2's K/V weight sums, and the cheapest of the ends it lists, sp_entries and sp_exits "
     "untied, sp_tied tied: untied, the lookup's kept tokens' gradient gathered and the whole head's gradient summed; "
     "tied, one sum of the table's gradient for both ends; the ready-made gather of the tokens into a "
-    "vocabulary-split head fails), the loss's all-reduces of at most B T numbers aside (up to 3 B T numbers and 4 scalars in all: more counts as traffic) and B T numbers allowed; the "
+    "vocabulary-split head fails), the loss's all-reduces of at most B T numbers aside (up to 3 B T "
+    "numbers and 4 scalars in all: more counts as traffic) and B T numbers allowed; the "
     "FAIL line does not print the least; no call into parlab's twin code",
 }
 
