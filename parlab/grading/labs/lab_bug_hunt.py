@@ -7,8 +7,8 @@ ANSWER cells, written for the labs' own model (parlab.core.lab_model) or a varia
 
 1. data parallelism with gradient accumulation, on documents padded to the sequence length (this file);
 2. tensor parallelism of the lab model's block, its K/V heads shared by pairs of ranks (lab_bug_hunt_tp.py);
-3. the next-token targets of packed documents in a zigzag layout, each rank holding only its own block of token
-   ids and document-start flags (this file);
+3. the next-token targets and document-wise positions of packed documents in a zigzag layout, each rank holding
+   only its own block of token ids and document-start flags (this file);
 4. hybrid sharding (ZeRO inside groups of ranks, replicated across them) with global-norm gradient clipping, and a
    prediction at Llama-3-8B scale (lab_bug_hunt_zero.py);
 5. a 1F1B loop over the lab model's blocks, its LM head tied to its embedding, for any number of micro-batches
@@ -51,6 +51,7 @@ from parlab.grading.labs.lab_bug_hunt_setup import (
     ZZ_B,
     ZZ_CFG,
     ZZ_DOCS,
+    ZZ_SENT,
     M,
     P,
     _no_error,
@@ -78,11 +79,13 @@ STRUCTURAL = {
     "one [B, T, H] per sublayer in forward and one in backward, and after backward the gradients of its K/V head "
     "only; no call into parlab's tensor parallelism",
     "zigzag_targets": "for T = 16, 20, 24 and 23 on 4 ranks (2P chunks cut by torch.tensor_split), 2 sequences of "
-    "packed documents each (document starts inside chunks and at chunk edges), each rank given only its zigzag "
-    "block of token ids and document-start flags: every rank's targets, each, equal one device's (the next token, "
-    "IGNORE where it begins another document and for the last token) in the same layout (a FAIL shows the loss "
-    "they give against one device's and the first target that differs); each rank exchanges only with ranks r-1 "
-    "and r+1, point to point, and sends at most two numbers per sequence; no call into parlab's sequence code",
+    "packed documents each (short ones, and ones over 3 to 6 chunk edges), each rank given only its zigzag block of "
+    "token ids and document-start flags: every rank's targets (the next token, IGNORE where it begins another "
+    "document and for the last token) and positions (each token's place in its document, 0 at its start), each, "
+    "equal one device's in the same layout (a FAIL shows the loss of the lab model, RoPE by the ranks' positions, "
+    "plain causal mask, against one device's with the true positions, and the first target or position that "
+    "differs); each rank exchanges only with ranks r-1 and r+1, point to point, and sends each at most two numbers "
+    "per sequence; no call into parlab's sequence code",
     "zero_clip": "3 Adam steps with the gradient clipped at a global norm, the lab model's matrices sharded over "
     "shard groups and replicated across them, on two layouts in this order (one group of 4, its last shard padded; "
     "groups of 2 ranks, replicated twice), its RMSNorm gains replicated: on each layout the norm each rank clipped "
@@ -210,42 +213,45 @@ def judge_dp_tokens(data) -> list[str]:
 
 
 def zigzag_block(t: torch.Tensor, rank: int) -> torch.Tensor:
-    """Rank `rank`'s zigzag block of a [B, T] tensor: chunks rank and 2P-1-rank of 2P chunks (torch.tensor_split's),
-    side by side."""
+    """Rank `rank`'s zigzag block of a [B, T] tensor: chunks rank and 2P-1-rank of the sequence's 2P chunks, side by
+    side, [B, w]."""
     chunks = t.tensor_split(2 * P, dim=1)
-    return torch.cat([chunks[rank], chunks[2 * P - 1 - rank]], dim=1)  # [B, c_r + c_(2P-1-r)]
+    return torch.cat([chunks[rank], chunks[2 * P - 1 - rank]], dim=1)
 
 
-def zigzag_problem(T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def zigzag_problem(T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """ZZ_B sequences of T token ids x [ZZ_B, T], each packing documents of the lengths ZZ_DOCS[T] (no id twice in
-    a sequence: a wrong target never looks right); starts [ZZ_B, T] bool, True where a token begins a document; and
-    the targets y [ZZ_B, T]: the next token, IGNORE where the next token begins another document and for the last."""
+    a sequence: a wrong target never looks right); starts [ZZ_B, T] bool, True where a token begins a document; the
+    targets y [ZZ_B, T]: the next token, IGNORE where the next token begins another document and for the last; and
+    the positions pos [ZZ_B, T]: each token's place in its document (0 at its start)."""
     gen = torch.Generator().manual_seed(30 + T)
     x = torch.stack([torch.randperm(ZZ_CFG.vocab_size, generator=gen)[:T] for _ in range(ZZ_B)])  # host: the draw
     x = x.to(parlab.device())
     starts = torch.zeros(ZZ_B, T, dtype=torch.bool, device=parlab.device())
+    pos = torch.zeros(ZZ_B, T, dtype=torch.int64, device=parlab.device())
     for i, lengths in enumerate(ZZ_DOCS[T]):
         starts[i, [sum(lengths[:d]) for d in range(len(lengths))]] = True
+        pos[i] = torch.cat([torch.arange(n, device=parlab.device()) for n in lengths])
     y = torch.full_like(x, IGNORE)
     y[:, :-1] = x[:, 1:].masked_fill(starts[:, 1:], IGNORE)
-    return x, starts, y
+    return x, starts, y, pos
 
 
 def run_zigzag(zigzag_targets) -> dict:
-    """Rank code: for each T, rank r holds only its zigzag block of the token ids, x_r [B, c_r + c_(2P-1-r)], and of
-    the document-start flags, starts_r (the same shape), and asks `zigzag_targets` (your code) for their targets;
-    its calls into torch.distributed are recorded (and how many numbers each send carried)."""
+    """Rank code: for each T, rank r holds only its zigzag block of the token ids, x_r [B, w], and of the
+    document-start flags, starts_r (the same shape), and asks `zigzag_targets` (your code) for their targets and
+    positions; its calls into torch.distributed are recorded (and how many numbers each send carried)."""
     r, out = dist.get_rank(), {}
     for T in ZIGZAG_T:
-        x, starts, _ = zigzag_problem(T)
+        x, starts, _, _ = zigzag_problem(T)
         x_r, starts_r = zigzag_block(x, r), zigzag_block(starts, r)
         with probe.recording() as calls, library_calls(LIBRARY) as called:
-            targets = zigzag_targets(x_r.clone(), starts_r.clone())
+            answer = zigzag_targets(x_r.clone(), starts_r.clone())
         calls = [
             {"op": c["op"], "peer": int(c["peer"]), "numbers": int(c["data"].numel()) if "data" in c else 0}
             for c in calls
         ]
-        out[T] = {"targets": targets, "calls": calls, "library": called}
+        out[T] = {"answer": answer, "calls": calls, "library": called}
     return out
 
 
@@ -258,25 +264,31 @@ def _shape(value) -> str:
 
 
 def _stray_call(ranks, T: int) -> str:
-    """'' when every rank only sends to and receives from ranks r-1 and r+1, at most 2 numbers per sequence."""
-    most = 2 * ZZ_B
+    """'' when every rank only sends to and receives from ranks r-1 and r+1, at most ZZ_SENT numbers per sequence
+    to each."""
+    most = ZZ_SENT * ZZ_B
     for r in range(P):
         calls = ranks[r][T]["calls"]
         for c in calls:
             if c["op"] not in ("send", "recv") or c["peer"] not in (r - 1, r + 1):
                 peer = f" with rank {c['peer']}" if c["peer"] >= 0 else ""
                 return f"rank {r}: expected sends and receives with ranks r-1, r+1 only, received {c['op']}{peer}"
-        sent = sum(c["numbers"] for c in calls if c["op"] == "send")
-        if sent > most:
-            return f"rank {r}: expected at most {most} numbers sent ({ZZ_B} sequences), received {sent}"
+        for peer in (r - 1, r + 1):
+            sent = sum(c["numbers"] for c in calls if c["op"] == "send" and c["peer"] == peer)
+            if sent > most:
+                return (
+                    f"rank {r}: expected at most {most} numbers sent to rank {peer} ({ZZ_B} sequences), received {sent}"
+                )
     return ""
 
 
-def zigzag_loss(targets: torch.Tensor, x: torch.Tensor) -> float:
-    """The lab model's loss on x [B, T] with these targets [B, T] (a small model: the user's symptom)."""
+def zigzag_loss(targets: torch.Tensor, pos: torch.Tensor, x: torch.Tensor) -> float:
+    """The lab model's loss on x [B, T] with these targets [B, T], each sequence rotated (RoPE) by its own positions
+    [T] (a row of pos [B, T]; a plain causal mask), on one device: the user's symptom."""
     model = build_lab_model(ZZ_CFG, seed=31)
     with torch.no_grad():
-        return lab_loss(model(x), targets).item()
+        logits = torch.cat([model(x[i : i + 1], pos[i]) for i in range(x.shape[0])])  # [B, T, V]
+        return lab_loss(logits, targets).item()
 
 
 def unzigzag(blocks: list[torch.Tensor], T: int) -> torch.Tensor:
@@ -288,37 +300,50 @@ def unzigzag(blocks: list[torch.Tensor], T: int) -> torch.Tensor:
     return torch.cat(pieces, dim=1)
 
 
-def _targets_line(ranks, T: int) -> str:
-    """The verdict on every rank's targets, each against one device's, said as the user sees it (the loss they give
-    against one device's) with the first target that differs."""
-    x, _, y = zigzag_problem(T)
-    what = f"T={T}: the loss with the ranks' targets"
-    for r in range(P):
-        got, want = ranks[r][T]["targets"], zigzag_block(y, r)
+def _answer_shape(answer, want: torch.Tensor) -> str:
+    """'' when the answer is (targets, positions), each a tensor of want's shape; else what came instead."""
+    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
+        return f"expected (targets, positions), received {type(answer).__name__}"
+    for name, got in zip(("targets", "positions"), answer, strict=True):
         if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-            return f"{what}: rank {r}: expected targets of shape {list(want.shape)}, received {_shape(got)}: FAIL"
-    in_order = unzigzag([ranks[r][T]["targets"].to(torch.int64) for r in range(P)], T)
-    expected = zigzag_loss(y, x)
-    if torch.equal(in_order, y):
+            return f"expected {name} of shape {list(want.shape)}, received {_shape(got)}"
+    return ""
+
+
+def _targets_line(ranks, T: int) -> str:
+    """The verdict on every rank's targets and positions, each against one device's, said as the user sees it (the
+    loss they give against one device's) with the first target or position that differs."""
+    x, _, y, pos = zigzag_problem(T)
+    what = f"T={T}: the loss with the ranks' targets and positions"
+    for r in range(P):
+        wrong = _answer_shape(ranks[r][T]["answer"], zigzag_block(y, r))
+        if wrong:
+            return f"{what}: rank {r}: {wrong}: FAIL"
+    got_y, got_pos = (unzigzag([ranks[r][T]["answer"][k].to(torch.int64) for r in range(P)], T) for k in (0, 1))
+    expected = zigzag_loss(y, pos, x)
+    if torch.equal(got_y, y) and torch.equal(got_pos, pos):
         return f"{what}: {expected:.6f}, as one device's: PASS"
-    got, error = _no_error(what, zigzag_loss, in_order, x)  # a target out of the vocabulary: no loss at all
-    first = _first_wrong_target(ranks, y, T)
+    got, error = _no_error(what, zigzag_loss, got_y, got_pos, x)  # a target out of the vocabulary: no loss at all
+    first = _first_wrong(ranks, y, pos, T)
     if got is None:
         return f"{what}: expected {expected:.6f} (one device), received no loss; {first}: FAIL"
     want, came = digits_apart(expected, got)
     return f"{what}: expected {want} (one device), received {came}; {first}: FAIL"
 
 
-def _first_wrong_target(ranks, y: torch.Tensor, T: int) -> str:
-    """The first target that differs from one device's, rank by rank and column by column of the block."""
+def _first_wrong(ranks, y: torch.Tensor, pos: torch.Tensor, T: int) -> str:
+    """The first target or position that differs from one device's, rank by rank, sequence by sequence and column by
+    column of the block."""
     for r in range(P):
-        got, want = ranks[r][T]["targets"].to(torch.int64), zigzag_block(y, r)
-        wrong = (got != want).nonzero()
-        if len(wrong):
-            i, j = (int(n) for n in wrong[0])
-            expected, received = int(want[i, j]), int(got[i, j])
-            return f"rank {r}, sequence {i}, column {j} of its block: expected {expected}, received {received}"
-    return "every target as one device's"
+        got = [t.to(torch.int64) for t in ranks[r][T]["answer"]]
+        want = (zigzag_block(y, r), zigzag_block(pos, r))
+        for i in range(ZZ_B):
+            for j in range(want[0].shape[1]):
+                for name, g, w in zip(("target", "position"), got, want, strict=True):
+                    if g[i, j] != w[i, j]:
+                        where = f"rank {r}, sequence {i}, column {j} of its block"
+                        return f"{where}: expected {name} {int(w[i, j])}, received {int(g[i, j])}"
+    return "every target and position as one device's"
 
 
 def judge_zigzag_targets(data) -> list[str]:
@@ -326,7 +351,9 @@ def judge_zigzag_targets(data) -> list[str]:
     for T in ZIGZAG_T:
         lines.append(_targets_line(ranks, T))
         stray = _stray_call(ranks, T)
-        what = f"T={T}: each rank exchanges with its neighbours only, sending at most two numbers per sequence"
+        what = (
+            f"T={T}: each rank exchanges with its neighbours only, sending each at most {ZZ_SENT} numbers per sequence"
+        )
         lines.append(f"{what}: {f'{stray}: FAIL' if stray else 'PASS'}")
     called = [c for res in ranks for T in ZIGZAG_T for c in res[T]["library"]]
     lines.append(library_verdict("zigzag_targets", called))

@@ -46,17 +46,15 @@ DP_LENGTHS = (8, 3, 5, 8, 2, 8, 6, 1, 7, 7, 4, 2, 8, 5, 3, 6)
 TP_CFG = LabConfig(vocab_size=32, seq_len=8, hidden=8, heads=4, kv_heads=2, ffn=16, layers=1)
 BATCH, T_TP, TP_STEPS, TP_LR = 2, 4, 3, 0.5
 # Part 3, the zigzag layout of packed documents: ZZ_B sequences of each length in ZIGZAG_T, cut into 2P chunks by
-# torch.tensor_split, each packing documents of the lengths ZZ_DOCS[T][i] (sequence i) end to end. The lengths are
-# chosen so that each T shows a different case: T = 16, chunks of 2, every document start inside a chunk; T = 20,
-# uneven chunks, every start inside a chunk; T = 24, chunks of 3, starts at chunk edges (between two ranks, in both of
-# a rank's chunks, and rank P-1's own); T = 23, uneven chunks and starts at chunk edges.
+# torch.tensor_split, each packing documents of the lengths ZZ_DOCS[T][i] (sequence i) end to end; each rank sends
+# each neighbour at most ZZ_SENT numbers per sequence.
 ZIGZAG_T = (16, 20, 24, 23)
-ZZ_B = 2
+ZZ_B, ZZ_SENT = 2, 2
 ZZ_DOCS = {
-    16: ((5, 6, 5), (7, 6, 3)),
-    20: ((4, 7, 9), (8, 9, 3)),
-    24: ((6, 6, 7, 5), (4, 14, 6)),
-    23: ((9, 7, 7), (5, 16, 2)),
+    16: ((1, 3, 3, 3, 3, 3), (2, 3, 3, 2, 3, 3)),
+    20: ((4, 4, 4, 4, 4), (5, 4, 4, 3, 4)),
+    24: ((2, 14, 8), (4, 11, 9)),
+    23: ((1, 20, 2), (5, 16, 2)),
 }
 ZZ_CFG = LabConfig(vocab_size=32, seq_len=24, hidden=8, heads=2, kv_heads=1, ffn=16, layers=1)  # the loss shown
 # Part 4, hybrid sharding with clipping: the lab model's matrices (PSI_M = 642 numbers) sharded over groups of
@@ -193,3 +191,13 @@ def clip_coefficient(total_norm, max_norm: float = MAX_NORM):
     total_norm: a number or a 0-d tensor, the norm of the whole model's gradient."""
     coef = max_norm / (total_norm + 1e-6)
     return torch.clamp(coef, max=1.0) if isinstance(coef, torch.Tensor) else min(coef, 1.0)
+
+
+def restart_positions(starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions counted inside a stretch of tokens. starts: [B, n] bool, True where a token begins a document ->
+    (pos, before), both [B, n] int64: pos counts 0, 1, 2, ... from the stretch's first token and from 0 again at
+    each document start; before is 1 on the tokens ahead of the stretch's first document start, 0 from it on."""
+    idx = torch.arange(starts.shape[1], device=starts.device).expand(starts.shape)  # [B, n]
+    last = torch.where(starts, idx, 0).cummax(dim=1).values  # the latest start at or before each token (0: none)
+    before = (starts.long().cummax(dim=1).values == 0).long()
+    return idx - last, before
