@@ -1,9 +1,9 @@
 # ruff: noqa
 # A wrong answer to labs/lab02_tensor_parallel.ipynb (the other answers are the solution's). The bug (the easy
 # route): Megatron-SP's way, with part 1's own pair: the whole sequence gathered in, this rank's units on every
-# token, the partial sums reduce-scattered out. y is exact and the units are split, but the whole sequence
-# [B, T, H] sits on every rank (over the memory bound), the pair's collectives are not ring messages, and no
-# transfer hides behind a GEMM.
+# token, the partial sums reduce-scattered out. y is exact, the units are split and the pair's messages go one way
+# round the ring, but the whole sequence [B, T, H] sits on every rank (over the memory bound), and no transfer
+# hides behind a GEMM.
 # EXPECT FAIL: swiglu
 
 # ANSWER: swiglu

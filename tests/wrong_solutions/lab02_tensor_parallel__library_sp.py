@@ -1,9 +1,10 @@
 # ruff: noqa
 # A wrong answer to labs/lab02_tensor_parallel.ipynb (the other answers are the solution's). The bug: the
 # sequence-parallel pair calls the library's Megatron-SP operators (parlab.schemes.sequence.sequence_parallel) on
-# padded blocks and lets autograd undo the padding and the order: the numbers and the traffic are right, but the
-# all-gather and the reduce-scatter with their backwards are the library's, not the student's. Every part that runs
-# the pair fails on the line naming the call (part 2 does not use the pair).
+# padded blocks and lets autograd undo the padding and the order: the numbers are right, but the all-gather and the
+# reduce-scatter with their backwards are the library's, not the student's (and they are collectives carrying
+# padding, not ring messages of real tokens). Every part that runs the pair fails on the line naming the call (part
+# 2 does not use the pair).
 # EXPECT FAIL: conjugates, gqa
 
 # ANSWER: conjugates

@@ -1,67 +1,97 @@
 # ruff: noqa
 # A wrong answer to labs/lab02_tensor_parallel.ipynb (the other answers are the solution's). The bug: the layout is
 # read for its counts only, as if every rank held neighbouring tokens (rank 0 the first n_0, rank 1 the next n_1...):
-# padding, blocks and both collectives are right, and the contiguous layout comes out right, but on the striped and
-# scattered layouts the "sequence" is in rank order. The MLP does not notice (it treats every token alike, and the
-# scatter puts each token back where the gather took it from); attention does: its causal mask and positions see the
-# tokens out of order.
+# the rings, their message sizes and both directions are right, and the contiguous layout comes out right, but on
+# the striped and scattered layouts the "sequence" is in rank order. The MLP does not notice (it treats every token
+# alike, and the scatter puts each token back where the gather took it from); attention does: its causal mask and
+# positions see the tokens out of order.
 # EXPECT FAIL: conjugates, gqa
 
 # ANSWER: conjugates
-def gather_tokens(x, layout):
+def gather_tokens(x: torch.Tensor, layout: list[list[int]]) -> torch.Tensor:
+    """x: [B, n_r, H], this rank's tokens (x[:, i] is token layout[r][i]) -> [B, T, H], the whole sequence in
+    order, on every rank. Backward: this rank's tokens of the gradients summed over the ranks."""
     return GatherTokens.apply(x, layout)
 
 
-def scatter_tokens(partial, layout):
+def scatter_tokens(partial: torch.Tensor, layout: list[list[int]]) -> torch.Tensor:
+    """partial: [B, T, H], this rank's partial sum -> [B, n_r, H], this rank's tokens of the ranks' sum.
+    Backward: the gradient of every token, on every rank."""
     return ScatterTokens.apply(partial, layout)
 
 
-def token_slots(layout):
-    longest = max(len(tokens) for tokens in layout)
-    token = list(range(sum(len(tokens) for tokens in layout)))  # rank 0's first, then rank 1's, ...
-    slot = [r * longest + i for r, tokens in enumerate(layout) for i in range(len(tokens))]
-    return longest, token, slot
+def positions(layout, s):
+    """The bug: rank s's tokens taken to be the next len(layout[s]) of the sequence after the earlier ranks'."""
+    start = sum(len(tokens) for tokens in layout[:s])
+    return list(range(start, start + len(layout[s])))
 
 
-def all_gather_tokens(x, layout):
-    longest, token, slot = token_slots(layout)
-    B, n, H = x.shape
-    mine = x.new_zeros(longest, B, H)
-    mine[:n] = x.transpose(0, 1)
-    blocks = x.new_empty(len(layout) * longest, B, H)
-    comm.all_gather_into_tensor(blocks, mine)
-    whole = x.new_empty(len(token), B, H)
-    whole[token] = blocks[slot]
-    return whole.transpose(0, 1).contiguous()
+def ring_gather(x: torch.Tensor, layout: list[list[int]]) -> torch.Tensor:
+    """[B, n_r, H] this rank's tokens -> [B, T, H] the whole sequence in order, on every rank.
+
+    A ring of blocks of their own sizes: at step k each rank passes on to rank r + 1 the block it received at step
+    k - 1 (rank r - k + 1's) and receives rank r - k's from rank r - 1. Each block crosses P - 1 links; each rank
+    receives every other rank's tokens once, unpadded (the layout tells both ends every block's size)."""
+    r, ranks = dist.get_rank(), len(layout)
+    nxt, prv = (r + 1) % ranks, (r - 1) % ranks
+    B, _, H = x.shape
+    whole = x.new_empty(B, sum(map(len, layout)), H)  # [B, T, H]
+    whole[:, positions(layout, r)] = x
+    block = x.contiguous()
+    for k in range(1, ranks):
+        src = (r - k) % ranks  # whose block arrives at this step
+        incoming = x.new_empty(B, len(layout[src]), H)  # [B, n_src, H]
+        recv, send = comm.irecv(incoming, prv), comm.isend(block, nxt)
+        recv.wait()
+        send.wait()
+        whole[:, positions(layout, src)] = incoming  # the bug: placed by counts
+        block = incoming  # passed on at the next step
+    return whole
 
 
-def reduce_scatter_tokens(z, layout):
-    longest, token, slot = token_slots(layout)
+def ring_reduce_scatter(z: torch.Tensor, layout: list[list[int]]) -> torch.Tensor:
+    """[B, T, H] this rank's partial sums -> [B, n_r, H] this rank's tokens of the ranks' sum.
+
+    Block j's sum starts on rank j + 1 and goes round to j, each rank adding its share on the way: at step k rank r
+    sends its running sum of block r - k and receives rank r - 1's of block r - k - 1; at the last step that is its
+    own block. Each rank sends its partial of every token but its own, once."""
+    r, ranks = dist.get_rank(), len(layout)
+    nxt, prv = (r + 1) % ranks, (r - 1) % ranks
     B, _, H = z.shape
-    blocks = z.new_zeros(len(layout) * longest, B, H)
-    blocks[slot] = z.transpose(0, 1)[token]
-    mine = z.new_empty(longest, B, H)
-    comm.reduce_scatter_tensor(mine, blocks)
-    return mine[: len(layout[dist.get_rank()])].transpose(0, 1).contiguous()
+    running = z[
+        :, positions(layout, prv)
+    ].contiguous()  # block r - 1: this rank's share starts its sum (a copy: z is not ours)
+    for k in range(1, ranks):
+        j = (r - k - 1) % ranks  # the block whose running sum arrives at this step
+        incoming = z.new_empty(B, len(layout[j]), H)  # [B, n_j, H]
+        recv, send = comm.irecv(incoming, prv), comm.isend(running, nxt)
+        recv.wait()
+        send.wait()
+        running = incoming + z[:, positions(layout, j)]  # this rank's share added
+    return running
 
 
 class GatherTokens(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, layout):
-        ctx.layout = layout
-        return all_gather_tokens(x, layout)
+    """The whole sequence gathered forward, reduce-scattered backward (Megatron-SP's g, for any layout, unpadded)."""
 
     @staticmethod
-    def backward(ctx, grad):
-        return reduce_scatter_tokens(grad, ctx.layout), None
+    def forward(ctx, x: torch.Tensor, layout: list[list[int]]) -> torch.Tensor:
+        ctx.layout = layout
+        return ring_gather(x, layout)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return ring_reduce_scatter(grad, ctx.layout), None  # every rank's partial dL/dx, my tokens of the sum
 
 
 class ScatterTokens(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, partial, layout):
-        ctx.layout = layout
-        return reduce_scatter_tokens(partial, layout)
+    """Reduce-scattered forward, the whole sequence gathered backward (Megatron-SP's g-bar, for any layout)."""
 
     @staticmethod
-    def backward(ctx, grad):
-        return all_gather_tokens(grad, ctx.layout), None
+    def forward(ctx, partial: torch.Tensor, layout: list[list[int]]) -> torch.Tensor:
+        ctx.layout = layout
+        return ring_reduce_scatter(partial, layout)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return ring_gather(grad.contiguous(), ctx.layout), None  # every partial sum fed every token: dL/dy of all

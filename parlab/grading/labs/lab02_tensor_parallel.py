@@ -1,11 +1,11 @@
 """Lab 02's checks: the conjugate operators of a sequence-parallel region whose tokens are dealt to the ranks by
-any layout, uneven included (an all-gather and a reduce-scatter along the sequence, and their backwards; Megatron's
-f and g are handed out); the lab model's SwiGLU MLP forward in the sequence-parallel region without ever gathering
-the sequence (a collective matmul: the x blocks and the partial sums on a ring of point-to-point messages, each
-transfer hidden behind a GEMM, the work split by hidden units, no tensor larger than two ranks' tokens); its
-grouped-query attention split by heads when there are fewer K/V heads than ranks, at positions that are not
-0..T-1; a vocabulary-parallel cross-entropy in one collective; and a prediction of what that MLP's ring moves over
-its busiest link at an uneven size no check runs, beside the same forward in Megatron-SP form.
+any layout, uneven included (the whole sequence assembled and each rank's tokens of a sum kept, and their backwards,
+between ring neighbours with no padding on the wire; Megatron's f and g are handed out); the lab model's SwiGLU MLP
+forward in the sequence-parallel region without ever gathering the sequence (one way round a ring, a few blocks held
+at once whatever P, each receive hidden behind a GEMM, the work split by hidden units); its grouped-query attention
+split by heads when there are fewer K/V heads than ranks, at positions that are not 0..T-1; a vocabulary-parallel
+cross-entropy in one collective; and a prediction of the bytes over the busiest link of that MLP at an uneven size no
+check runs, beside the same forward in Megatron-SP form.
 
 Every check runs the student's code on P live ranks, each rank handed the same full problem (float64), and compares
 with one device computing the whole thing (parlab.core.lab_model for the MLP and the attention). A recorder sees
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -45,12 +46,16 @@ LAYOUTS = {
     "scattered": [[5, 0], [1, 6, 9], [2, 7], [3, 8, 4]],
 }
 # Part 2: the lab model's SwiGLU MLP, H -> F -> H, forward only ("prefill"), in the sequence-parallel region without
-# ever gathering the sequence: each rank holds its tokens, [B, n_r, H], and the full weights. F/P = 6 units a rank;
-# the memory bound, 2 B max(n_r) H numbers a tensor, is two ranks' tokens: the whole sequence (10 tokens) is over it.
+# ever gathering the sequence: each rank holds its tokens, [B, n_r, H], and the full weights. The memory bounds, in
+# blocks of B max(n_r) H numbers: at most TENSOR_BLOCKS in one tensor (the whole sequence, 10 tokens on 4 ranks, is
+# over it), at most LIVE_BLOCKS alive at once whatever P (on 8 ranks, holding every rank's partial result is over it).
 MLP_CFG = LabConfig(vocab_size=V, seq_len=SEQ, hidden=16, heads=4, kv_heads=2, ffn=24, layers=1)
-SWIGLU_CASES = {  # name: the layout the tokens are dealt by (uneven: 3-3-2-2, and 2-3-2-3 in a scattered order)
-    "contiguous layout": "contiguous",
-    "scattered layout": "scattered",
+TENSOR_BLOCKS, LIVE_BLOCKS = 2, 8
+EIGHT = [[0, 1, 2], [3, 4], [5, 6, 7], [8, 9], [10, 11, 12], [13, 14], [15, 16, 17], [18, 19]]  # 20 tokens, 8 ranks
+SWIGLU_CASES = {  # name: the layout the tokens are dealt by (uneven: 3-3-2-2, 2-3-2-3 in a scattered order, 3-2-...)
+    "contiguous layout": LAYOUTS["contiguous"],
+    "scattered layout": LAYOUTS["scattered"],
+    "8 ranks, contiguous": EIGHT,
 }
 # Part 3: the lab model's attention, nq query heads, nkv < P key/value heads, head size hd = H / nq, on a packed
 # sequence: each token has a document and a position in it (RoPE by that position), and attends to the tokens of its
@@ -88,23 +93,27 @@ LIBRARY = (
 
 STRUCTURAL = {
     "conjugates": "for three layouts of 10 tokens on 4 ranks (contiguous, striped, scattered: uneven, the order "
-    "within a rank given): gather_tokens returns the whole sequence in order on every rank from exactly one "
-    "all-gather to which each rank contributes at most B max_r(n_r) H numbers, and its backward gives "
-    "each rank its tokens of the gradient summed over ranks from exactly one reduce-scatter of at most P times that; "
-    "scatter_tokens the reverse (one reduce-scatter forward, one all-gather backward); every backward leaves "
-    "autograd's incoming gradient unchanged; no call into the library's tensor- or sequence-parallel code (f and g "
-    "are handed out, not graded)",
-    "swiglu": "the lab model's SwiGLU MLP (F = 24, F/P = 6) forward only, under no_grad, on each rank's tokens of "
-    "two uneven layouts (contiguous 3-3-2-2, scattered 2-3-2-3), every rank handed the full weights: y on each "
-    "rank (its tokens) equal to one device's in float64; point-to-point messages only, each with a ring "
-    "neighbour (r - 1 or r + 1), every one through parlab.core.comm (a collective, or a message to a rank "
-    "further away, fails); memory, watched by a TorchFunctionMode: no tensor the forward makes (views of what it "
-    "was handed aside) holds more than 2 B max(n_r) H numbers, so the whole sequence is never on one rank; the work "
-    "split by units: the operands of each rank's GEMMs, compared row by row with the weights, are the gate rows, up "
-    "rows and down columns of the same F/P units, no unit on two ranks, and its GEMMs do exactly 3 B T H F/P "
-    "multiply-adds (every token through its units once); overlap (parlab.core.comm's trace against the GEMMs' "
-    "times): every receive issued before a GEMM began and waited for after it ended, unless no GEMM was left to "
-    "compute; no call into the library's tensor- or sequence-parallel code",
+    "within a rank given): gather_tokens returns the whole sequence in order on every rank, and its backward gives "
+    "each rank its tokens of the gradient summed over ranks; scatter_tokens each rank's tokens of the ranks' sum, and "
+    "its backward every token's gradient on every rank; in each direction point-to-point messages only, each with a "
+    "ring neighbour (r - 1 or r + 1), and, bytes measured per rank, where the sequence is assembled (gather forward, "
+    "scatter backward) each rank receives exactly B (T - n_r) H numbers, where partial sums are summed (scatter "
+    "forward, gather backward) each rank sends exactly B (T - n_r) H numbers (padding to the largest count, or a "
+    "collective, fails); every backward leaves autograd's incoming gradient unchanged; no call into the library's "
+    "tensor- or sequence-parallel code (f and g are handed out, not graded)",
+    "swiglu": "the lab model's SwiGLU MLP (F = 24) forward only, under no_grad, on each rank's tokens of two uneven "
+    "layouts on 4 ranks (contiguous 3-3-2-2, scattered 2-3-2-3) and of 20 tokens on 8 ranks (3-2-3-2-...), every "
+    "rank handed the full weights: y on each rank (its tokens) equal to one device's in float64; point-to-point "
+    "messages only, one way round the ring (each rank sends to one neighbour only and receives from the other "
+    "only), every one through parlab.core.comm; memory, watched by a TorchFunctionMode that sees every tensor the "
+    "forward's torch calls return (views of what it was handed aside, a storage counted once): no tensor holds more "
+    "than 2 B max(n_r) H numbers, and after every call the tensors still alive (weak references) hold at most "
+    "8 B max(n_r) H numbers, whatever P (holding every rank's partial result fails on 8 ranks); the work split by "
+    "units: the operands of each rank's GEMMs, compared row by row with the weights, are the gate rows, up rows and "
+    "down columns of the same F/P units, no unit on two ranks, and its GEMMs do exactly 3 B T H F/P multiply-adds "
+    "(every token through its units once); overlap (parlab.core.comm's trace against the GEMMs' times): every "
+    "receive but each rank's last issued before a GEMM began and waited for after it ended, and a rank that receives "
+    "nothing fails; no call into the library's tensor- or sequence-parallel code",
     "gqa": "the lab model's attention on a packed sequence (each row attends to its own document's rows at positions "
     "up to its own; RoPE by each row's position in its document), the positions and documents given per row of what "
     "enter returns: nq=4/nkv=2 on a document resumed at position 5 then the next one's start, rows in order; "
@@ -121,10 +130,10 @@ STRUCTURAL = {
     "numbers fails), none in backward; rows with logits near 1000 included (exp overflows there without a common "
     "shift); no call into the library's loss",
     "layer_bytes": "two predictions, exact, at a size no check runs (6 ranks holding 5, 3, 4, 2, 6, 4 tokens, B = 3, "
-    "H = 96, float64): the bytes over the busiest link in one direction of part 2's forward (x blocks and partial "
-    "sums the same way round the ring, each over the fewest links that serve it) and of the same forward in "
-    "Megatron-SP form (part 1's padded all-gather and reduce-scatter on rings); once both are right, shown (not "
-    "scored) what the student's own part 2 sent over its busiest link when run at that size",
+    "H = 96, float64): the bytes over the busiest link in one direction of part 2's forward (one that meets part 2's "
+    "checks and sends nothing over more links than it needs) and of the same forward in Megatron-SP form as the "
+    "library runs it (an all-gather and a reduce-scatter of blocks padded to the largest count, on rings); once both "
+    "are right, shown (not scored) what the student's own part 2 sent over its busiest link when run at that size",
 }
 
 
@@ -210,12 +219,13 @@ def _matches(call: list, expected: list) -> bool:
     return len(call) == len(expected) and all(e is None or c == e for c, e in zip(call, expected, strict=True))
 
 
-def calls_line(what: str, ranks_calls: list[list[list]], expected: list[list]) -> str:
-    """One verdict line: every rank made exactly the calls `expected` (in order; None matches anything); else the
-    first rank that did not, what it made and what was expected."""
+def calls_line(what: str, ranks_calls: list[list[list]], expected: list[list], each: bool = False) -> str:
+    """One verdict line: every rank made exactly the calls `expected` (each: expected[r] for rank r; in order; None
+    matches anything); else the first rank that did not, what it made and what was expected."""
     for r, calls in enumerate(ranks_calls):
-        if len(calls) != len(expected) or not all(map(_matches, calls, expected)):
-            return f"{what}: rank {r} made {_shown(calls)}, expected {_shown(expected)}: FAIL"
+        mine = expected[r] if each else expected
+        if len(calls) != len(mine) or not all(map(_matches, calls, mine)):
+            return f"{what}: rank {r} made {_shown(calls)}, expected {_shown(mine)}: FAIL"
     return f"{what}: PASS"
 
 
@@ -246,15 +256,29 @@ def _library_line(what: str, ranks: list[dict]) -> str:
     return library_line(what, _library(ranks), "the library's tensor- or sequence-parallel code")
 
 
+def _p2p_recording():
+    """parlab.core.probe's recorder, each call as [op, bytes of the tensor sent or received, peer]."""
+
+    @contextmanager
+    def recorder():
+        calls: list[list] = []
+        with probe.recording(keep_sent_data=False) as made:
+            yield calls
+        calls.extend([c["op"], int(c["bytes"]), int(c["peer"])] for c in made)
+
+    return recorder()
+
+
 def _through(op, inp: torch.Tensor, loss_of) -> dict:
-    """Rank code: out = op(inp) and loss_of(out).backward(), each direction recorded and guarded. A hook on out
-    keeps the gradient autograd hands to op's backward, with a copy taken when it arrived: op must not change it."""
+    """Rank code: out = op(inp) and loss_of(out).backward(), each direction recorded (op, bytes, peer) and guarded.
+    A hook on out keeps the gradient autograd hands to op's backward, with a copy taken when it arrived: op must not
+    change it."""
     incoming = []  # (dL/d(op's output) as autograd passes it on, a copy taken when it arrived)
-    with recording() as forward, library_calls(LIBRARY) as called:
+    with _p2p_recording() as forward, library_calls(LIBRARY) as called:
         out = op(inp)
     if isinstance(out, torch.Tensor) and out.requires_grad:
         out.register_hook(lambda grad: incoming.append((grad, grad.detach().clone())))
-    with recording() as backward, library_calls(LIBRARY) as called_backward:
+    with _p2p_recording() as backward, library_calls(LIBRARY) as called_backward:
         loss_of(out).backward()
     changed = None  # None: op's backward was never reached
     if incoming:
@@ -323,16 +347,27 @@ def collect_conjugates(gather_tokens, scatter_tokens) -> dict:
     return {"ranks": list(parlab.launch(run_conjugates, P, gather_tokens, scatter_tokens, **LAUNCH))}
 
 
-def _sp_calls_line(what: str, cases: dict[str, list[list]], kind: str, limit: int) -> str:
-    """Every rank of every case made one call of `kind` over all ranks, contributing at most `limit` bytes."""
-    everyone = list(range(P))
+def _sp_calls_line(what: str, cases: dict[str, list[list]], moved: str) -> str:
+    """Every rank of every case (case: each rank's [op, bytes, peer] calls) made sends and receives only, each with a
+    ring neighbour, and `moved` ("received" or "sent") exactly B (T - n_r) H float64 numbers: the tokens it does not
+    hold, each once, no padding."""
     for case, ranks_calls in cases.items():
+        layout = LAYOUTS[case]
         for r, calls in enumerate(ranks_calls):
-            if len(calls) != 1 or calls[0][0] != kind or calls[0][2] != everyone or calls[0][1] > limit:
-                return (
-                    f"{what}: {case}, rank {r} made {_shown(calls)}, expected one {kind} over ranks {everyone} "
-                    f"contributing at most {limit} bytes: FAIL"
-                )
+            neighbours = {(r - 1) % P, (r + 1) % P}
+            for op, _, peer in calls:
+                if op not in probe.P2P:
+                    return f"{what}: {case}, rank {r} called {op}, expected sends and receives only: FAIL"
+                if peer not in neighbours:
+                    return (
+                        f"{what}: {case}, rank {r}: a {op} with rank {peer}, expected only ranks "
+                        f"{sorted(neighbours)}: FAIL"
+                    )
+            op = "send" if moved == "sent" else "recv"
+            got = sum(nbytes for kind, nbytes, _ in calls if kind.startswith(op))
+            expected = BATCH * (SEQ - len(layout[r])) * H * 8
+            if got != expected:
+                return f"{what}: {case}, rank {r} {moved} {got} bytes, expected {expected}: FAIL"
     return f"{what}: PASS"
 
 
@@ -345,10 +380,6 @@ def judge_conjugates(data) -> list[str]:
     def tokens_of(t: torch.Tensor, layout, r: int) -> torch.Tensor:
         return t[:, layout[r]]
 
-    def block(layout) -> int:  # bytes of one rank's tokens padded to the largest rank's count: [B, max n_r, H]
-        return BATCH * max(map(len, layout)) * H * 8
-
-    limits = {name: block(layout) for name, layout in LAYOUTS.items()}
     lines = [
         _first_wrong(
             "gather_tokens: the whole sequence, in order, on every rank",
@@ -362,16 +393,14 @@ def judge_conjugates(data) -> list[str]:
             },
         ),
         _sp_calls_line(
-            "gather_tokens forward: one all-gather, each rank contributing at most B max(n_r) H numbers",
+            "gather_tokens forward: ring neighbours only, each rank receiving exactly B (T - n_r) H numbers",
             {name: [res["forward"] for res in gathers[name]] for name in LAYOUTS},
-            "all-gather",
-            max(limits.values()),
+            "received",
         ),
         _sp_calls_line(
-            "gather_tokens backward: one reduce-scatter, each rank contributing at most P B max(n_r) H numbers",
+            "gather_tokens backward: ring neighbours only, each rank sending exactly B (T - n_r) H numbers",
             {name: [res["backward"] for res in gathers[name]] for name in LAYOUTS},
-            "reduce-scatter",
-            P * max(limits.values()),
+            "sent",
         ),
         _incoming_line("gather_tokens backward", gathers),
         _first_wrong(
@@ -386,16 +415,14 @@ def judge_conjugates(data) -> list[str]:
             {name: ([res["grad"] for res in scatters[name]], [ref["gu"]] * P) for name in LAYOUTS},
         ),
         _sp_calls_line(
-            "scatter_tokens forward: one reduce-scatter, each rank contributing at most P B max(n_r) H numbers",
+            "scatter_tokens forward: ring neighbours only, each rank sending exactly B (T - n_r) H numbers",
             {name: [res["forward"] for res in scatters[name]] for name in LAYOUTS},
-            "reduce-scatter",
-            P * max(limits.values()),
+            "sent",
         ),
         _sp_calls_line(
-            "scatter_tokens backward: one all-gather, each rank contributing at most B max(n_r) H numbers",
+            "scatter_tokens backward: ring neighbours only, each rank receiving exactly B (T - n_r) H numbers",
             {name: [res["backward"] for res in scatters[name]] for name in LAYOUTS},
-            "all-gather",
-            max(limits.values()),
+            "received",
         ),
         _incoming_line("scatter_tokens backward", scatters),
         _library_line(
@@ -455,6 +482,8 @@ class Watch(torch.overrides.TorchFunctionMode):
         self.handed = {_storage(t) for t in handed}
         self.weights = {"gate": gate, "up": up, "down": down.T}  # [F, H] each: one row per hidden unit
         self.largest = {"numbers": 0, "shape": [], "call": ""}
+        self.alive: list[tuple[weakref.ref, int, int]] = []  # (a tensor it made, its storage, the numbers held)
+        self.peak = {"numbers": 0, "tensors": 0, "call": ""}  # the most numbers alive at once, after which call
         self.gemms: list[dict] = []
         self.units = {name: set() for name in self.weights}
 
@@ -489,7 +518,8 @@ class Watch(torch.overrides.TorchFunctionMode):
             self.gemms.append({"start": start, "end": end, "work": int(work), "call": name})
             self._units(operands)
         for t in _flat(out):
-            if _storage(t) in self.handed:
+            storage = _storage(t)
+            if storage in self.handed:
                 continue  # a view of what the rank was handed: no new numbers held
             try:
                 numbers = t.untyped_storage().nbytes() // t.element_size()
@@ -497,19 +527,30 @@ class Watch(torch.overrides.TorchFunctionMode):
                 numbers = t.numel()
             if numbers > self.largest["numbers"]:
                 self.largest = {"numbers": int(numbers), "shape": list(t.shape), "call": name}
+            self.alive.append((weakref.ref(t), storage, int(numbers)))
+        self._count(name)
         return out
 
+    def _count(self, name: str) -> None:
+        """What the forward holds right after a call: the numbers of every storage one of its tensors still uses
+        (a storage counted once however many views use it)."""
+        self.alive = [entry for entry in self.alive if entry[0]() is not None]
+        held = {storage: numbers for _, storage, numbers in self.alive}
+        total = sum(held.values())
+        if total > self.peak["numbers"]:
+            self.peak = {"numbers": total, "tensors": len(held), "call": name}
 
-def swiglu_problem(seed: int = 2) -> dict[str, torch.Tensor]:
+
+def swiglu_problem(seed: int = 2, seq: int = SEQ) -> dict[str, torch.Tensor]:
     """The lab model's first MLP (parlab.core.lab_model.SwiGLU, H -> F -> H, no biases): gate and up [F, H], down
-    [H, F]; x: [B, SEQ, H], the whole sequence (rank r is handed its tokens of it)."""
+    [H, F]; x: [B, seq, H], the whole sequence (rank r is handed its tokens of it)."""
     mlp = build_lab_model(MLP_CFG, seed).blocks[0].mlp  # host: the problem's data; rank code moves it (_on_device)
     gen = torch.Generator().manual_seed(seed + 10)
     return {
         "gate": mlp.gate.weight.detach().clone(),  # [F, H]
         "up": mlp.up.weight.detach().clone(),  # [F, H]
         "down": mlp.down.weight.detach().clone(),  # [H, F]
-        "x": _randn(gen, BATCH, SEQ, MLP_CFG.hidden),
+        "x": _randn(gen, BATCH, seq, MLP_CFG.hidden),
     }
 
 
@@ -551,25 +592,41 @@ def forward_watched(swiglu, data: dict[str, torch.Tensor], layout: list[list[int
         "gemms": watch.gemms,
         "units": {name: sorted(units) for name, units in watch.units.items()},
         "largest": watch.largest,
+        "peak": watch.peak,
         "library": list(called),
     }
 
 
-def run_swiglu(swiglu) -> dict:
-    """Rank code, for each case: the student's forward on this rank's tokens of the case's layout."""
-    data = _on_device(swiglu_problem())
-    return {name: forward_watched(swiglu, data, LAYOUTS[layout]) for name, layout in SWIGLU_CASES.items()}
+def _tokens_in(layout: list[list[int]]) -> int:
+    return sum(map(len, layout))
+
+
+def run_swiglu(swiglu, cases: dict[str, list[list[int]]]) -> dict:
+    """Rank code, for each case (all on this many ranks): the student's forward on this rank's tokens."""
+    return {
+        name: forward_watched(swiglu, _on_device(swiglu_problem(seq=_tokens_in(layout))), layout)
+        for name, layout in cases.items()
+    }
 
 
 def collect_swiglu(swiglu) -> dict:
-    return {"ranks": list(parlab.launch(run_swiglu, P, swiglu, **LAUNCH))}
+    """The cases on 4 ranks in one launch, the 8-rank case in another: {case: every rank's result}."""
+    out = {}
+    for ranks in sorted({len(layout) for layout in SWIGLU_CASES.values()}):
+        cases = {name: layout for name, layout in SWIGLU_CASES.items() if len(layout) == ranks}
+        results = list(parlab.launch(run_swiglu, ranks, swiglu, cases, **LAUNCH))
+        out.update({name: [res[name] for res in results] for name in cases})
+    return {"cases": out}
 
 
 def _ring_line(what: str, cases: dict[str, list[dict]]) -> str:
-    """Point-to-point messages only, each to or from a ring neighbour (r - 1 or r + 1)."""
+    """Point-to-point messages only, one way round the ring: each rank sends to one neighbour only (r - 1 or r + 1)
+    and receives from the other only."""
     for case, ranks in cases.items():
         for r, res in enumerate(ranks):
-            neighbours = {(r - 1) % P, (r + 1) % P}
+            ranks_ = len(ranks)
+            neighbours = {(r - 1) % ranks_, (r + 1) % ranks_}
+            peers = {"send": set(), "recv": set()}
             for op, peer in res["calls"]:
                 if op not in probe.P2P:
                     return f"{what}: {case}, rank {r} called {op}, expected sends and receives only: FAIL"
@@ -578,6 +635,12 @@ def _ring_line(what: str, cases: dict[str, list[dict]]) -> str:
                         f"{what}: {case}, rank {r}: a {op} with rank {peer}, expected only ranks "
                         f"{sorted(neighbours)}: FAIL"
                     )
+                peers["send" if op == "send" else "recv"].add(peer)
+            if len(peers["send"]) > 1 or len(peers["recv"]) > 1 or peers["send"] & peers["recv"]:
+                return (
+                    f"{what}: {case}, rank {r} sent to ranks {sorted(peers['send'])} and received from ranks "
+                    f"{sorted(peers['recv'])}, expected sends to one neighbour and receives from the other: FAIL"
+                )
     return f"{what}: PASS"
 
 
@@ -608,10 +671,24 @@ def _memory_line(what: str, cases: dict[str, tuple[list[dict], int]]) -> str:
     return f"{what}: PASS"
 
 
+def _held_line(what: str, cases: dict[str, tuple[list[dict], int]]) -> str:
+    """What the forward holds at once (every storage one of its tensors still alive uses) stays within `limit`."""
+    for case, (ranks, limit) in cases.items():
+        for r, res in enumerate(ranks):
+            peak = res["peak"]
+            if peak["numbers"] > limit:
+                return (
+                    f"{what}: {case}, rank {r} held {peak['numbers']} numbers in {peak['tensors']} tensors at once "
+                    f"(after a {peak['call']}), expected at most {limit}: FAIL"
+                )
+    return f"{what}: PASS"
+
+
 def _units_line(what: str, cases: dict[str, list[dict]], F_: int) -> str:
     """Each rank's GEMMs use the gate rows, up rows and down columns of the same F/P units; no unit on two ranks."""
     for case, ranks in cases.items():
         owner: dict[int, int] = {}
+        P = len(ranks)
         for r, res in enumerate(ranks):
             used = res["units"]
             counts = ", ".join(f"{name} {len(used[name])}" for name in ("gate", "up", "down"))
@@ -627,9 +704,11 @@ def _units_line(what: str, cases: dict[str, list[dict]], F_: int) -> str:
     return f"{what}: PASS"
 
 
-def _work_line(what: str, cases: dict[str, list[dict]], expected: int) -> str:
-    """Every rank's GEMMs, in multiply-adds, add up to its share: every token through its units, once."""
+def _work_line(what: str, cases: dict[str, list[dict]], share) -> str:
+    """Every rank's GEMMs, in multiply-adds, add up to its share (share(case, ranks)): every token through its
+    units, once."""
     for case, ranks in cases.items():
+        expected = share(case, len(ranks))
         for r, res in enumerate(ranks):
             work = sum(g["work"] for g in res["gemms"])
             if work != expected:
@@ -638,13 +717,14 @@ def _work_line(what: str, cases: dict[str, list[dict]], expected: int) -> str:
 
 
 def _overlap_wrong(res: dict) -> str:
-    """'' when every receive was in flight while a GEMM computed (issued before it began, waited for after it
-    ended), but where no GEMM was left to compute after it was issued; else the first that was not."""
+    """'' when every receive but the rank's last (the last issued) was in flight while a GEMM computed (issued before
+    it began, waited for after it ended); else the first that was not. A rank that receives nothing fails."""
     gemms = res["gemms"]
-    for i, e in enumerate(t for t in res["transfers"] if t["kind"] == "recv"):
+    receives = sorted((t for t in res["transfers"] if t["kind"] == "recv"), key=lambda t: t["start"])
+    if not receives:
+        return "no receive at all (nothing travelled to hide)"
+    for i, e in enumerate(receives[:-1]):
         end = math.inf if e["end"] < 0 else e["end"]
-        if not any(g["start"] >= e["start"] for g in gemms):
-            continue  # nothing left to hide it behind
         if not any(e["start"] <= g["start"] and g["end"] <= end for g in gemms):
             return f"receive {i} (from rank {e['peer']}, {e['bytes']} bytes) waited for with no GEMM while in flight"
     return ""
@@ -659,51 +739,57 @@ def _overlap_line(what: str, cases: dict[str, list[dict]]) -> str:
 
 
 def judge_swiglu(data) -> list[str]:
-    ref = swiglu_problem()  # host: the reference on one device
-    y = reference_mlp(ref["x"], ref["gate"], ref["up"], ref["down"])  # [B, SEQ, H]
-    cases = {name: [res[name] for res in data["ranks"]] for name in SWIGLU_CASES}
+    cases = data["cases"]
     B, H, F_ = BATCH, MLP_CFG.hidden, MLP_CFG.ffn
-    limits = {name: 2 * B * max(map(len, LAYOUTS[layout])) * H for name, layout in SWIGLU_CASES.items()}
-    every = [{"library": [c for res in data["ranks"] for case in res.values() for c in case["library"]]}]
+    block = {name: B * max(map(len, layout)) * H for name, layout in SWIGLU_CASES.items()}  # B max(n_r) H numbers
+    expected = {}
+    for name, layout in SWIGLU_CASES.items():
+        ref = swiglu_problem(seq=_tokens_in(layout))  # host: the reference on one device
+        y = reference_mlp(ref["x"], ref["gate"], ref["up"], ref["down"])  # [B, T, H]
+        expected[name] = [y[:, tokens] for tokens in layout]
+    every = [{"library": [c for ranks in cases.values() for res in ranks for c in res["library"]]}]
     return [
         _first_wrong(
             "y: each rank's tokens of the MLP's output",
-            {
-                name: ([res["y"] for res in ranks], [y[:, LAYOUTS[SWIGLU_CASES[name]][r]] for r in range(P)])
-                for name, ranks in cases.items()
-            },
+            {name: ([res["y"] for res in ranks], expected[name]) for name, ranks in cases.items()},
         ),
-        _ring_line("communication: sends and receives with ring neighbours only", cases),
+        _ring_line("communication: sends and receives only, one way round the ring of neighbours", cases),
         _traced_line("every send and receive through parlab.core.comm", cases),
         _memory_line(
-            "memory: no tensor made holds more than 2 B max(n_r) H numbers (two ranks' tokens)",
-            {name: (ranks, limits[name]) for name, ranks in cases.items()},
+            f"memory: no tensor made holds more than {TENSOR_BLOCKS} B max(n_r) H numbers",
+            {name: (ranks, TENSOR_BLOCKS * block[name]) for name, ranks in cases.items()},
+        ),
+        _held_line(
+            f"memory: at most {LIVE_BLOCKS} B max(n_r) H numbers held at once, whatever P",
+            {name: (ranks, LIVE_BLOCKS * block[name]) for name, ranks in cases.items()},
         ),
         _units_line(
             "the work split by units: each rank its own F/P units' gate and up rows and down columns", cases, F_
         ),
         _work_line(
-            "the work not repeated: each rank's GEMMs, 3 B T H F/P multiply-adds", cases, 3 * B * SEQ * H * F_ // P
+            "the work not repeated: each rank's GEMMs, 3 B T H F/P multiply-adds",
+            cases,
+            lambda name, P: 3 * B * _tokens_in(SWIGLU_CASES[name]) * H * F_ // P,
         ),
-        _overlap_line("overlap: every receive in flight while a GEMM computes (while any is left to compute)", cases),
+        _overlap_line("overlap: every receive but each rank's last in flight while a GEMM computes", cases),
         _library_line("the SwiGLU MLP", every),
     ]
 
 
-def _region_calls(layout_name, nbytes: int) -> tuple[list[list], list[list]]:
-    """The calls a region's operators make (forward, backward): f and g's all-reduces of [B, T, H] over every
-    rank, or the sequence-parallel pair's all-gather and reduce-scatter (their sizes are part 1's business)."""
+def _region_calls(layout_name, nbytes: int, ranks: list[dict]) -> tuple[list[list], list[list]]:
+    """The calls each rank's region operators make (forward, backward), one list per rank: f and g's all-reduces of
+    [B, T, H] over every rank; or what the sequence-parallel pair made on that rank when run alone, enter then leave
+    (its calls are part 1's business: here they must come once each way, and nothing else)."""
     everyone = list(range(P))
     if layout_name is None:
-        return [["all-reduce", nbytes, everyone]], [["all-reduce", nbytes, everyone]]
-    gather, scatter = ["all-gather", None, everyone], ["reduce-scatter", None, everyone]
-    return [gather, scatter], [gather, scatter]  # backward: the scatter's all-gather first, then the gather's
+        return [[["all-reduce", nbytes, everyone]]] * P, [[["all-reduce", nbytes, everyone]]] * P
+    return [res["region_forward"] for res in ranks], [res["region_backward"] for res in ranks]
 
 
 def _region_words(layout_name, nbytes: int) -> str:
     if layout_name is None:
         return f"one all-reduce of [B, T, H] ({nbytes} bytes)"
-    return "the region's all-gather, then its reduce-scatter"
+    return "the calls enter and leave make when run alone, once each"
 
 
 # ----------------------------------------------------------------------- grouped-query attention, nkv < P
@@ -775,6 +861,13 @@ def run_gqa(module_class, f, g, gather_tokens, scatter_tokens) -> dict:
         positions = torch.tensor(where, device=parlab.device())[rows]  # [SEQ]: those of the rows enter returns
         documents = torch.tensor(docs, device=parlab.device())[rows]  # [SEQ]
         enter, leave = _gqa_regions(layout_name, order, f, g, gather_tokens, scatter_tokens)
+        region_forward, region_backward, called_region = [], [], []
+        if layout_name is not None:  # the region's operators alone, enter then leave: the calls they make
+            with recording() as region_forward, library_calls(LIBRARY) as called_region:
+                alone = leave(enter(x.detach().clone().requires_grad_()))
+            with recording() as region_backward, library_calls(LIBRARY) as called_region_backward:
+                (alone * data["g"][:, mine]).sum().backward()
+            called_region = [*called_region, *called_region_backward]
         with library_calls(LIBRARY) as called_init:
             module = module_class(full, enter, leave)
         with recording() as forward_calls, library_calls(LIBRARY) as called:
@@ -792,7 +885,9 @@ def run_gqa(module_class, f, g, gather_tokens, scatter_tokens) -> dict:
             "forward": forward_calls,
             "backward": backward_calls,
             "sync": sync_calls,
-            "library": [*called_init, *called, *called_backward, *synced],
+            "region_forward": region_forward,
+            "region_backward": region_backward,
+            "library": [*called_region, *called_init, *called, *called_backward, *synced],
         }
     return out
 
@@ -837,10 +932,20 @@ def _weights_line(name: str, cfg: LabConfig, ranks: list[dict], ref: dict) -> st
         mine = slice(r * per_rank * hd, (r + 1) * per_rank * hd)
         for w, expected in (("q", ref["weights"]["q"][mine]), ("o", ref["weights"]["o"][:, mine])):
             held = res["weights"][w]
-            if held.shape != expected.shape or not torch.equal(held.cpu(), expected):
+            if held.shape != expected.shape:
                 return f"{what}: rank {r}'s {w}.weight is {list(held.shape)}, expected {list(expected.shape)}: FAIL"
+            if held.dtype != expected.dtype:
+                return f"{what}: rank {r}'s {w}.weight is {held.dtype}, expected {expected.dtype}: FAIL"
+            if not torch.equal(held.cpu(), expected):
+                wrong = (held.cpu() != expected).nonzero()[0].tolist()
+                return (
+                    f"{what}: rank {r}'s {w}.weight{wrong} is {float(held.cpu()[tuple(wrong)]):.6g}, expected "
+                    f"{float(expected[tuple(wrong)]):.6g} (a copy of the full weight's): FAIL"
+                )
         for w in ("k", "v"):
             held = res["weights"][w]
+            if held.dtype != ref["weights"][w].dtype:
+                return f"{what}: rank {r}'s {w}.weight is {held.dtype}, expected {ref['weights'][w].dtype}: FAIL"
             if _rows_of(held, ref["weights"][w]) is None:
                 return f"{what}: rank {r}'s {w}.weight {list(held.shape)} is not made of rows of the full {w}: FAIL"
             if held.shape[0] > hd:
@@ -890,7 +995,7 @@ def judge_gqa(data) -> list[str]:
         rows = row_order(order, layout_name)
         mine = [LAYOUTS[layout_name][r] if layout_name else rows for r in range(P)]
         activation = BATCH * SEQ * cfg.hidden * 8
-        forward, backward = _region_calls(layout_name, activation)
+        forward, backward = _region_calls(layout_name, activation, ranks)
         words = _region_words(layout_name, activation)
         tokens = "each rank's tokens" if layout_name else "every rank, in the rows' order"
         lines += [
@@ -904,10 +1009,16 @@ def judge_gqa(data) -> list[str]:
                 f"{name}: dL/dW of k and v after sync_grads, the rows each rank holds", ranks, ref, cfg, ("k", "v")
             ),
             calls_line(
-                f"{name}: forward, every rank: {words}, nothing else", [res["forward"] for res in ranks], forward
+                f"{name}: forward, every rank: {words}, nothing else",
+                [res["forward"] for res in ranks],
+                forward,
+                each=True,
             ),
             calls_line(
-                f"{name}: backward, every rank: {words}, nothing else", [res["backward"] for res in ranks], backward
+                f"{name}: backward, every rank: {words}, nothing else",
+                [res["backward"] for res in ranks],
+                backward,
+                each=True,
             ),
             _sync_line(name, cfg, ranks),
         ]
@@ -1004,9 +1115,9 @@ def layer_theory(
     but b's and every partial sum but a's: B H e (2 T - n_a - n_b), the busiest between the two neighbours that hold
     the fewest tokens together.
 
-    padded_link_bytes: the same forward in Megatron-SP form (part 1's all-gather of blocks padded to the largest
-    rank's count, then the reduce-scatter of P such blocks), both ring collectives: each link carries P - 1 padded
-    blocks in each."""
+    padded_link_bytes: the same forward in Megatron-SP form as the library runs it (an all-gather of blocks padded to
+    the largest rank's count, then the reduce-scatter of P such blocks), both ring collectives: each link carries
+    P - 1 padded blocks in each."""
     e, P_, T_ = cfg.dtype_bytes, len(counts), sum(counts)
     pair = min(counts[r] + counts[(r + 1) % P_] for r in range(P_))  # neighbours, either way round
     return {
