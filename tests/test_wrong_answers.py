@@ -103,7 +103,9 @@ def test_an_untouched_handout_fails_every_check_without_breaking_anything(lab):
     assert set(passed) == {name for name, _ in LABS[lab].checks} and not any(passed.values()), passed
 
 
-def test_every_lab_has_two_wrong_answers_here():
+def test_every_lab_has_three_wrong_answers_here_one_of_them_the_librarys_code():
     for lab in LABS:
-        assert sum(1 for name, _ in CASES if name == lab) >= 2, lab
+        paths = [path for name, path in CASES if name == lab]
+        assert len(paths) >= 3, lab
+        assert any(path.stem.startswith(f"{lab}__library") for path in paths), f"{lab}: no __library* wrong answer"
     assert os.environ.get(OUT_ENV) is None
