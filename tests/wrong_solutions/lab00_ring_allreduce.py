@@ -2,8 +2,8 @@
 # A wrong answer to labs/lab00_ring_allreduce.ipynb (tests/test_wrong_answers.py grades it; the other answers are the
 # solution's). The bug: the counter-clockwise ring reuses the clockwise ring's chunk indices (send chunk r-1-s) and
 # only turns the direction round. Its halves then start one rank too far and finish on rank c+2 instead of c; the
-# all-gather passes on partial sums. The clockwise ring and every neighbour are right: the FAIL line names the
-# first message of the counter-clockwise ring that is not a sum over the ranks that ring has passed, and what it held.
+# all-gather passes on partial sums. The clockwise ring, every neighbour, the steps and the bytes are right: the FAIL
+# line names the first rank whose sum is wrong, the element, what it should be and what came.
 # EXPECT FAIL: bidirectional
 
 # ANSWER: bidirectional

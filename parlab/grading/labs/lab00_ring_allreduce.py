@@ -19,11 +19,10 @@ library's ring (parlab/schemes/collectives.py, lesson 00's helpers) or into this
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
-from collections import Counter
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -67,7 +66,11 @@ RS_CASES = [
         ],
     },
 ]
-BIDIRECTIONAL_CASES = [(4, 1000), (3, 10), (2, 12)]  # (P, N); on 2 ranks both neighbours are the same rank
+BIDIRECTIONAL_CASES = [
+    (4, 1001),
+    (5, 23),
+    (2, 13),
+]  # (P, N), N not a multiple of 2P; on 2 ranks both neighbours are one rank
 NODE_LAYOUTS = {  # name: (nodes, N); nodes[g] = the global ranks of node g
     "2 nodes x 2 ranks": ([[0, 1], [2, 3]], 1000),
     "3 nodes x 2 ranks, dealt round-robin": ([[0, 3], [1, 4], [2, 5]], 12),
@@ -75,13 +78,15 @@ NODE_LAYOUTS = {  # name: (nodes, N); nodes[g] = the global ranks of node g
     # Three nodes of different sizes: an even split of the work across nodes overloads the small node's ports.
     "nodes of 3, 3 and 2 ranks, dealt round-robin": ([[0, 3, 6], [1, 4, 7], [2, 5]], 48),
 }
-# The prediction: 8 ranks dealt round-robin over 2 nodes, N = 1203 float64 (chunks of 151 and 150); the ring in rank
-# order, and a ring order of the student's choosing that makes node 0 send node 1 the fewest bytes.
-PREDICTED_NODES, PREDICTED_NUMEL = [[0, 2, 4, 6], [1, 3, 5, 7]], 1203
-RANK_ORDER = [0, 1, 2, 3, 4, 5, 6, 7]
-# (P, N): any P, N not a multiple of the largest power of two <= P (chunk rounding) except on 8 ranks, where the
-# ring's bytes are exactly 2(P-1)/P N per rank.
-HALVING_CASES = [(3, 1001), (5, 999), (6, 1002), (8, 1000)]
+# The prediction: 8 ranks dealt round-robin over 3 nodes of 3, 3 and 2 ranks, and a model's gradients in pieces of
+# these sizes owned by these ranks (rank 2 owns none; float64, every rank touches every piece): a flat ring all-reduce
+# of them (part 1's reduce-scatter, then the all-gather round the same ring) on a ring order of the student's choosing.
+CROSS_NODES = [[0, 3, 6], [1, 4, 7], [2, 5]]
+CROSS_SIZES = [200, 95, 333, 150, 512, 128, 210, 120, 301]
+CROSS_OWNER = [0, 1, 3, 4, 5, 6, 0, 4, 7]
+# (P, N): any P, N not a multiple of the largest power of two <= P (chunk rounding; on 9 ranks N = 9, where cutting
+# blocks in halves rounds up at every step) except on 8 ranks, where the ring's bytes are exactly 2(P-1)/P N per rank.
+HALVING_CASES = [(3, 1001), (5, 999), (6, 1002), (9, 9), (8, 1000)]
 
 STRUCTURAL = {
     "reduce_scatter": "rings [0, 2, 3, 1], [2, 1, 0] and [3, 0, 4, 2, 1], x cut into pieces of uneven sizes with an "
@@ -94,11 +99,12 @@ STRUCTURAL = {
     "and no longer all zero (a FAIL names the first message: what it held, zeros included); bytes per rank: the "
     "least, each piece whose partial sum is non-zero when it reaches the rank, once; no library collective, no call "
     "into the library's ring or this module",
-    "bidirectional": "P=4, P=3 (uneven halves) and P=2 (both neighbours the same rank, told apart only by the order "
-    "of posting): the sum on every rank; 2(P-1) messages each way: to r+1 halves 0, each summed over r, r-1, ... "
-    "in the reduce-scatter, to r-1 halves 1, summed over r, r+1, ...; then finished halves, the first of each ring "
-    "the rank's own chunk's (both halves of chunk c finish on rank c); at every step both directions in flight "
-    "together (parlab.core.comm's trace: a step's four transfers all issued before any is waited for); bytes",
+    "bidirectional": "P=4, N=1001; P=5, N=23; P=2, N=13 (N never a multiple of 2P; on 2 ranks both neighbours are "
+    "one rank): the sum on every rank; at most 2(P-1) steps, each a non-empty message to each neighbour and a receive "
+    "from each, the four issued before any is waited for (parlab.core.comm's trace), nothing to or from other ranks; "
+    "each rank's bytes at most 2(N - floor(N/P)) (the one-way ring's busiest rank); each link direction at most "
+    "N - floor(N/P) + P - 1 (half the one-way ring's busiest link, plus half an element per message for odd cuts); "
+    "which data goes which way and where it finishes is not checked",
     "hierarchical": "four node layouts (2x2; 3 nodes of 2 dealt round-robin; nodes of 3 and 2 dealt round-robin, "
     "where local ranks do not pair up; nodes of 3, 3 and 2 dealt round-robin, N=48, where an even split of the work "
     "across nodes overloads the small node's ports): the sum on every rank; the bytes sent between nodes, all nodes "
@@ -107,17 +113,18 @@ STRUCTURAL = {
     "lower bound max(ceil(N / smallest node), ceil(2(G-1)N / P)), met on these layouts); inside each node no rank "
     "sends more "
     "than a ring all-reduce of the node would, 2(L-1) ceil(N/L) elements; no library collective or library ring",
-    "cross_node_bytes": "a flat ring all-reduce (part 1's reduce-scatter then the all-gather round the same ring) on "
-    "8 ranks dealt round-robin over 2 nodes, N=1203 float64, what node 0 sends to node 1: the predicted count for "
-    "the ring in rank order equals the count of the messages it must send (exactly); the student's own ring is a "
-    "ring of the 8 ranks on which node 0 sends node 1 the fewest bytes of all 5040 ring orders (searched "
-    "exhaustively, no number printed); the predicted fewest equals that least (exactly); the student's own "
-    "reduce-scatter measured on both rings (shown once all is right)",
-    "halving_doubling": "P=3, 5, 6 (N not a multiple of the largest power of two P' <= P) and 8: the sum on every "
-    "rank; rounds of messages per rank (a round: one send and/or one receive with one partner, counted in the order "
-    "posted) at most 2 floor(log2 P) + 2, exactly 2 log2 P on 8 ranks; bytes: on 3, 5 and 6 ranks the busiest rank "
-    "at most what a fold-in/fold-out design needs, N + 2(N - floor(N/P')) elements (halving_bytes), on 8 ranks every "
-    "rank exactly 2(P-1)/P N; no library collective or library code (a FAIL says expected vs measured, no formula)",
+    "cross_node_bytes": "a flat ring all-reduce (part 1's reduce-scatter then the all-gather round the same ring) "
+    "of pieces of uneven sizes with an owner map (rank 2 owns none), float64, on 8 ranks dealt round-robin over nodes "
+    "of 3, 3 and 2 ranks, bytes sent between nodes, all nodes together: the student's ring is one on which the fewest "
+    "cross of all 5040 ring orders (searched exhaustively, no number printed); the predicted fewest equals that least "
+    "(exactly); the student's own reduce-scatter measured on their ring (shown once all is right)",
+    "halving_doubling": "P=3, 5, 6, 9 (N not a multiple of the largest power of two P' <= P; on 9 ranks N=9, where "
+    "cutting blocks in halves rounds) and 8: the sum on every rank; rounds of messages per rank (a round: one send "
+    "and/or one receive with one partner, counted in the order posted) at most 2 floor(log2 P) + 2, exactly 2 log2 P "
+    "on 8 ranks; bytes: on 3, 5, 6 and 9 ranks the busiest rank at most N + 2(N - floor(N/P')) + log2 P' elements "
+    "(halving_bytes: what any fold-in/fold-out design with even halves needs, derived there, simulated for P <= 32 in "
+    "tests/test_lab00_halving_budget.py), on 8 ranks every rank exactly 2(P-1)/P N; no library collective or library "
+    "code (a FAIL says expected vs measured, no formula)",
 }
 
 
@@ -137,19 +144,6 @@ def rank_input(rank: int, numel: int, dtype: torch.dtype = torch.float64) -> tor
 
 def _inputs(world: int, numel: int) -> list[torch.Tensor]:
     return [rank_input(q, numel) for q in range(world)]
-
-
-def _units(world: int, numel: int, halves: bool = False) -> dict[str, list[torch.Tensor]]:
-    """The pieces of x a message may hold, each as every rank's copy: "chunk c" (x.tensor_split(P)), or with
-    `halves` "half h of chunk c" (chunk c's tensor_split(2))."""
-    chunks = [x.tensor_split(world) for x in _inputs(world, numel)]
-    if not halves:
-        return {f"chunk {c}": [chunks[q][c] for q in range(world)] for c in range(world)}
-    return {
-        f"half {h} of chunk {c}": [chunks[q][c].tensor_split(2)[h] for q in range(world)]
-        for c in range(world)
-        for h in range(2)
-    }
 
 
 def _over(ranks, world: int) -> str:
@@ -179,77 +173,12 @@ def holds(value, world: int, units: dict[str, list[torch.Tensor]]) -> str:
     return f"no partial sum of any piece ({value.numel()} values: {shown}{', ...' if value.numel() > 3 else ''})"
 
 
-@dataclass(frozen=True)
-class Expected:
-    """One message a rank must send: one of the pieces `names`, summed over exactly the ranks `ranks`."""
-
-    names: tuple[str, ...]
-    ranks: frozenset[int]
-    text: str  # how a FAIL line names what was expected (never which piece, when that is the student's to find)
-
-    def matches(self, value, units: dict[str, list[torch.Tensor]]) -> bool:
-        if not isinstance(value, torch.Tensor):
-            return False
-        value = value.flatten()
-        return any(_same(value, sum(units[name][q] for q in self.ranks)) for name in self.names)
-
-
-@dataclass
-class Stream:
-    """The messages a rank must send to `peer`, in order (a ring direction)."""
-
-    name: str
-    peer: int
-    expected: list[Expected]
-
-
 def _sends(calls) -> list[dict]:
     return [c for c in calls if c["op"] == "send"]
 
 
 def _receives(calls) -> list[dict]:
     return [c for c in calls if c["op"] in probe.P2P and c["op"] != "send"]
-
-
-def messages_line(case: str, what: str, ranks: list[dict], streams: list[list[Stream]], units, world: int) -> str:
-    """Each rank's messages, in the order it sent them, each the next one of one of its streams (to that stream's
-    peer); when two streams share a peer (a ring of 2) a message may belong to either. A FAIL names the first wrong
-    message: the rank, its number and receiver, what it should be, and what it held."""
-    for r in range(world):
-        done = [0] * len(streams[r])
-        for i, call in enumerate(_sends(ranks[r]["calls"])):
-            peer = int(call["peer"])
-            open_ = [j for j, s in enumerate(streams[r]) if s.peer == peer and done[j] < len(s.expected)]
-            if not open_:
-                known = [s.name for s in streams[r] if s.peer == peer]
-                why = f"more messages than {' and '.join(known)} carries" if known else "not a rank it sends to"
-                return f"{case}{what}: rank {r}, message {i} went to rank {peer}: {why}: FAIL"
-            match = next((j for j in open_ if streams[r][j].expected[done[j]].matches(call.get("data"), units)), None)
-            if match is None:
-                wanted = " or ".join(f"{streams[r][j].expected[done[j]].text}" for j in open_)
-                came = holds(call.get("data"), world, units)
-                return f"{case}{what}: rank {r}, message {i} (to rank {peer}): expected {wanted}, received {came}: FAIL"
-            done[match] += 1
-        for j, stream in enumerate(streams[r]):
-            if done[j] != len(stream.expected):
-                return (
-                    f"{case}{what}: rank {r}: expected {len(stream.expected)} messages {stream.name}, "
-                    f"it sent {done[j]}: FAIL"
-                )
-    return f"{case}{what}: PASS"
-
-
-def receives_line(case: str, what: str, ranks: list[dict], expected: list[Counter]) -> str:
-    """How many messages each rank received from each rank (posted irecvs), against what its algorithm receives."""
-    for r, want in enumerate(expected):
-        got = Counter(int(c["peer"]) for c in _receives(ranks[r]["calls"]))
-        if got != want:
-            stray = sorted(set(got) - set(want))
-            if stray:
-                return f"{case}{what}: rank {r} received from rank {stray[0]}, which sends it nothing: FAIL"
-            q = next(q for q in sorted(want) if got[q] != want[q])
-            return f"{case}{what}: rank {r}: expected {want[q]} messages from rank {q}, received {got[q]}: FAIL"
-    return f"{case}{what}: PASS"
 
 
 def collective_line(case: str, ranks: list[dict]) -> str:
@@ -520,27 +449,71 @@ def collect_bidirectional(bidirectional_all_reduce) -> dict:
     return {"runs": runs}
 
 
-def bidirectional_streams(world: int) -> list[list[Stream]]:
-    """Each rank's two rings: halves 0 to r+1, halves 1 to r-1; P-1 partial sums (over r, r-1, ... clockwise; r,
-    r+1, ... the other way), then P-1 finished halves, the first its own chunk's."""
-    P, out = world, []
-    everyone = frozenset(range(P))
-    for r in range(P):
-        streams = []
-        for h, hop, name in ((0, 1, "clockwise (halves 0 to r+1)"), (1, -1, "counter-clockwise (halves 1 to r-1)")):
-            names = tuple(f"half {h} of chunk {c}" for c in range(P))
-            expected = []
-            for k in range(P - 1):
-                before = frozenset((r - hop * j) % P for j in range(k + 1))
-                text = f"half {h} of a chunk summed over {_over(before, P)} ({name}, message {k})"
-                expected.append(Expected(names, before, text))
-            own = f"half {h} of its own chunk {r} finished, summed over all ranks ({name}, message {P - 1})"
-            expected.append(Expected((f"half {h} of chunk {r}",), everyone, own))
-            for k in range(P, 2 * (P - 1)):
-                expected.append(Expected(names, everyone, f"half {h} of a chunk finished ({name}, message {k})"))
-            streams.append(Stream(name, (r + hop) % P, expected))
-        out.append(streams)
-    return out
+def two_way_budgets(world: int, numel: int) -> tuple[int, int]:
+    """Elements, the most a rank may send in all and the most on one link in one direction.
+
+    The one-way ring: rank r sends every chunk (x.tensor_split(P)) but its own in the reduce-scatter and every
+    chunk but the next rank's in the all-gather, 2N - c_r - c_{r+1} <= 2(N - floor(N/P)), all of it on its one
+    outgoing link. Both ways round, a rank may send no more in all, and each link in each direction carries at most
+    half of it, plus half an element for each of the 2(P-1) messages a direction carries where a piece of odd length
+    is cut in two: N - floor(N/P) + P - 1."""
+    ring = 2 * (numel - numel // world)
+    return ring, ring // 2 + world - 1
+
+
+def steps_line(case: str, ranks: list[dict], world: int) -> str:
+    """At most 2(P-1) steps; at every step one non-empty message to each neighbour and one receive from each (in
+    the order of posting: on 2 ranks both neighbours are one rank), and nothing to or from any other rank."""
+    what = f"{case}at most 2(P-1) steps, each a message to both neighbours and a receive from both, none empty"
+    for r, res in enumerate(ranks):
+        ends = {(r - 1) % world, (r + 1) % world}
+        sends, receives = _sends(res["calls"]), _receives(res["calls"])
+        stray = [c for c in sends + receives if int(c["peer"]) not in ends]
+        if stray:
+            return f"{what}: rank {r} exchanged with rank {stray[0]['peer']}, not a neighbour: FAIL"
+        if len(sends) != len(receives) or len(sends) % 2:
+            return (
+                f"{what}: rank {r}: expected as many receives as sends, two a step, sent {len(sends)} and received "
+                f"{len(receives)}: FAIL"
+            )
+        if len(sends) // 2 > 2 * (world - 1):
+            return f"{what}: rank {r}: expected at most {2 * (world - 1)} steps, took {len(sends) // 2}: FAIL"
+        for k in range(len(sends) // 2):
+            for kind, pair in (("sent to", sends[2 * k : 2 * k + 2]), ("received from", receives[2 * k : 2 * k + 2])):
+                peers = sorted(int(c["peer"]) for c in pair)
+                if world > 2 and peers != sorted(ends):
+                    return (
+                        f"{what}: rank {r}, step {k}: expected it {kind} ranks {sorted(ends)}, it {kind} {peers}: FAIL"
+                    )
+            empty = [c for c in sends[2 * k : 2 * k + 2] if not int(c["bytes"])]
+            if empty:
+                return f"{what}: rank {r}, step {k}: an empty message to rank {empty[0]['peer']}: FAIL"
+    return f"{what}: PASS"
+
+
+def link_lines(case: str, ranks: list[dict], world: int, numel: int) -> list[str]:
+    """Bytes each rank sent in all, and on each of its two links (to r+1, to r-1), against two_way_budgets."""
+    most, per_link = (8 * b for b in two_way_budgets(world, numel))
+    sent = [probe.total_bytes(res["calls"], "send") for res in ranks]
+    what = f"{case}bytes each rank sent, at most {most:,} (the one-way ring's busiest rank)"
+    r = max(range(world), key=lambda q: sent[q])
+    lines = [
+        f"{what}: rank {r}: expected at most {most:,}, measured {sent[r]:,}: FAIL"
+        if sent[r] > most
+        else f"{what}: PASS"
+    ]
+    what = f"{case}bytes on each link in each direction, at most {per_link:,} (half the one-way ring's, rounded)"
+    lines.append(f"{what}: PASS")
+    for r, res in enumerate(ranks):
+        for peer in sorted({(r + 1) % world, (r - 1) % world}):
+            links = 2 if world == 2 else 1  # on 2 ranks both of a rank's links lead to the same rank
+            on = sum(int(c["bytes"]) for c in _sends(res["calls"]) if int(c["peer"]) == peer)
+            if on > links * per_link:
+                lines[-1] = (
+                    f"{what}: rank {r} to rank {peer}: expected at most {links * per_link:,}, measured {on:,}: FAIL"
+                )
+                return lines
+    return lines
 
 
 def together_line(case: str, ranks: list[dict]) -> str:
@@ -564,47 +537,15 @@ def together_line(case: str, ranks: list[dict]) -> str:
     return f"{what}: PASS"
 
 
-def bidirectional_bytes(world: int, numel: int) -> list[int]:
-    """Bytes per rank: each ring sends, in each phase, every half of its kind but one: P-1 of the P halves."""
-    halves = [_sizes(n, 2) for n in _sizes(numel, world)]
-    # Reduce-scatter: all but its own chunk's half; all-gather: all but the chunk of the neighbour it sends to.
-    return [
-        8
-        * sum(
-            2 * sum(h[i] for h in halves) - halves[r][i] - halves[(r + (1 if i == 0 else -1)) % world][i]
-            for i in range(2)
-        )
-        for r in range(world)
-    ]
-
-
 def judge_bidirectional(data) -> list[str]:
     lines = []
     for world, numel in BIDIRECTIONAL_CASES:
         ranks = data["runs"][f"{world},{numel}"]
         case = f"P={world}, N={numel}: "
         lines += _whole_lines(case, ranks, world, numel)
-        units = _units(world, numel, halves=True)
-        neighbours = [
-            Counter({(r + 1) % world: 2 * (world - 1)}) + Counter({(r - 1) % world: 2 * (world - 1)})
-            for r in range(world)
-        ]
-        lines += [
-            receives_line(case, "2(P-1) receives from each neighbour", ranks, neighbours),
-            messages_line(
-                case,
-                "each ring's messages: partial sums of its halves over the ranks before, then finished halves",
-                ranks,
-                bidirectional_streams(world),
-                units,
-                world,
-            ),
-            bytes_line(
-                case, [probe.total_bytes(res["calls"], "send") for res in ranks], bidirectional_bytes(world, numel)
-            ),
-            together_line(case, ranks),
-            guard_line(case, ranks),
-        ]
+        lines.append(steps_line(case, ranks, world))
+        lines += link_lines(case, ranks, world, numel)
+        lines += [together_line(case, ranks), guard_line(case, ranks)]
     return lines
 
 
@@ -706,29 +647,33 @@ def judge_hierarchical(data) -> list[str]:
 # ------------------------------------------------------------ the prediction: what a flat ring sends between nodes
 
 
-def flat_ring_cross(ring: list[int], nodes: list[list[int]], numel: int) -> int:
-    """Bytes node 0's ranks send to node 1's in a flat ring all-reduce over `ring`, float64: part 1's reduce-scatter
-    (chunk c finished on rank c), then the all-gather that passes the finished chunks on round the same ring.
-    A rank's messages cross only when the next rank of the ring is on the other node; over the two phases each rank
-    sends every chunk twice but for two: its own (the reduce-scatter ends there) and the next rank's (the
-    all-gather ends there)."""
-    P, where, sizes = len(ring), node_of(nodes), _sizes(numel, len(ring))
-    crossing = [m for m, r in enumerate(ring) if where[r] == 0 and where[ring[(m + 1) % P]] == 1]
-    return sum(8 * (2 * numel - sizes[ring[m]] - sizes[ring[(m + 1) % P]]) for m in crossing)
+def buckets(world: int = 8) -> list[int]:
+    """Elements each rank owns in the prediction's pieces: B_q."""
+    return [sum(n for n, o in zip(CROSS_SIZES, CROSS_OWNER, strict=True) if o == q) for q in range(world)]
 
 
-def fewest_cross(nodes: list[list[int]], numel: int) -> int:
+def flat_ring_cross(ring: list[int], nodes: list[list[int]] = CROSS_NODES) -> int:
+    """Bytes sent between nodes, all nodes together, in a flat ring all-reduce of the prediction's pieces over
+    `ring`, float64: part 1's reduce-scatter (each piece summed on its owner), then the all-gather that passes the
+    finished pieces on round the same ring. A rank's messages cross only when the next rank of the ring is on
+    another node; over the two phases rank a, sending to b, sends every piece once in each phase but its own in the
+    reduce-scatter (it ends there) and b's in the all-gather (it ends there): 2S - B_a - B_b."""
+    P, where, owned = len(ring), node_of(nodes), buckets(len(ring))
+    total = sum(CROSS_SIZES)
+    hops = [(a, ring[(m + 1) % P]) for m, a in enumerate(ring)]
+    return sum(8 * (2 * total - owned[a] - owned[b]) for a, b in hops if where[a] != where[b])
+
+
+@functools.cache
+def fewest_cross(nodes: tuple[tuple[int, ...], ...] = tuple(map(tuple, CROSS_NODES))) -> int:
     """The least flat_ring_cross over every order of the ring (rank 0 first: a ring has no start), searched."""
     P = sum(len(node) for node in nodes)
-    return min(flat_ring_cross([0, *rest], nodes, numel) for rest in itertools.permutations(range(1, P)))
+    return min(flat_ring_cross([0, *rest], [list(n) for n in nodes]) for rest in itertools.permutations(range(1, P)))
 
 
 def cross_node_theory() -> dict[str, int]:
-    """The two numbers the prediction asks for."""
-    return {
-        "rank_order": flat_ring_cross(RANK_ORDER, PREDICTED_NODES, PREDICTED_NUMEL),
-        "fewest": fewest_cross(PREDICTED_NODES, PREDICTED_NUMEL),
-    }
+    """The number the prediction asks for."""
+    return {"fewest": fewest_cross()}
 
 
 THEORY = {"cross_node_bytes": cross_node_theory}
@@ -742,13 +687,13 @@ def _plain(value):
         return repr(value)[:40]
 
 
-def _run_cross(phase, numel: int, nodes: list[list[int]], rings: dict[str, list[int]]) -> dict[str, int]:
-    """Rank side: the student's reduce-scatter on each ring in turn; bytes this rank sent to the other node on
-    each."""
-    where, r, out = node_of(nodes), dist.get_rank(), {}
+def _run_cross(phase, rings: dict[str, list[int]]) -> dict[str, int]:
+    """Rank side: the student's reduce-scatter of the prediction's pieces on each ring in turn; bytes this rank sent
+    to other nodes on each."""
+    where, r, out = node_of(CROSS_NODES), dist.get_rank(), {}
     for key, ring in rings.items():
-        P = len(ring)  # part 1's pieces: the chunks x.tensor_split(P), chunk c owned by rank c, all touched
-        case = {"ring": ring, "sizes": _sizes(numel, P), "owner": list(range(P)), "touched": [[1] * P] * P}
+        P = len(ring)
+        case = {"ring": ring, "sizes": CROSS_SIZES, "owner": CROSS_OWNER, "touched": [[1] * len(CROSS_SIZES)] * P}
         calls = _run_reduce_scatter(phase, case)["calls"]
         out[key] = sum(int(c["bytes"]) for c in _sends(calls) if where.get(int(c["peer"]), -1) != where[r])
     return out
@@ -763,52 +708,42 @@ def _ring(value, world: int) -> list[int] | None:
     return ring if sorted(ring) == list(range(world)) else None
 
 
-def collect_cross_node_bytes(rank_order, ring, fewest, reduce_scatter_phase) -> dict:
-    """The predictions as numbers, the student's ring, and (shown, not scored) what the student's own
-    reduce-scatter sent between the nodes on the rank-order ring and on theirs."""
-    predicted = {"rank_order": rank_order, "fewest": fewest}
-    world = sum(len(node) for node in PREDICTED_NODES)
-    data = {"predicted": {k: _plain(v) for k, v in predicted.items()}, "measured": {}, "note": ""}
+def collect_cross_node_bytes(ring, fewest, reduce_scatter_phase) -> dict:
+    """The prediction as a number, the student's ring, and (shown, not scored) what the student's own
+    reduce-scatter sent between the nodes on their ring."""
+    world = sum(len(node) for node in CROSS_NODES)
+    data = {"predicted": {"fewest": _plain(fewest)}, "measured": {}, "note": ""}
     data["ring"] = _ring(ring, world) if not isinstance(ring, (str, bytes)) else None
     data["ring_shown"] = repr(ring)[:60]
-    rings = {"rank_order": RANK_ORDER, **({"yours": data["ring"]} if data["ring"] else {})}
-    try:
-        sent = parlab.launch(_run_cross, world, reduce_scatter_phase, PREDICTED_NUMEL, PREDICTED_NODES, rings, **LAUNCH)
-        data["measured"] = {key: sum(sent[r][key] for r in PREDICTED_NODES[0]) for key in rings}
-    except Exception as exc:  # the prediction is graded all the same; only the measurement is missing
-        data["note"] = f"your reduce_scatter_phase did not run on 8 ranks ({type(exc).__name__}): nothing measured"
+    if data["ring"]:
+        try:
+            sent = parlab.launch(_run_cross, world, reduce_scatter_phase, {"yours": data["ring"]}, **LAUNCH)
+            data["measured"] = {"yours": sum(s["yours"] for s in sent)}
+        except Exception as exc:  # the prediction is graded all the same; only the measurement is missing
+            data["note"] = f"your reduce_scatter_phase did not run on 8 ranks ({type(exc).__name__}): nothing measured"
     return data
 
 
-LABELS = {
-    "rank_order": "bytes node 0 sends to node 1, flat ring in rank order",
-    "fewest": "bytes node 0 sends to node 1, flat ring in your order",
-}
-
-
 def judge_cross_node_bytes(data) -> list[str]:
-    theory, predicted, lines, right = cross_node_theory(), data["predicted"], [], True
-    for key, label in LABELS.items():
-        out = prediction_lines(
-            f"{label} (nodes {PREDICTED_NODES}, N={PREDICTED_NUMEL} float64)", predicted.get(key), theory[key], rtol=0
-        )
-        right = right and out[-1].endswith(": PASS")
-        lines += out
-    # The ring: judged by what a flat ring on it must send, against the least over every ring order; no number is
-    # printed (the least is the prediction `fewest`).
-    ring, world = data.get("ring"), sum(len(node) for node in PREDICTED_NODES)
-    what = "your ring: node 0 sends node 1 the fewest bytes of any order of the ring"
+    theory, predicted = cross_node_theory(), data["predicted"]
+    label = f"bytes sent between nodes, all nodes together, on your ring (nodes {CROSS_NODES}, float64)"
+    lines = prediction_lines(label, predicted.get("fewest"), theory["fewest"], rtol=0)
+    right = lines[-1].endswith(": PASS")
+    # The ring: judged by what a flat ring on it sends between nodes, against the least over every ring order; no
+    # number is printed (the least is the prediction).
+    ring, world = data.get("ring"), sum(len(node) for node in CROSS_NODES)
+    what = "your ring: the fewest bytes between nodes of any order of the ring"
     if ring is None:
         lines.append(f"{what}: expected every rank 0..{world - 1} once, received {data.get('ring_shown')}: FAIL")
     else:
-        least = flat_ring_cross(ring, PREDICTED_NODES, PREDICTED_NUMEL) == theory["fewest"]
-        lines.append(f"{what}: PASS" if least else f"{what}: {ring} is not such a ring, node 0 sends more on it: FAIL")
+        least = flat_ring_cross(ring) == theory["fewest"]
+        lines.append(f"{what}: PASS" if least else f"{what}: {ring} is not such a ring, more crosses on it: FAIL")
         right = right and least
     measured = data.get("measured") or {}
-    if measured and right:  # shown only once the predictions are right: not a number to copy
+    if measured and right:  # shown only once the prediction is right: not a number to copy
         lines.append(
-            f"measured, your reduce-scatter alone (the first of the two phases): node 0 sent node 1 "
-            f"{measured.get('rank_order', 0):,} bytes in rank order, {measured.get('yours', 0):,} on your ring"
+            f"measured, your reduce-scatter alone (the first of the two phases) on your ring: "
+            f"{measured.get('yours', 0):,} bytes between nodes"
         )
     if data.get("note"):
         lines.append(data["note"])
@@ -848,15 +783,22 @@ def round_budget(world: int) -> int:
 
 
 def halving_bytes(world: int, numel: int) -> list[int] | int:
-    """Bytes, float64. On a power of two, each rank's exactly: 2(N - its chunk), 2(P-1)/P N when P divides N (it
-    sends every chunk but its own on the way in, and again on the way out). Otherwise the most the busiest rank may
-    send: what a fold-in/fold-out design needs, with P' the largest power of two <= P: x once (between a rank
-    beyond P' and one inside), plus halving/doubling on P' ranks, chunks x.tensor_split(P'), for the rank with the
-    shortest chunk: N + 2(N - floor(N/P')), N + 2(P'-1)/P' N when P' divides N."""
+    """Bytes, float64. On a power of two P that divides N, each rank's exactly: 2(P-1)/P N (it sends all but its
+    own share on the way in, and again on the way out). Otherwise the most the busiest rank may send, with P' the
+    largest power of two <= P and L = log2 P': N + 2(N - floor(N/P')) + L elements (without the first N where P is
+    a power of two).
+
+    Why a fold-in/fold-out design meets it for every P and N (a rank beyond P' hands its x to one inside and gets the
+    total back; the P' ranks inside run halving then doubling; each rank inside takes at most one such x): a rank
+    beyond P' sends N. A rank inside sends at most N to fold out, plus, if its block after the i-th halving holds k_i
+    elements (k_0 = N), N - k_L while halving and k_L + ... + k_1 while doubling (each doubling step sends the block
+    it kept). With every block cut into halves that differ by at most one element, k_i <= ceil(N / 2^i) and
+    k_L >= floor(N/P'), so k_1 + ... + k_L < N - N/P' + L: the rank sends at most N + 2(N - floor(N/P')) + L
+    (tests/test_lab00_halving_budget.py simulates such designs for P <= 32, N <= 300)."""
     inside = 1 << (world.bit_length() - 1)
-    if inside == world:
-        return [8 * 2 * (numel - n) for n in _sizes(numel, world)]
-    return 8 * (numel + 2 * (numel - numel // inside))
+    if inside == world and numel % world == 0:
+        return [8 * 2 * (numel - numel // world)] * world
+    return 8 * ((numel if inside != world else 0) + 2 * (numel - numel // inside) + inside.bit_length() - 1)
 
 
 def rounds_line(case: str, ranks: list[dict], world: int) -> str:
