@@ -20,7 +20,7 @@ import nbformat
 import pytest
 
 from parlab.grading import labs as grading
-from parlab.grading import markers
+from parlab.grading import markers, official
 from parlab.grading.labs import LABS, checks_module
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,3 +212,17 @@ def test_the_closing_summary_stays_in_the_solution(lab):
     assert all(markers.solution_only(c) for c in summaries), f"{lab}: a 'What you built' cell without the tag"
     handout = (ROOT / "labs" / f"{lab}.ipynb").read_text()
     assert "What you built" not in handout and "What you built" not in json.dumps(markers.student_version(solution))
+
+
+def test_every_part_carries_the_last_trials_thinking_score_and_none_is_below_3():
+    """labs/README.md, "Tried by a student": one row per lab naming every graded part of it with the thinking score
+    its last student trial gave (1-5, or a range such as 3-4), none below 3 (issue 37's bar: a part below it is
+    reworked and tried again). A renamed or added part without a score fails here."""
+    text = (ROOT / "labs" / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| [^|]* \| ([^|]+) \|$", text, re.M))
+    for lab, spec in official.load_labs().items():
+        assert lab in rows, f"{lab}: no row in the 'Tried by a student' table"
+        scores = dict(part.rsplit(" ", 1) for part in rows[lab].strip().split(", "))
+        assert set(scores) == {name for name, _ in spec.checks}, f"{lab}: the table's parts are not the lab's checks"
+        low = {part: s for part, s in scores.items() if int(s.split("-")[0]) < 3}
+        assert not low, f"{lab}: parts below 3 in the last trial: {low}"
