@@ -109,6 +109,9 @@ def save(
         tmp = folder / "metadata.json.tmp"
         tmp.write_text(json.dumps(meta, indent=1))
         os.replace(tmp, folder / "metadata.json")  # atomic: the metadata is there whole, or not at all
+    # No rank goes on before the checkpoint is complete: else a rank that dies in the next step can take the job
+    # down while rank 0 is still writing the metadata, and the restart finds only the checkpoint before this one.
+    comm.barrier(group=group, label="checkpoint: complete")
     return folder
 
 
