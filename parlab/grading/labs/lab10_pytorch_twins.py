@@ -373,9 +373,11 @@ def loss_allowance(rows: int) -> int:
     return 3 * rows + 4 * 8
 
 
-def _small_bytes(counts: dict[tuple[str, int], int], small: int) -> int:
-    """The bytes of the all-reduces of at most `small` bytes each among `counts` (the loss's, set aside by size)."""
-    return sum(key[1] * n for key, n in counts.items() if key[0] == "all_reduce" and key[1] <= small)
+def _set_aside(counts: dict[tuple[str, int], int], small: int) -> tuple[dict[tuple[str, int], int], int]:
+    """`counts` less the all-reduces of at most `small` bytes each (the loss's, told apart by size), and the bytes
+    those set aside carried in all."""
+    loss = {key: n for key, n in counts.items() if key[0] == "all_reduce" and key[1] <= small}
+    return {key: n for key, n in counts.items() if key not in loss}, sum(key[1] * n for key, n in loss.items())
 
 
 def traffic_line(what: str, ranks: list[dict], phase: str, expected: dict[tuple[str, int], int], small: int = 0) -> str:
@@ -383,27 +385,23 @@ def traffic_line(what: str, ranks: list[dict], phase: str, expected: dict[tuple[
     at most `small` bytes each (the loss's) within `loss_allowance(small)` bytes in all (many small all-reduces
     would carry any traffic past the count); else the first rank that did not, what it ran and what was expected."""
     for r, res in enumerate(ranks):
-        counts = _count(res["calls"], phase)
-        if small and _small_bytes(counts, small) > loss_allowance(small):
+        counts, aside = _set_aside(_count(res["calls"], phase), small)
+        if aside > loss_allowance(small):
             return (
-                f"{what}: rank {r} all-reduced {_small_bytes(counts, small):,} bytes in all-reduces of at most B T "
-                f"numbers, expected at most {loss_allowance(small):,} (three of B T numbers and a few scalars): FAIL"
+                f"{what}: rank {r} all-reduced {aside:,} bytes in all-reduces of at most B T numbers, expected at "
+                f"most {loss_allowance(small):,} (three of B T numbers and a few scalars): FAIL"
             )
-        counts = {key: n for key, n in counts.items() if not (key[0] == "all_reduce" and key[1] <= small)}
         if counts != expected:
             return f"{what}: rank {r} ran {_listed(counts)}, expected {_listed(expected)}: FAIL"
     return f"{what}: PASS"
 
 
-def budget_line(
-    what: str, ranks: list[dict], phase: str, exact: dict[tuple[str, int], int], budget: int, small: int = 0
-) -> str:
+def budget_line(what: str, ranks: list[dict], phase: str, exact: dict[tuple[str, int], int], budget: int) -> str:
     """Every rank ran exactly `exact` ({(kind, bytes): count}) in `phase`, and beside them collectives of at most
-    `budget` bytes in all (any kind, any size), besides any all-reduces of at most `small` bytes (the loss's); else
-    the first rank that did not, what it ran, what was expected and the bytes it spent beside."""
+    `budget` bytes in all (any kind, any size); else the first rank that did not, what it ran, what was expected and
+    the bytes it spent beside."""
     for r, res in enumerate(ranks):
         counts = _count(res["calls"], phase)
-        counts = {key: n for key, n in counts.items() if not (key[0] == "all_reduce" and key[1] <= small)}
         main = {key: n for key, n in counts.items() if key in exact}
         spent = sum(key[1] * n for key, n in counts.items() if key not in exact)
         if main != exact or spent > budget:
@@ -788,13 +786,12 @@ def sp_bytes_line(label: str, ranks: list[dict], cfg: LabConfig) -> str:
     for r, res in enumerate(ranks):
         beside, ran = {}, []
         for phase in ("forward", "loss", "backward"):
-            counts = _count(res["calls"], phase)
-            small = 0
+            counts, over = _count(res["calls"], phase), 0
             if phase == "loss":  # the loss's small all-reduces are free up to what a loss needs, the rest is traffic
-                small = max(0, _small_bytes(counts, rows) - loss_allowance(rows))
-                counts = {key: n for key, n in counts.items() if not (key[0] == "all_reduce" and key[1] <= rows)}
+                counts, aside = _set_aside(counts, rows)
+                over = max(0, aside - loss_allowance(rows))
             main = {key: min(n, blocks[key]) for key, n in counts.items() if key in blocks}
-            beside[phase] = small + sum(key[1] * (n - main.get(key, 0)) for key, n in counts.items())
+            beside[phase] = over + sum(key[1] * (n - main.get(key, 0)) for key, n in counts.items())
             ran.append(f"{phase}: {_listed(counts)}")
             if phase != "loss" and main != blocks:
                 return f"{what}: rank {r} ran in {phase} {_listed(counts)}, expected {_listed(blocks)} and more: FAIL"
