@@ -200,6 +200,24 @@ def informative_line(text: str, limit: int = 240) -> str:
     return ""
 
 
+def p2p_events(since: float) -> list[dict]:
+    """Rank side: this rank's sends and receives traced by parlab.core.comm and issued after `since` (a
+    time.perf_counter() reading): kind, peer, bytes, when issued (start) and when waited for (end; -1.0: never)."""
+    from parlab.core import comm
+
+    return [
+        {
+            "kind": e.kind,
+            "peer": -1 if e.peer is None else int(e.peer),
+            "bytes": int(e.bytes),
+            "start": e.start,
+            "end": -1.0 if e.end is None else e.end,
+        }
+        for e in comm.trace_events()
+        if e.kind in ("send", "recv") and e.start >= since
+    ]
+
+
 def error_summary(exc: BaseException) -> str:
     """One line for an exception a check raised: for a failing rank, its number and the rank's own error."""
     from parlab.runtime.errors import RankError

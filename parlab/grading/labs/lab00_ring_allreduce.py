@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 
 import parlab
-from parlab.core import comm, probe
+from parlab.core import probe
 from parlab.core.check import compare
-from parlab.grading.labs import prediction_lines, run_check
+from parlab.grading.labs import p2p_events, prediction_lines, run_check
 from parlab.grading.labs.guard import library_calls, library_line
 
 LAUNCH = {"timeout": 60, "echo": False}  # a hang (a send nobody receives) is diagnosed in ~2 s; 60 s stops the rest
@@ -226,11 +226,7 @@ def _record(answer, *args) -> dict:
     since = time.perf_counter()
     with probe.recording(with_groups=True) as calls, library_calls(LIBRARY) as called:
         out = answer(*args)
-    events = [
-        [e.kind, -1 if e.peer is None else int(e.peer), e.start, -1.0 if e.end is None else e.end]
-        for e in comm.trace_events()
-        if e.kind in ("send", "recv") and e.start >= since
-    ]
+    events = [[e["kind"], e["peer"], e["start"], e["end"]] for e in p2p_events(since)]
     for c in calls:
         c.pop("group", None)
     return {"out": out, "calls": calls, "library": list(called), "events": events}

@@ -27,10 +27,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import parlab
-from parlab.core import comm, probe
+from parlab.core import probe
 from parlab.core.check import compare
 from parlab.core.lab_model import LabConfig, apply_rope, build_lab_model
-from parlab.grading.labs import error_summary, prediction_lines, run_check
+from parlab.grading.labs import error_summary, p2p_events, prediction_lines, run_check
 from parlab.grading.labs.guard import library_calls, library_line
 
 LAUNCH = {"timeout": 20, "echo": False}  # a hang (a collective some rank never calls) stops after 20 s
@@ -347,6 +347,18 @@ def collect_conjugates(gather_tokens, scatter_tokens) -> dict:
     return {"ranks": list(parlab.launch(run_conjugates, P, gather_tokens, scatter_tokens, **LAUNCH))}
 
 
+def _off_ring(calls: list, r: int, ranks: int) -> str:
+    """'' when every call ([op, peer]) rank r made is a send or a receive with a ring neighbour (r - 1 or r + 1 of
+    `ranks`); else what the first other one was, as it follows "rank r" in a FAIL line."""
+    neighbours = {(r - 1) % ranks, (r + 1) % ranks}
+    for op, peer in calls:
+        if op not in probe.P2P:
+            return f" called {op}, expected sends and receives only"
+        if peer not in neighbours:
+            return f": a {op} with rank {peer}, expected only ranks {sorted(neighbours)}"
+    return ""
+
+
 def _sp_calls_line(what: str, cases: dict[str, list[list]], moved: str) -> str:
     """Every rank of every case (case: each rank's [op, bytes, peer] calls) made sends and receives only, each with a
     ring neighbour, and `moved` ("received" or "sent") exactly B (T - n_r) H float64 numbers: the tokens it does not
@@ -354,15 +366,8 @@ def _sp_calls_line(what: str, cases: dict[str, list[list]], moved: str) -> str:
     for case, ranks_calls in cases.items():
         layout = LAYOUTS[case]
         for r, calls in enumerate(ranks_calls):
-            neighbours = {(r - 1) % P, (r + 1) % P}
-            for op, _, peer in calls:
-                if op not in probe.P2P:
-                    return f"{what}: {case}, rank {r} called {op}, expected sends and receives only: FAIL"
-                if peer not in neighbours:
-                    return (
-                        f"{what}: {case}, rank {r}: a {op} with rank {peer}, expected only ranks "
-                        f"{sorted(neighbours)}: FAIL"
-                    )
+            if wrong := _off_ring([(op, peer) for op, _, peer in calls], r, P):
+                return f"{what}: {case}, rank {r}{wrong}: FAIL"
             op = "send" if moved == "sent" else "recv"
             got = sum(nbytes for kind, nbytes, _ in calls if kind.startswith(op))
             expected = BATCH * (SEQ - len(layout[r])) * H * 8
@@ -559,21 +564,6 @@ def reference_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: t
     return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
 
 
-def _transfers(since: float) -> list[dict]:
-    """This rank's traced sends and receives issued after `since`: issued (start), waited for (end), bytes."""
-    return [
-        {
-            "kind": e.kind,
-            "peer": -1 if e.peer is None else int(e.peer),
-            "bytes": int(e.bytes),
-            "start": e.start,
-            "end": -1.0 if e.end is None else e.end,
-        }
-        for e in comm.trace_events()
-        if e.kind in ("send", "recv") and e.start >= since
-    ]
-
-
 def forward_watched(swiglu, data: dict[str, torch.Tensor], layout: list[list[int]]) -> dict:
     """Rank code: the student's forward on this rank's tokens, watched (Watch), every call into torch.distributed
     recorded, guarded; no autograd (a prefill)."""
@@ -588,7 +578,7 @@ def forward_watched(swiglu, data: dict[str, torch.Tensor], layout: list[list[int
     return {
         "y": y.detach() if isinstance(y, torch.Tensor) else None,
         "calls": [[c["op"], int(c["peer"])] for c in calls],
-        "transfers": _transfers(since),
+        "transfers": p2p_events(since),
         "gemms": watch.gemms,
         "units": {name: sorted(units) for name, units in watch.units.items()},
         "largest": watch.largest,
@@ -624,17 +614,10 @@ def _ring_line(what: str, cases: dict[str, list[dict]]) -> str:
     and receives from the other only."""
     for case, ranks in cases.items():
         for r, res in enumerate(ranks):
-            ranks_ = len(ranks)
-            neighbours = {(r - 1) % ranks_, (r + 1) % ranks_}
+            if wrong := _off_ring(res["calls"], r, len(ranks)):
+                return f"{what}: {case}, rank {r}{wrong}: FAIL"
             peers = {"send": set(), "recv": set()}
             for op, peer in res["calls"]:
-                if op not in probe.P2P:
-                    return f"{what}: {case}, rank {r} called {op}, expected sends and receives only: FAIL"
-                if peer not in neighbours:
-                    return (
-                        f"{what}: {case}, rank {r}: a {op} with rank {peer}, expected only ranks "
-                        f"{sorted(neighbours)}: FAIL"
-                    )
                 peers["send" if op == "send" else "recv"].add(peer)
             if len(peers["send"]) > 1 or len(peers["recv"]) > 1 or peers["send"] & peers["recv"]:
                 return (

@@ -32,10 +32,10 @@ import torch
 import torch.distributed as dist
 
 import parlab
-from parlab.core import comm, probe
+from parlab.core import probe
 from parlab.core.check import compare
 from parlab.core.lab_model import GQAttention, LabConfig, apply_rope, build_lab_model, gqa_attention
-from parlab.grading.labs import prediction_lines, run_check
+from parlab.grading.labs import p2p_events, prediction_lines, run_check
 from parlab.grading.labs.guard import library_calls, library_line
 
 LAUNCH = {"timeout": 60, "echo": False}  # a hang (a send nobody receives) stops within seconds and names the ranks
@@ -398,21 +398,6 @@ def _recording(known: dict) -> list:
     return _LOG
 
 
-def _comm_events(since: float) -> list[dict]:
-    """This rank's traced sends and receives issued after `since`: issued (start) and waited for (end)."""
-    return [
-        {
-            "kind": e.kind,
-            "peer": -1 if e.peer is None else int(e.peer),
-            "bytes": int(e.bytes),
-            "start": e.start,
-            "end": -1.0 if e.end is None else e.end,
-        }
-        for e in comm.trace_events()
-        if e.kind in ("send", "recv") and e.start >= since
-    ]
-
-
 def _neighbours_wrong(calls, r: int, world: int, every: bool = True) -> str:
     """What is wrong with whom rank r talked to ('' if only K/V to and from ranks r+1 and r-1, no collective;
     every: with both of them, both ways)."""
@@ -753,7 +738,7 @@ def ring_rank(bidirectional_ring) -> dict:
         "lse": _tensor(lse, [B, NQ, N_RING]),
         "calls": calls,
         "tiles": list(tiles),
-        "comm": _comm_events(since),
+        "comm": p2p_events(since),
         "library": list(called),
     }
 
@@ -993,7 +978,7 @@ def _run_layer(attention_layer) -> dict:
             "y": _tensor(y, [B, len(layout[r]), CFG.hidden]),
             "tiles": [dict(t) for t in tiles],
             "calls": calls,
-            "comm": _comm_events(since),
+            "comm": p2p_events(since),
             "library": list(called),
         }
     return results
